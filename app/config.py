@@ -1,0 +1,194 @@
+"""Typed settings: one object built from an optional YAML file, then environment (``LLMP_*``).
+
+Invalid configuration fails at start with a message that names the offending key, so an operator
+never runs a scheduler with silently defaulted policy.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+STAGES = ("data-prep", "pretraining", "alignment", "deployment", "serving")
+
+
+class ConfigError(ValueError):
+    """Configuration could not be loaded; the message names the key."""
+
+
+class StageWeights(BaseModel):
+    """Weights of the prioritize terms for one stage. Terms absent from a stage weigh 0."""
+
+    model_config = {"extra": "forbid"}
+
+    memory_fit: float = Field(1.0, ge=0)
+    bandwidth: float = Field(0.0, ge=0)
+    cost: float = Field(1.0, ge=0)
+    separation: float = Field(1.0, ge=0)
+    packing: float = Field(1.0, ge=0)
+    preference: float = Field(1.0, ge=0)
+    node_class: float = Field(1.0, ge=0)
+    gravity: float = Field(1.0, ge=0)
+    precision: float = Field(0.5, ge=0)
+
+
+def _default_weights() -> dict[str, StageWeights]:
+    # Why these shapes: serving is memory-bound and sold per token, so bandwidth and cost dominate;
+    # training pays for idle GPUs in lockstep, so packing (keep whole nodes free) and gravity matter;
+    # CPU-bound stages mostly care about landing on the right class of node.
+    return {
+        "data-prep": StageWeights(
+            memory_fit=0, bandwidth=0, cost=1, separation=0.5, packing=0.5, node_class=3, gravity=2
+        ),
+        "pretraining": StageWeights(
+            memory_fit=1, bandwidth=0.5, cost=0.5, separation=1, packing=2, node_class=0, gravity=2
+        ),
+        "alignment": StageWeights(
+            memory_fit=2, bandwidth=0.5, cost=1, separation=1, packing=1.5, node_class=0, gravity=2
+        ),
+        "deployment": StageWeights(
+            memory_fit=1, bandwidth=0, cost=1.5, separation=0.5, packing=0.5, node_class=3, gravity=2
+        ),
+        "serving": StageWeights(
+            memory_fit=1.5, bandwidth=1.5, cost=3, separation=1, packing=0.5, node_class=0, gravity=1
+        ),
+    }
+
+
+class NodeLabelKeys(BaseModel):
+    """Where node facts come from; first hit wins (DESIGN §3). Every key is configurable."""
+
+    model_config = {"extra": "forbid"}
+
+    gpu_product: list[str] = [
+        "nvidia.com/gpu.product",
+        "cloud.google.com/gke-accelerator",
+        "node.koordinator.sh/gpu-model",
+    ]
+    gpu_memory_mib: list[str] = ["nvidia.com/gpu.memory"]
+    gpu_resource: list[str] = ["nvidia.com/gpu", "amd.com/gpu"]
+    nvlink_domain: list[str] = [
+        "nvidia.com/gpu.clique",
+        "accelerator.topograph.run/domain",
+        "cloud.google.com/gce-topology-subblock",
+    ]
+    # Inner to outer. Each entry is one tier; the first label present at that tier names the domain.
+    fabric_tiers: list[list[str]] = [
+        ["fabric.topograph.run/tier-0", "cloud.google.com/gce-topology-host",
+         "topology.k8s.aws/network-node-layer-3", "ib.coreweave.cloud/leafgroup"],
+        ["fabric.topograph.run/tier-1", "cloud.google.com/gce-topology-subblock",
+         "topology.k8s.aws/network-node-layer-2", "ib.coreweave.cloud/superpod"],
+        ["fabric.topograph.run/tier-2", "cloud.google.com/gce-topology-block",
+         "topology.k8s.aws/network-node-layer-1"],
+        ["topology.kubernetes.io/zone"],
+    ]
+    rdma: list[str] = [
+        "feature.node.kubernetes.io/pci-15b3.present",
+        "feature.node.kubernetes.io/rdma.capable",
+    ]
+    rdma_resources: list[str] = ["rdma/ib", "rdma/hca", "nvidia.com/hostdev"]
+
+
+class TierBandwidth(BaseModel):
+    """GB/s assumed between a producer and a consumer at each distance (data gravity)."""
+
+    model_config = {"extra": "forbid"}
+
+    same_node: float = Field(20.0, gt=0)
+    same_nvlink_domain: float = Field(50.0, gt=0)
+    same_fabric_tier: float = Field(25.0, gt=0)
+    same_zone: float = Field(5.0, gt=0)
+    cross_zone: float = Field(1.0, gt=0)
+
+
+class Settings(BaseSettings):
+    """Everything the service reads at start. YAML file first, then ``LLMP_`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMP_", env_nested_delimiter="__", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8888, ge=1, le=65535)
+    metrics_port: int = Field(9090, ge=0, le=65535)
+    url_prefix: str = "/scheduler"
+    kubeconfig: str | None = None
+    # "kubernetes": list+watch the API server; "none": serve only from request bodies (non-cache mode).
+    cluster_source: Literal["kubernetes", "none"] = "kubernetes"
+    scheduler_name: str = "llm-placement"
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    labels: NodeLabelKeys = NodeLabelKeys()
+    weights: dict[str, StageWeights] = Field(default_factory=_default_weights)
+    tier_bandwidth_gbps: TierBandwidth = TierBandwidth()
+
+    # Decode efficiency: the share of peak HBM bandwidth real inference engines reach.
+    bandwidth_efficiency: float = Field(0.6, gt=0, le=1)
+    # Fraction of GPU memory kept free (fragmentation, CUDA context, allocator slack).
+    memory_headroom: float = Field(0.1, ge=0, lt=1)
+    # Alignment batches vary; keep more headroom than the estimate.
+    alignment_extra_headroom: float = Field(0.15, ge=0, lt=1)
+    default_context_tokens: int = Field(4096, gt=0)
+    default_concurrency: int = Field(8, gt=0)
+    cpu_stages_may_use_gpu_nodes: bool = False
+    default_cpu_hourly_cost: float = Field(0.05, ge=0)
+
+    gang_reservation_ttl_seconds: float = Field(120.0, gt=0)
+    gang_bind_timeout_seconds: float = Field(3.0, gt=0)
+    solver_time_limit_seconds: float = Field(0.5, gt=0)
+    producer_memory_seconds: float = Field(3600.0, ge=0)
+
+    @field_validator("url_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        v = "/" + v.strip("/")
+        return "" if v == "/" else v
+
+    @field_validator("weights")
+    @classmethod
+    def _stages(cls, v: dict[str, StageWeights]) -> dict[str, StageWeights]:
+        unknown = sorted(set(v) - set(STAGES))
+        if unknown:
+            raise ValueError(f"unknown stage(s) {unknown}; expected some of {list(STAGES)}")
+        merged = _default_weights()
+        merged.update(v)
+        return merged
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment overrides the file (init kwargs carry the file's content).
+        return (env_settings, init_settings)
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Load settings from ``path`` (or ``$LLMP_CONFIG``) and the environment; raise ConfigError."""
+    path = path or os.environ.get("LLMP_CONFIG")
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping")
+        data = loaded or {}
+    data.update(overrides)
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "<root>"
+            parts.append(f"{key}: {err['msg']}")
+        raise ConfigError("invalid configuration: " + "; ".join(parts)) from exc

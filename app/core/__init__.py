@@ -1,0 +1,1 @@
+"""Pure placement logic: no FastAPI and no Kubernetes client imports below this package."""
