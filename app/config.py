@@ -113,6 +113,7 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8888, ge=1, le=65535)
+    metrics_host: str = "0.0.0.0"
     metrics_port: int = Field(9090, ge=0, le=65535)
     url_prefix: str = "/scheduler"
     kubeconfig: str | None = None
@@ -134,6 +135,9 @@ class Settings(BaseSettings):
     alignment_extra_headroom: float = Field(0.15, ge=0, lt=1)
     default_context_tokens: int = Field(4096, gt=0)
     default_concurrency: int = Field(8, gt=0)
+    # Latency an interactive (chat) service should reach when the pod sets no max-ms-per-token:
+    # ~20 tokens/s, faster than people read. A soft target: slower nodes score lower, not zero.
+    default_interactive_ms_per_token: float = Field(50.0, gt=0)
     cpu_stages_may_use_gpu_nodes: bool = False
     default_cpu_hourly_cost: float = Field(0.05, ge=0)
 

@@ -1,0 +1,95 @@
+"""HTTP routes: the extender verbs (always HTTP 200, errors in the body), health, explain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import Response
+
+from app.api import wire
+from app.core.feasibility import P
+from app.service import ExtenderService
+
+JSON = "application/json"
+
+
+def get_service(request: Request) -> ExtenderService:
+    service: ExtenderService = request.app.state.service
+    return service
+
+
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None when it exceeds ``limit`` (stop reading early: never buffer a huge body)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large(verb: str, limit: int) -> bytes:
+    msg = P + f"{verb} request body larger than {limit} bytes (max_body_bytes)"
+    if verb == "prioritize":
+        return wire.priority_list([])
+    if verb == "preempt":
+        return wire.preemption_result({}, {})
+    if verb == "bind":
+        return wire.binding_result(msg)
+    return wire.filter_result(None, [], {}, {}, msg)
+
+
+def extender_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/{verb}")
+    async def verb(verb: str, request: Request, service: ExtenderService = Depends(get_service)) -> Response:
+        limit = service.settings.max_body_bytes
+        if verb not in ("filter", "prioritize", "bind", "preempt"):
+            raise HTTPException(status_code=404, detail=f"unknown extender verb {verb!r}")
+        body = await read_body(request, limit)
+        if body is None:
+            service.metrics.request_errors.labels(verb, "too_large").inc()
+            return Response(too_large(verb, limit), media_type=JSON)
+        if verb == "filter":
+            out = service.filter(body)
+        elif verb == "prioritize":
+            out = service.prioritize(body)
+        elif verb == "bind":
+            out = await service.bind(body)
+        else:
+            out = service.preempt(body)
+        return Response(out, media_type=JSON)
+
+    return router
+
+
+def ops_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/readyz")
+    async def readyz(service: ExtenderService = Depends(get_service)) -> Response:
+        if service.ready.is_set():
+            return Response(b'{"status":"ready"}', media_type=JSON)
+        return Response(b'{"status":"cache not synced"}', status_code=503, media_type=JSON)
+
+    @router.get("/explain/{namespace}/{name}")
+    async def explain(namespace: str, name: str, service: ExtenderService = Depends(get_service)) -> Any:
+        from app.explain import explain_pod
+
+        result = explain_pod(service, namespace, name)
+        if result is None:
+            raise HTTPException(status_code=404, detail=f"pod {namespace}/{name} not found")
+        return result
+
+    return router

@@ -1,0 +1,168 @@
+"""Command line: serve the extender, show the GPU catalog, run the embedded demo, explain a pod."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from app.config import ConfigError, Settings, load_settings
+
+cli = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="llm-placement: LLM-lifecycle-aware scheduler extender for kube-scheduler.")
+console = Console()
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="YAML settings file (env LLMP_CONFIG).")
+]
+
+
+def _settings(config: Path | None, **overrides: Any) -> Settings:
+    try:
+        return load_settings(config, **{k: v for k, v in overrides.items() if v is not None})
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+@cli.command()
+def serve(
+    config: ConfigOpt = None,
+    host: Annotated[str | None, typer.Option(help="Listen address for the extender verbs.")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port for the extender verbs.")] = None,
+) -> None:
+    """Run the extender (filter / prioritize / bind / preempt) for kube-scheduler."""
+    import uvicorn
+    from prometheus_client import start_http_server
+
+    from app.api.app import create_app
+    from app.wiring import build_live
+
+    settings = _settings(config, host=host, port=port)
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    service, cache = build_live(settings)
+    if settings.metrics_port:
+        # Metrics listen on all interfaces so Prometheus can scrape the pod; the verbs stay on host.
+        start_http_server(
+            settings.metrics_port, addr=settings.metrics_host, registry=service.metrics.registry
+        )
+    if cache is not None:
+        cache.start()
+    uvicorn.run(create_app(service), host=settings.host, port=settings.port,
+                log_level=settings.log_level, access_log=False)
+
+
+@cli.command()
+def catalog(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Show the built-in GPU catalog."""
+    from app.core.catalog import GpuCatalog
+
+    cat = GpuCatalog.load()
+    if as_json:
+        print(json.dumps([e.model_dump(mode="json") for e in cat.entries], indent=2))
+        return
+    table = Table(title="GPU catalog (per GPU)")
+    for col in ("GPU", "memory GB", "HBM TB/s", "BF16 TFLOPS", "INT8 TOPS", "interconnect", "$/GPU-h"):
+        table.add_column(col, justify="left" if col in ("GPU", "interconnect") else "right")
+    for e in sorted(cat.entries, key=lambda e: -e.hbm_bandwidth_tbs):
+        table.add_row(e.name, f"{e.memory_gb:g}", f"{e.hbm_bandwidth_tbs:g}", f"{e.bf16_tflops:g}",
+                      f"{e.int8_tops:g}", e.interconnect, f"{e.hourly_cost_usd:.2f}")
+    console.print(table)
+
+
+@cli.command()
+def demo(
+    config: ConfigOpt = None,
+    cluster: Annotated[Path | None, typer.Option(help="Cluster YAML (default: the embedded one).")] = None,
+    workload: Annotated[Path | None, typer.Option(help="Workload YAML (default: the embedded one).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Place the embedded workload (all five stages) on the embedded mixed cluster and say why."""
+    from app.demo.run import run_demo
+
+    service, placements = run_demo(_settings(config), cluster, workload)
+    if as_json:
+        print(json.dumps([{"pod": p.pod, "stage": p.stage, "node": p.node, "reason": p.reason,
+                           "precision": p.precision, "ms_per_token": p.ms_per_token,
+                           "terms": dict(p.terms)} for p in placements], indent=2))
+        return
+    table = Table(title="llm-placement demo: where each pod goes and why")
+    for col in ("pod", "stage", "node", "hardware", "why"):
+        table.add_column(col)
+    for p in placements:
+        if p.node is None:
+            table.add_row(p.pod, p.stage or "-", "[red]pending[/red]", "", p.reason)
+            continue
+        facts = service.snapshot.nodes[p.node]
+        hw = facts.gpu.name if facts.gpu else facts.node_class.value
+        why = []
+        if p.ms_per_token:
+            why.append(f"{p.ms_per_token:.1f} ms/token")
+        if p.precision and p.score and p.score.terms.get("precision", 1) < 1:
+            why.append(f"runs at {p.precision}")
+        why += [f"{t} {v:.2f}" for t, v in p.terms]
+        table.add_row(p.pod, p.stage or "-", p.node, hw, ", ".join(why))
+    console.print(table)
+    placed = sum(1 for p in placements if p.node)
+    console.print(f"{placed}/{len(placements)} pods placed on {len(service.snapshot.nodes)} nodes.")
+
+
+@cli.command()
+def explain(
+    pod: Annotated[str, typer.Argument(help="namespace/name")],
+    url: Annotated[str, typer.Option(help="Extender base URL.")] = "http://127.0.0.1:8888",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+) -> None:
+    """Explain why a pod went where it did (or why it waits), from a running extender."""
+    import httpx
+
+    ns, _, name = pod.partition("/")
+    if not name:
+        console.print("[red]give the pod as namespace/name[/red]")
+        raise typer.Exit(2)
+    try:
+        resp = httpx.get(f"{url.rstrip('/')}/explain/{ns}/{name}", timeout=10)
+    except httpx.HTTPError as exc:
+        console.print(f"[red]cannot reach the extender at {url}: {exc}[/red]")
+        raise typer.Exit(1) from None
+    if resp.status_code != 200:
+        console.print(f"[red]{resp.status_code}: {resp.text}[/red]")
+        raise typer.Exit(1)
+    data = resp.json()
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    render_explain(data)
+
+
+def render_explain(data: dict[str, Any]) -> None:
+    console.print(f"[bold]{data['pod']}[/bold]  stage={data.get('stage')}  gpus={data.get('gpus')}")
+    console.print(f"[bold]{data['summary']}[/bold]")
+    table = Table()
+    for col in ("node", "feasible", "score", "detail"):
+        table.add_column(col)
+    rows = sorted(data.get("nodes", []), key=lambda e: (not e["feasible"], -e.get("score", 0), e["node"]))
+    for e in rows:
+        if e["feasible"]:
+            terms = ", ".join(f"{k} {v:.2f}" for k, v in e["terms"].items() if e["weights"].get(k))
+            table.add_row(e["node"], "[green]yes[/green]", str(e["score"]), terms)
+        else:
+            table.add_row(e["node"], "[red]no[/red]", "", e["reason"])
+    console.print(table)
+
+
+def main() -> None:
+    try:
+        cli()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Hard rules (filter): may this pod run on this node at all, and if so at which precision?
+
+Every rejection carries a short, node-independent reason so kube-scheduler's "0/N nodes are
+available" line aggregates it into counts, and a flag saying whether preemption could ever help.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.config import Settings
+from app.core.nodes import CPU_MEMORY_BANDWIDTH_TBS, NodeFacts
+from app.core.sizing import Sizing, decode_ms_per_token, size
+from app.core.snapshot import NodeUsage
+from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
+
+P = "llm-placement: "
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    reason: str
+    unresolvable: bool = True  # True: evicting other pods would not make the node fit
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFit:
+    """A feasible node and what the pod would get there."""
+
+    node: NodeFacts
+    sizing: Sizing
+    ms_per_token: float | None
+    pod_hourly_cost: float
+    fallback_used: bool
+
+
+def _fmt_params(p: float) -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if p >= scale:
+            return f"{p / scale:g}{suffix}"
+    return f"{p:g}"
+
+
+def pod_hourly_cost(spec: WorkloadSpec, node: NodeFacts) -> float:
+    """The share of the node's price this pod occupies (what it costs to run it here)."""
+    if spec.gpus > 0 and node.gpu_count > 0:
+        return node.hourly_cost * spec.gpus / node.gpu_count
+    shares = [0.0]
+    if node.cpu_millis > 0:
+        shares.append(spec.cpu_millis / node.cpu_millis)
+    if node.memory_bytes > 0:
+        shares.append(spec.memory_bytes / node.memory_bytes)
+    # Even a tiny pod blocks a slice of an expensive node; charge at least 1% of it.
+    return node.hourly_cost * max(0.01, *shares)
+
+
+def evaluate(
+    spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, free_gpus: int, settings: Settings
+) -> NodeFit | Rejection:
+    """Apply the stage's hard rules; return the best feasible precision or a Rejection."""
+    if spec.gpus > 0 and not node.has_gpus:
+        return Rejection(P + "node has no GPUs")
+    cpu_stage = spec.stage in CPU_STAGES and not settings.cpu_stages_may_use_gpu_nodes
+    if cpu_stage and spec.gpus == 0 and node.has_gpus:
+        assert spec.stage is not None
+        return Rejection(P + f"{spec.stage.value} pods without GPU requests stay off GPU nodes")
+    if spec.gpus > 0 and free_gpus < spec.gpus:
+        return Rejection(P + "not enough free GPUs (in use or reserved for a gang)", unresolvable=False)
+
+    sized_gpu = spec.gpus > 0 and spec.model_params is not None
+    if sized_gpu and not node.gpu_known and node.gpu_memory_gb <= 0:
+        return Rejection(P + "GPU product unknown to the catalog; not used for sized LLM workloads")
+
+    lat = spec.effective_latency_class
+    if spec.stage is Stage.SERVING and lat is LatencyClass.INTERACTIVE and usage.training > 0:
+        return Rejection(P + "interactive serving is kept off nodes running training")
+
+    first_problem: Rejection | None = None
+    for i, precision in enumerate(spec.precisions):
+        sizing = size(
+            spec,
+            precision,
+            default_context=settings.default_context_tokens,
+            default_concurrency=settings.default_concurrency,
+            alignment_extra_headroom=settings.alignment_extra_headroom,
+        )
+        problem = _memory_problem(spec, node, usage, sizing, settings)
+        ms: float | None = None
+        if problem is None and spec.stage is Stage.SERVING and spec.model_params is not None:
+            bw = node.gpu_bandwidth_tbs if spec.gpus > 0 else CPU_MEMORY_BANDWIDTH_TBS
+            ms = decode_ms_per_token(sizing, spec.gpus, bw, settings.bandwidth_efficiency)
+            if spec.max_ms_per_token is not None and (ms is None or ms > spec.max_ms_per_token):
+                problem = Rejection(
+                    P + f"cannot meet {spec.max_ms_per_token:g} ms/token: memory bandwidth too low"
+                    + (f" at {precision.value}" if len(spec.precisions) > 1 else "")
+                )
+        if problem is None:
+            return NodeFit(node, sizing, ms, pod_hourly_cost(spec, node), fallback_used=i > 0)
+        first_problem = first_problem or problem
+    assert first_problem is not None
+    return first_problem
+
+
+def _memory_problem(
+    spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, sizing: Sizing, settings: Settings
+) -> Rejection | None:
+    what = f"{_fmt_params(spec.model_params)} {sizing.precision.value}" if spec.model_params else ""
+    if sizing.per_gpu_gb > 0:
+        usable = node.gpu_memory_gb * (1 - settings.memory_headroom)
+        if sizing.per_gpu_gb > usable:
+            n = f" on {spec.gpus} GPU" + ("s" if spec.gpus > 1 else "")
+            if spec.stage in TRAINING_STAGES:
+                return Rejection(P + f"{what} training needs {sizing.per_gpu_gb:.0f} GB per GPU{n}; "
+                                 "GPU memory too small")
+            return Rejection(P + f"{what} needs {sizing.per_gpu_gb:.0f} GB per GPU{n}; GPU memory too small")
+    # The pod's own memory request is checked in-tree; this catches nodes that could never hold the
+    # weights, whatever the request says.
+    if sizing.host_memory_gb > node.memory_bytes / 1e9:
+        return Rejection(P + f"{what} needs {sizing.host_memory_gb:.0f} GB of node memory; node too small")
+    return None

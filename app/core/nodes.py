@@ -1,0 +1,158 @@
+"""Node facts: what a node offers, read from the labels and annotations clusters already carry.
+
+Computed once per watch event (not per request) so filter/prioritize only do arithmetic.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from app.config import NodeLabelKeys
+from app.core.catalog import GpuCatalog, GpuSpec
+from app.core.units import parse_bandwidth_tbs, parse_money, parse_quantity
+
+ANN = "llm-placement.io/"
+# A CPU socket's DRAM bandwidth, used for CPU-served small models; deliberately modest.
+CPU_MEMORY_BANDWIDTH_TBS = 0.2
+
+
+class NodeClass(StrEnum):
+    GPU = "gpu"
+    CPU = "cpu"
+    STORAGE = "storage"
+
+
+class NodeFacts(BaseModel):
+    """Static capabilities of one node (capacity, hardware, topology). Usage lives elsewhere."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    node_class: NodeClass
+    gpu_product: str | None = None  # the raw label value
+    gpu: GpuSpec | None = None  # catalog entry; None with gpu_count>0 means "unknown product"
+    gpu_count: int = 0
+    gpu_memory_gb: float = 0.0
+    gpu_bandwidth_tbs: float = 0.0
+    cpu_millis: float = 0.0
+    memory_bytes: float = 0.0
+    pods: int = 110
+    nvlink_domain: str
+    fabric: tuple[str, ...] = ()  # domain ids inner -> outer, "" where the tier is unlabelled
+    zone: str = ""
+    rdma: bool = False
+    hourly_cost: float = 0.0
+    unschedulable: bool = False
+    labels: dict[str, str] = {}
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def has_gpus(self) -> bool:
+        return self.gpu_count > 0
+
+    @property
+    def gpu_known(self) -> bool:
+        return self.gpu is not None
+
+    def domain_at(self, label_key: str) -> str | None:
+        """The topology domain this node is in for an arbitrary label key (None: unlabelled)."""
+        if label_key == "kubernetes.io/hostname":
+            return self.labels.get(label_key, self.name)
+        return self.labels.get(label_key)
+
+
+def _first(labels: dict[str, str], keys: list[str]) -> str | None:
+    for k in keys:
+        v = labels.get(k)
+        if v:
+            return v
+    return None
+
+
+def node_facts(
+    node: dict[str, Any], catalog: GpuCatalog, keys: NodeLabelKeys, cpu_hourly_cost: float = 0.05
+) -> NodeFacts:
+    """Build NodeFacts from a Node dict. Never raises on odd labels: problems become ``warnings``."""
+    meta = node.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    ann = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    status = node.get("status") or {}
+    alloc = status.get("allocatable") or status.get("capacity") or {}
+    warnings: list[str] = []
+
+    def qty(key: str) -> float:
+        raw = alloc.get(key)
+        if raw is None:
+            return 0.0
+        try:
+            return parse_quantity(raw)
+        except ValueError:
+            warnings.append(f"allocatable {key}={raw!r} unreadable")
+            return 0.0
+
+    gpu_count = int(sum(qty(k) for k in keys.gpu_resource))
+    product = _first(labels, keys.gpu_product)
+    gpu = catalog.lookup(product) if product else None
+    if gpu_count and product is None:
+        warnings.append("node advertises GPUs but carries no GPU product label")
+    elif gpu_count and gpu is None:
+        warnings.append(f'GPU product "{product}" is not in the catalog')
+
+    mem_gb = gpu.memory_gb if gpu else 0.0
+    if (raw_mem := _first(labels, keys.gpu_memory_mib)) is not None:
+        try:
+            mem_gb = parse_quantity(raw_mem) * 1.048576 / 1000.0  # MiB -> GB
+        except ValueError:
+            warnings.append(f"gpu memory label {raw_mem!r} unreadable")
+    bw = gpu.hbm_bandwidth_tbs if gpu else 0.0
+    if (raw_bw := ann.get(ANN + "gpu-memory-bandwidth")) is not None:
+        try:
+            bw = parse_bandwidth_tbs(raw_bw)
+        except ValueError as exc:
+            warnings.append(str(exc))
+
+    cls_raw = ann.get(ANN + "node-class") or labels.get(ANN + "node-class")
+    node_class = NodeClass.GPU if gpu_count else NodeClass.CPU
+    if cls_raw:
+        try:
+            node_class = NodeClass(cls_raw.lower())
+        except ValueError:
+            warnings.append(f'node-class "{cls_raw}" is not storage, cpu or gpu')
+    if node_class is not NodeClass.GPU and gpu_count:
+        node_class = NodeClass.GPU  # GPUs present outrank a stale annotation
+
+    cost = (gpu.hourly_cost_usd * gpu_count) if gpu else cpu_hourly_cost
+    if (raw_cost := ann.get(ANN + "hourly-cost")) is not None:
+        try:
+            cost = parse_money(raw_cost)
+        except ValueError as exc:
+            warnings.append(str(exc))
+
+    rdma = any(labels.get(k, "").lower() == "true" for k in keys.rdma) or any(
+        qty(r) > 0 for r in keys.rdma_resources
+    )
+    fabric = tuple(_first(labels, tier) or "" for tier in keys.fabric_tiers)
+    return NodeFacts(
+        name=name,
+        node_class=node_class,
+        gpu_product=product,
+        gpu=gpu,
+        gpu_count=gpu_count,
+        gpu_memory_gb=mem_gb,
+        gpu_bandwidth_tbs=bw,
+        cpu_millis=qty("cpu") * 1000,
+        memory_bytes=qty("memory"),
+        pods=int(qty("pods")) or 110,
+        nvlink_domain=_first(labels, keys.nvlink_domain) or f"node:{name}",
+        fabric=fabric,
+        zone=labels.get("topology.kubernetes.io/zone", ""),
+        rdma=rdma,
+        hourly_cost=cost,
+        unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+        labels=labels,
+        warnings=tuple(warnings),
+    )

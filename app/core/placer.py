@@ -1,0 +1,136 @@
+"""The placement core: pod + candidate node names -> filter verdicts, scores and explanations.
+
+Used unchanged by the HTTP service, the demo and the simulator. Gangs and data gravity plug in
+through two small protocols so each can be developed and tested on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from app.config import Settings
+from app.core.feasibility import NodeFit, P, Rejection, evaluate
+from app.core.scoring import GravityFn, NodeScore, score_nodes
+from app.core.snapshot import ClusterSnapshot, NodeUsage
+from app.core.workload import WorkloadError, WorkloadSpec, parse_workload
+
+NOT_CACHED = Rejection(P + "node not in the extender's cache yet", unresolvable=False)
+
+
+class GangHook(Protocol):
+    """What the placer needs from gang scheduling (implemented in app.gang)."""
+
+    def reserved_gpus(self, node: str, exclude_gang: str | None) -> int: ...
+
+    def filter_member(
+        self,
+        spec: WorkloadSpec,
+        fits: dict[str, NodeFit],
+        rejections: dict[str, Rejection],
+        node_names: Sequence[str],
+    ) -> tuple[dict[str, NodeFit], dict[str, Rejection]]: ...
+
+
+class GravityHook(Protocol):
+    """What the placer needs from data gravity (implemented in app.core.gravity)."""
+
+    def hard_rejections(self, spec: WorkloadSpec, nodes: Iterable[str]) -> dict[str, Rejection]: ...
+
+    def term(self, spec: WorkloadSpec) -> GravityFn | None: ...
+
+
+@dataclass(slots=True)
+class FilterDecision:
+    spec: WorkloadSpec | None
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+    fits: dict[str, NodeFit] = field(default_factory=dict)
+    invalid: list[str] = field(default_factory=list)  # annotation problems, for metrics
+
+    @property
+    def rejections(self) -> dict[str, str]:
+        return {**self.failed, **self.unresolvable}
+
+
+class Placer:
+    def __init__(
+        self,
+        settings: Settings,
+        snapshot: ClusterSnapshot,
+        gangs: GangHook | None = None,
+        gravity: GravityHook | None = None,
+    ) -> None:
+        self.settings = settings
+        self.snapshot = snapshot
+        self.gangs = gangs
+        self.gravity = gravity
+        self._gpu_resources = tuple(settings.labels.gpu_resource)
+
+    def parse(self, pod: dict[str, Any]) -> WorkloadSpec:
+        return parse_workload(pod, self._gpu_resources)
+
+    def usage(self, node: str) -> NodeUsage:
+        return self.snapshot.usage.get(node) or NodeUsage()
+
+    def evaluate_nodes(
+        self, spec: WorkloadSpec, node_names: Sequence[str]
+    ) -> tuple[dict[str, NodeFit], dict[str, Rejection]]:
+        fits: dict[str, NodeFit] = {}
+        rejections: dict[str, Rejection] = {}
+        gang_key = spec.gang.key if spec.gang else None
+        hard = self.gravity.hard_rejections(spec, node_names) if self.gravity else {}
+        for name in node_names:
+            facts = self.snapshot.nodes.get(name)
+            if facts is None:
+                rejections[name] = NOT_CACHED
+                continue
+            if name in hard:
+                rejections[name] = hard[name]
+                continue
+            free = self.snapshot.free_gpus(name)
+            if self.gangs is not None:
+                free -= self.gangs.reserved_gpus(name, gang_key)
+            verdict = evaluate(spec, facts, self.usage(name), free, self.settings)
+            if isinstance(verdict, Rejection):
+                rejections[name] = verdict
+            else:
+                fits[name] = verdict
+        if spec.gang is not None and self.gangs is not None:
+            fits, rejections = self.gangs.filter_member(spec, fits, rejections, node_names)
+        return fits, rejections
+
+    def filter(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterDecision:
+        try:
+            spec = self.parse(pod)
+        except WorkloadError as exc:
+            msg = P + "; ".join(exc.problems)
+            return FilterDecision(
+                spec=None, unresolvable=dict.fromkeys(node_names, msg), invalid=exc.problems
+            )
+        fits, rejections = self.evaluate_nodes(spec, node_names)
+        decision = FilterDecision(spec=spec, fits=fits)
+        for name in node_names:
+            if name in fits:
+                decision.passed.append(name)
+            else:
+                r = rejections.get(name) or Rejection(P + "rejected")
+                (decision.unresolvable if r.unresolvable else decision.failed)[name] = r.reason
+        return decision
+
+    def score(self, spec: WorkloadSpec, fits: Sequence[NodeFit]) -> list[NodeScore]:
+        term = self.gravity.term(spec) if self.gravity else None
+        return score_nodes(spec, fits, self.usage, self.settings, term)
+
+    def prioritize(self, pod: dict[str, Any], node_names: Sequence[str]) -> list[NodeScore]:
+        """Scores for the nodes kube-scheduler kept; infeasible or unknown nodes score 0."""
+        try:
+            spec = self.parse(pod)
+        except WorkloadError:
+            return [NodeScore(n, 0, 0.0) for n in node_names]
+        fits, _ = self.evaluate_nodes(spec, node_names)
+        scored = {s.node: s for s in self.score(spec, list(fits.values()))}
+        return [scored.get(n) or NodeScore(n, 0, 0.0) for n in node_names]

@@ -1,0 +1,157 @@
+"""Soft preferences (prioritize): weighted terms in [0, 1], combined into kube-scheduler's 0-10 integer.
+
+Relative terms (cost, bandwidth) are normalised against the best candidate in the same request, so a
+score says "how close to the best option here", not an absolute figure that drifts with prices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from app.config import Settings, StageWeights
+from app.core.feasibility import NodeFit
+from app.core.nodes import NodeClass
+from app.core.snapshot import NodeUsage
+from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
+
+TERMS = (
+    "memory_fit", "bandwidth", "cost", "separation", "packing",
+    "preference", "node_class", "gravity", "precision",
+)
+NEUTRAL = 0.5
+
+# A term function for data gravity, supplied by the caller: node name -> value in [0, 1] or None.
+GravityFn = Callable[[str], float | None]
+
+
+@dataclass(slots=True)
+class NodeScore:
+    node: str
+    score: int
+    total: float  # the unrounded weighted mean in [0, 1]; breaks ties in explain output
+    terms: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def top_terms(self, n: int = 3) -> list[tuple[str, float]]:
+        contrib = {t: self.terms[t] * self.weights.get(t, 0.0) for t in self.terms}
+        ranked = sorted(contrib.items(), key=lambda kv: kv[1], reverse=True)
+        return [(t, self.terms[t]) for t, c in ranked[:n] if c > 0]
+
+
+def _weights_for(spec: WorkloadSpec, settings: Settings) -> StageWeights:
+    stage = spec.stage.value if spec.stage else ("serving" if spec.gpus else "data-prep")
+    return settings.weights[stage]
+
+
+def _memory_fit(spec: WorkloadSpec, fit: NodeFit, headroom: float) -> float:
+    node = fit.node
+    if fit.sizing.per_gpu_gb > 0 and node.gpu_memory_gb > 0:
+        return min(1.0, fit.sizing.per_gpu_gb / (node.gpu_memory_gb * (1 - headroom)))
+    if fit.sizing.host_memory_gb > 0 and node.memory_bytes > 0:
+        return min(1.0, fit.sizing.host_memory_gb / (node.memory_bytes / 1e9))
+    if spec.gpus == 0 and node.has_gpus:
+        return 0.0  # a CPU pod on a GPU node wastes the most expensive memory in the building
+    return NEUTRAL
+
+
+def _node_class(spec: WorkloadSpec, fit: NodeFit) -> float:
+    cls = fit.node.node_class
+    if spec.gpus > 0:
+        return 1.0 if cls is NodeClass.GPU else 0.0
+    if spec.stage is Stage.DATA_PREP:
+        return {NodeClass.STORAGE: 1.0, NodeClass.CPU: 0.7, NodeClass.GPU: 0.0}[cls]
+    if spec.stage in CPU_STAGES or spec.stage is Stage.SERVING:
+        return {NodeClass.CPU: 1.0, NodeClass.STORAGE: 0.6, NodeClass.GPU: 0.0}[cls]
+    return 0.0 if cls is NodeClass.GPU else 1.0
+
+
+def _separation(spec: WorkloadSpec, usage: NodeUsage) -> float:
+    if spec.stage in TRAINING_STAGES:
+        return 0.0 if usage.interactive > 0 else 1.0
+    if spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE:
+        return 0.0 if usage.training > 0 else 1.0
+    return 1.0
+
+
+def _packing(spec: WorkloadSpec, fit: NodeFit, usage: NodeUsage) -> float:
+    node = fit.node
+    if spec.gpus > 0 and node.gpu_count > 0:
+        return min(1.0, (usage.gpus + spec.gpus) / node.gpu_count)
+    if node.cpu_millis > 0:
+        return min(1.0, (usage.cpu_millis + spec.cpu_millis) / node.cpu_millis)
+    return NEUTRAL
+
+
+def _preference(spec: WorkloadSpec, fit: NodeFit) -> float:
+    if not spec.gpu_preference:
+        return NEUTRAL
+    names = {n.lower() for n in (fit.node.gpu_product, fit.node.gpu.name if fit.node.gpu else None) if n}
+    if fit.node.gpu:
+        names |= {a.lower() for a in fit.node.gpu.aliases}
+    for i, want in enumerate(spec.gpu_preference):
+        if want.lower() in names:
+            return 1.0 - i / len(spec.gpu_preference)
+    return 0.0
+
+
+def _precision(spec: WorkloadSpec, fit: NodeFit) -> float:
+    order = spec.precisions
+    return 1.0 / (1 + order.index(fit.sizing.precision))
+
+
+def score_nodes(
+    spec: WorkloadSpec,
+    fits: Sequence[NodeFit],
+    usage: Callable[[str], NodeUsage],
+    settings: Settings,
+    gravity: GravityFn | None = None,
+) -> list[NodeScore]:
+    """Score every feasible node; output order follows ``fits``."""
+    if not fits:
+        return []
+    w = _weights_for(spec, settings).model_dump()
+
+    # Interactive serving has a fixed demand (its users), so any node that meets the latency target
+    # serves it equally well and the cheapest hour wins; extra speed earns nothing. Batch serving is
+    # elastic throughput, so it is priced per token (hourly share x time per token).
+    interactive = spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE
+    target_ms = spec.max_ms_per_token or settings.default_interactive_ms_per_token
+
+    def unit_cost(f: NodeFit) -> float:
+        if spec.stage is Stage.SERVING and not interactive and f.ms_per_token:
+            return f.pod_hourly_cost * f.ms_per_token
+        return f.pod_hourly_cost
+
+    costs = [unit_cost(f) for f in fits]
+    best_cost = min(costs)
+    ms_values = [f.ms_per_token for f in fits if f.ms_per_token]
+    best_ms = min(ms_values) if ms_values else None
+    max_bw = max((f.node.gpu_bandwidth_tbs for f in fits), default=0.0)
+
+    out: list[NodeScore] = []
+    for f, cost in zip(fits, costs, strict=True):
+        u = usage(f.node.name)
+        terms: dict[str, float] = {
+            "memory_fit": _memory_fit(spec, f, settings.memory_headroom),
+            "cost": (best_cost / cost) if cost > 0 else 1.0,
+            "separation": _separation(spec, u),
+            "packing": _packing(spec, f, u),
+            "preference": _preference(spec, f),
+            "node_class": _node_class(spec, f),
+            "precision": _precision(spec, f),
+        }
+        if interactive and f.ms_per_token:
+            terms["bandwidth"] = min(1.0, target_ms / f.ms_per_token)
+        elif best_ms is not None and f.ms_per_token:
+            terms["bandwidth"] = best_ms / f.ms_per_token
+        elif spec.gpus > 0 and max_bw > 0:
+            terms["bandwidth"] = f.node.gpu_bandwidth_tbs / max_bw
+        else:
+            terms["bandwidth"] = NEUTRAL
+        g = gravity(f.node.name) if gravity else None
+        terms["gravity"] = NEUTRAL if g is None else g
+        total_w = sum(w[t] for t in TERMS)
+        total = sum(terms[t] * w[t] for t in TERMS) / total_w if total_w > 0 else 0.0
+        out.append(NodeScore(f.node.name, round(10 * total), total, terms, dict(w)))
+    return out

@@ -1,0 +1,188 @@
+"""Cluster snapshot: node facts plus what is running (or about to run) where.
+
+The adapter feeds it from watch events; the demo and simulator feed it from files. Placement code
+reads it and never mutates it except through ``assume`` (a pod we bound but the watch has not shown).
+Callers serialise access (one lock in the adapter), so nothing here locks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from app.core.nodes import NodeFacts
+from app.core.workload import LatencyClass, Stage, WorkloadSpec
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(slots=True)
+class PlacedPod:
+    """A pod that holds (or held) resources on a node."""
+
+    uid: str
+    key: str
+    node: str
+    gpus: int
+    cpu_millis: float
+    memory_bytes: float
+    stage: Stage | None
+    latency_class: LatencyClass | None
+    gang: str | None
+    priority: int = 0
+    assumed: bool = False  # bound by us, not yet confirmed by the watch
+    finished_at: float | None = None  # producers that finished still count for data gravity
+
+
+@dataclass(slots=True)
+class NodeUsage:
+    gpus: int = 0
+    cpu_millis: float = 0.0
+    memory_bytes: float = 0.0
+    pods: dict[str, PlacedPod] = field(default_factory=dict)
+    stages: Counter[str] = field(default_factory=Counter)
+    interactive: int = 0
+
+    @property
+    def training(self) -> int:
+        return self.stages[Stage.PRETRAINING.value] + self.stages[Stage.ALIGNMENT.value]
+
+
+class ClusterSnapshot:
+    """Nodes, their usage, and where every known pod is (or last was)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeFacts] = {}
+        self.usage: dict[str, NodeUsage] = {}
+        self.pods: dict[str, PlacedPod] = {}  # uid -> running/bound pod
+        self.by_key: dict[str, str] = {}  # ns/name -> uid
+        self.finished: dict[str, PlacedPod] = {}  # ns/name -> finished producer (data gravity)
+        self.specs: dict[str, WorkloadSpec] = {}  # uid -> every live pod that parsed (bound or not)
+        self.gang_index: dict[str, set[str]] = {}  # gang key -> live member uids
+        self.podgroup_min_member: dict[str, int] = {}  # ns/name -> PodGroup.spec.minMember
+        self.generation = 0  # bumps on every change; caches key on it
+
+    # --- nodes ---------------------------------------------------------------------------------
+    def upsert_node(self, facts: NodeFacts) -> None:
+        self.nodes[facts.name] = facts
+        self.usage.setdefault(facts.name, NodeUsage())
+        self.generation += 1
+
+    def remove_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self.generation += 1
+
+    # --- pods ----------------------------------------------------------------------------------
+    def place(self, pod: PlacedPod) -> None:
+        """Record ``pod`` on its node (idempotent by UID; a move releases the old node)."""
+        old = self.pods.get(pod.uid)
+        if old is not None:
+            if old.node == pod.node:
+                old.assumed = old.assumed and pod.assumed
+                return
+            self._release(old)
+        self.pods[pod.uid] = pod
+        self.by_key[pod.key] = pod.uid
+        self.finished.pop(pod.key, None)
+        u = self.usage.setdefault(pod.node, NodeUsage())
+        u.gpus += pod.gpus
+        u.cpu_millis += pod.cpu_millis
+        u.memory_bytes += pod.memory_bytes
+        u.pods[pod.uid] = pod
+        if pod.stage is not None:
+            u.stages[pod.stage.value] += 1
+        if pod.stage is Stage.SERVING and pod.latency_class is LatencyClass.INTERACTIVE:
+            u.interactive += 1
+        self.generation += 1
+
+    def assume(self, spec: WorkloadSpec, node: str) -> None:
+        self.place(placed_from_spec(spec, node, assumed=True))
+
+    def finish(self, uid: str, now: float | None = None) -> None:
+        """A pod ended (succeeded, failed or deleted): free its resources, remember its node."""
+        pod = self.pods.get(uid)
+        if pod is None:
+            return
+        self._release(pod)
+        pod.finished_at = time.time() if now is None else now
+        self.finished[pod.key] = pod
+
+    def _release(self, pod: PlacedPod) -> None:
+        self.pods.pop(pod.uid, None)
+        if self.by_key.get(pod.key) == pod.uid:
+            self.by_key.pop(pod.key, None)
+        u = self.usage.get(pod.node)
+        if u is not None and u.pods.pop(pod.uid, None) is not None:
+            u.gpus -= pod.gpus
+            u.cpu_millis -= pod.cpu_millis
+            u.memory_bytes -= pod.memory_bytes
+            if pod.stage is not None:
+                u.stages[pod.stage.value] -= 1
+            if pod.stage is Stage.SERVING and pod.latency_class is LatencyClass.INTERACTIVE:
+                u.interactive -= 1
+        self.generation += 1
+
+    def forget_finished_before(self, cutoff: float) -> None:
+        for key in [k for k, p in self.finished.items() if (p.finished_at or 0) < cutoff]:
+            del self.finished[key]
+
+    def track_spec(self, spec: WorkloadSpec) -> None:
+        """Remember a live pod's spec (gang membership, explain); bound or pending alike."""
+        uid = spec.uid or spec.key
+        old = self.specs.get(uid)
+        if old is not None and old.gang is not None and (spec.gang is None or old.gang.key != spec.gang.key):
+            self._untrack_gang(old.gang.key, uid)
+        self.specs[uid] = spec
+        if spec.gang is not None:
+            self.gang_index.setdefault(spec.gang.key, set()).add(uid)
+
+    def untrack_spec(self, uid: str) -> None:
+        old = self.specs.pop(uid, None)
+        if old is not None and old.gang is not None:
+            self._untrack_gang(old.gang.key, uid)
+
+    def _untrack_gang(self, gang: str, uid: str) -> None:
+        members = self.gang_index.get(gang)
+        if members is not None:
+            members.discard(uid)
+            if not members:
+                del self.gang_index[gang]
+
+    def gang_members(self, gang: str) -> list[WorkloadSpec]:
+        return [self.specs[u] for u in sorted(self.gang_index.get(gang, ())) if u in self.specs]
+
+    # --- queries -------------------------------------------------------------------------------
+    def free_gpus(self, node: str) -> int:
+        facts = self.nodes.get(node)
+        if facts is None:
+            return 0
+        return facts.gpu_count - self.usage.get(node, NodeUsage()).gpus
+
+    def node_of(self, key: str) -> tuple[str, bool] | None:
+        """Where the pod named ``ns/name`` is bound (finished=False) or last ran (finished=True)."""
+        uid = self.by_key.get(key)
+        if uid is not None and uid in self.pods:
+            return self.pods[uid].node, False
+        if key in self.finished:
+            return self.finished[key].node, True
+        return None
+
+    def gang_nodes(self, gang_key: str) -> list[str]:
+        return [self.pods[u].node for u in self.gang_index.get(gang_key, ()) if u in self.pods]
+
+
+def placed_from_spec(spec: WorkloadSpec, node: str, *, assumed: bool = False) -> PlacedPod:
+    return PlacedPod(
+        uid=spec.uid or spec.key,
+        key=spec.key,
+        node=node,
+        gpus=spec.gpus,
+        cpu_millis=spec.cpu_millis,
+        memory_bytes=spec.memory_bytes,
+        stage=spec.stage,
+        latency_class=spec.effective_latency_class,
+        gang=spec.gang.key if spec.gang else None,
+        priority=spec.priority,
+        assumed=assumed,
+    )

@@ -1,0 +1,103 @@
+"""Explain a decision: per node feasibility, the rule that rejected it, score terms and weights.
+
+Pure over the service's snapshot and placer (no HTTP), so the API, the CLI and tests share it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from app.core.feasibility import Rejection
+from app.core.workload import WorkloadError, WorkloadSpec
+from app.service import ExtenderService
+
+
+def _find_spec(service: ExtenderService, namespace: str, name: str) -> WorkloadSpec | dict[str, Any] | None:
+    key = f"{namespace}/{name}"
+    with service.lock:
+        for spec in service.snapshot.specs.values():
+            if spec.key == key:
+                return spec
+    if service.binder is not None:
+        pod = service.binder.read_pod(namespace, name)
+        if pod is not None:
+            try:
+                return service.placer.parse(pod)
+            except WorkloadError as exc:
+                return {"invalid": exc.problems}
+    return None
+
+
+def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]:
+    with service.lock:
+        names = sorted(service.snapshot.nodes)
+        fits, rejections = service.placer.evaluate_nodes(spec, names)
+        scores = {s.node: s for s in service.placer.score(spec, list(fits.values()))}
+        bound = service.snapshot.node_of(spec.key)
+        free_by_domain: Counter[str] = Counter()
+        for n, facts in service.snapshot.nodes.items():
+            if facts.has_gpus:
+                free_by_domain[facts.nvlink_domain] += max(0, service.snapshot.free_gpus(n))
+    nodes: list[dict[str, Any]] = []
+    for n in names:
+        entry: dict[str, Any] = {"node": n}
+        if n in fits:
+            f, s = fits[n], scores.get(n)
+            entry |= {
+                "feasible": True,
+                "gpu": f.node.gpu.name if f.node.gpu else None,
+                "precision": f.sizing.precision.value,
+                "per_gpu_gb": round(f.sizing.per_gpu_gb, 2),
+                "ms_per_token": round(f.ms_per_token, 2) if f.ms_per_token else None,
+                "hourly_cost": round(f.pod_hourly_cost, 4),
+                "score": s.score if s else 0,
+                "total": round(s.total, 4) if s else 0.0,
+                "terms": {t: round(v, 3) for t, v in (s.terms if s else {}).items()},
+                "weights": s.weights if s else {},
+            }
+        else:
+            r = rejections.get(n) or Rejection("rejected")
+            entry |= {"feasible": False, "reason": r.reason, "unresolvable": r.unresolvable}
+        nodes.append(entry)
+    ranked = sorted((e for e in nodes if e["feasible"]), key=lambda e: (-e["score"], -e["total"], e["node"]))
+    reasons = Counter(e["reason"] for e in nodes if not e["feasible"])
+    summary: str
+    if bound and not bound[1]:
+        summary = f"bound to {bound[0]}"
+    elif ranked:
+        summary = f"best node {ranked[0]['node']} (score {ranked[0]['score']})"
+    elif reasons:
+        reason, count = reasons.most_common(1)[0]
+        summary = f"pending: {count}/{len(names)} nodes: {reason}"
+    else:
+        summary = "pending: no nodes known"
+    if spec.gpus and not ranked:
+        total_free = sum(free_by_domain.values())
+        summary += (f"; {total_free} GPUs free across {sum(1 for v in free_by_domain.values() if v)} "
+                    f"domains; pod needs {spec.gpus}")
+    return {
+        "pod": spec.key,
+        "stage": spec.stage.value if spec.stage else None,
+        "gpus": spec.gpus,
+        "model_params": spec.model_params,
+        "precision": spec.precision.value,
+        "gang": spec.gang.key if spec.gang else None,
+        "bound_node": bound[0] if bound and not bound[1] else None,
+        "chosen": ranked[0]["node"] if ranked else None,
+        "runner_up": ranked[1]["node"] if len(ranked) > 1 else None,
+        "summary": summary,
+        "free_gpus_by_domain": dict(free_by_domain),
+        "nodes": nodes,
+    }
+
+
+def explain_pod(service: ExtenderService, namespace: str, name: str) -> dict[str, Any] | None:
+    found = _find_spec(service, namespace, name)
+    if found is None:
+        return None
+    if isinstance(found, dict):
+        problems = found["invalid"]
+        return {"pod": f"{namespace}/{name}", "summary": "invalid annotations: " + "; ".join(problems),
+                "invalid": problems, "nodes": []}
+    return explain_spec(service, found)

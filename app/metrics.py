@@ -1,0 +1,119 @@
+"""Prometheus metrics, prefix ``llm_placement_``. Labels are bounded: verbs, stages, outcomes, reasons
+from a fixed vocabulary, GPU models from the catalog, topology domains — never pod names.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+SOLVER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class Metrics:
+    """All metric objects on one registry (tests create their own to stay isolated)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.request_duration = Histogram(
+            "llm_placement_request_duration_seconds",
+            "Extender request latency by verb, as seen inside the extender.",
+            ["verb"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.request_errors = Counter(
+            "llm_placement_request_errors_total",
+            "Extender requests answered with an Error (malformed input, internal failure).",
+            ["verb", "kind"], registry=r,
+        )
+        self.decisions = Counter(
+            "llm_placement_decisions_total",
+            "Placement decisions by stage and outcome (bound, unschedulable, invalid, bind_failed).",
+            ["stage", "outcome"], registry=r,
+        )
+        self.rejections = Counter(
+            "llm_placement_node_rejections_total",
+            "Nodes rejected in filter, by rule.", ["rule"], registry=r,
+        )
+        self.invalid_annotations = Counter(
+            "llm_placement_invalid_annotations_total",
+            "Pods whose llm-placement annotations could not be understood, by annotation key.",
+            ["key"], registry=r,
+        )
+        self.unknown_gpu_nodes = Gauge(
+            "llm_placement_unknown_gpu_nodes",
+            "Nodes with GPUs whose product is missing from the catalog (handled conservatively).",
+            registry=r,
+        )
+        self.cache_nodes = Gauge("llm_placement_cache_nodes", "Nodes in the extender cache.", registry=r)
+        self.cache_pods = Gauge(
+            "llm_placement_cache_pods", "Pods holding resources in the extender cache.", registry=r
+        )
+        self.watch_restarts = Counter(
+            "llm_placement_watch_restarts_total", "Watch streams restarted, by resource and cause.",
+            ["resource", "cause"], registry=r,
+        )
+        # --- gangs ---------------------------------------------------------------------------
+        self.solver_duration = Histogram(
+            "llm_placement_solver_duration_seconds", "CP-SAT gang plan time.", ["status"],
+            buckets=SOLVER_BUCKETS, registry=r,
+        )
+        self.solver_runs = Counter(
+            "llm_placement_solver_runs_total", "Gang plans by solver status.", ["status"], registry=r
+        )
+        self.gang_wait = Histogram(
+            "llm_placement_gang_wait_seconds",
+            "Time from a gang's first filter call to all members bound.", buckets=WAIT_BUCKETS, registry=r,
+        )
+        self.gangs_bound = Counter(
+            "llm_placement_gangs_total", "Gangs by outcome (bound, failed, replanned).", ["outcome"],
+            registry=r,
+        )
+        self.reservations = Gauge(
+            "llm_placement_reserved_gpus", "GPUs held by gang reservations not yet bound.", registry=r
+        )
+        self.reservations_expired = Counter(
+            "llm_placement_reservations_expired_total", "Gang reservations dropped at TTL.", registry=r
+        )
+        # --- placement quality (observed at bind) --------------------------------------------
+        self.bandwidth_fit = Histogram(
+            "llm_placement_bandwidth_fit_ratio",
+            "Node memory bandwidth / bandwidth the SLO needs, for serving pods with an SLO.",
+            ["stage"], buckets=RATIO_BUCKETS, registry=r,
+        )
+        self.memory_fit = Histogram(
+            "llm_placement_memory_fit_ratio",
+            "Memory needed / GPU memory offered (right-sizing; 1.0 is a perfect fit).",
+            ["stage"], buckets=RATIO_BUCKETS, registry=r,
+        )
+        self.slo_ratio = Histogram(
+            "llm_placement_predicted_latency_slo_ratio",
+            "Predicted ms/token / max-ms-per-token (below 1 meets the SLO).",
+            ["stage"], buckets=RATIO_BUCKETS, registry=r,
+        )
+        self.hourly_cost = Counter(
+            "llm_placement_bound_hourly_cost_dollars_total",
+            "Sum of the $/hour of every pod bound, by stage and GPU model.", ["stage", "gpu"], registry=r,
+        )
+        self.bound_gpus = Counter(
+            "llm_placement_bound_gpus_total", "GPUs bound, by stage and GPU model.", ["stage", "gpu"],
+            registry=r,
+        )
+        self.dependency_edges = Counter(
+            "llm_placement_dependency_edges_total",
+            "Data-gravity edges at bind, by stage and the distance to the producer.",
+            ["stage", "distance"], registry=r,
+        )
+        self.cross_node_gb = Counter(
+            "llm_placement_cross_node_data_gigabytes_total",
+            "Estimated GB a consumer reads from a producer on another node.", ["stage"], registry=r,
+        )
+        self.free_gpus = Gauge(
+            "llm_placement_free_gpus", "Free GPUs per NVLink domain and GPU model.", ["domain", "gpu"],
+            registry=r,
+        )
+        self.stranded_gpus = Gauge(
+            "llm_placement_stranded_gpus",
+            "Free GPUs on nodes that are partly used (cannot host a whole-node job).", ["gpu"], registry=r,
+        )

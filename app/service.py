@@ -1,0 +1,335 @@
+"""The extender service: wire bytes in, placement core, wire bytes out, plus bind, events and metrics.
+
+No FastAPI here (routes are a thin layer over this class), so the same object serves HTTP, the
+benchmarks and the tests. One RLock guards the snapshot: watch threads write, request handlers read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from app.api import wire
+from app.config import Settings
+from app.core.catalog import GpuCatalog
+from app.core.feasibility import NodeFit, P, Rejection, evaluate
+from app.core.nodes import node_facts
+from app.core.placer import FilterDecision, GangHook, GravityHook, Placer
+from app.core.scoring import NodeScore
+from app.core.snapshot import ClusterSnapshot, NodeUsage
+from app.core.workload import PREFIX, WorkloadError, WorkloadSpec
+from app.metrics import Metrics
+
+log = logging.getLogger(__name__)
+DECISION_MEMORY = 20_000
+
+
+class BinderLike(Protocol):
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> bool: ...
+
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
+
+    def event(self, namespace: str, name: str, uid: str, reason: str, message: str,
+              warning: bool = False) -> None: ...
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+class GangBindHook(Protocol):
+    async def bind_member(self, spec: WorkloadSpec, node: str, service: ExtenderService) -> str: ...
+
+
+@dataclass(slots=True)
+class Remembered:
+    spec: WorkloadSpec
+    fit: NodeFit | None
+    scores: dict[str, NodeScore]
+    at: float
+
+
+def _invalid_key(problem: str) -> str:
+    """The annotation a problem is about, for a bounded metric label."""
+    head = problem.split(" ", 1)[0].strip('"')
+    return head if head.replace("-", "").isalpha() and len(head) < 40 else "other"
+
+
+class ExtenderService:
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: GpuCatalog,
+        snapshot: ClusterSnapshot | None = None,
+        metrics: Metrics | None = None,
+        binder: BinderLike | None = None,
+        gangs: GangHook | None = None,
+        gravity: GravityHook | None = None,
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.snapshot = snapshot or ClusterSnapshot()
+        self.metrics = metrics or Metrics()
+        self.binder = binder
+        self.lock = threading.RLock()
+        self.placer = Placer(settings, self.snapshot, gangs, gravity)
+        self.gang_binder: GangBindHook | None = None
+        self._memory: OrderedDict[str, Remembered] = OrderedDict()
+        self._node_rv: dict[str, str] = {}
+        self.ready = threading.Event()
+
+    # --- request verbs -------------------------------------------------------------------------
+    def filter(self, body: bytes) -> bytes:
+        t0 = time.perf_counter()
+        try:
+            args = wire.parse_extender_args(body, "filter")
+        except wire.WireError as exc:
+            self.metrics.request_errors.labels("filter", "malformed").inc()
+            return wire.filter_result(None, [], {}, {}, P + str(exc))
+        try:
+            with self.lock:
+                self._absorb_nodes(args)
+                decision = self.placer.filter(args.pod, args.names())
+                self._remember(decision)
+            self._count_filter(decision)
+            return wire.filter_result(args, decision.passed, decision.failed, decision.unresolvable)
+        except Exception as exc:  # never a 500: the message must reach the pod's events
+            log.exception("filter failed")
+            self.metrics.request_errors.labels("filter", "internal").inc()
+            return wire.filter_result(args, [], {}, {}, P + f"internal error in filter: {exc}")
+        finally:
+            self.metrics.request_duration.labels("filter").observe(time.perf_counter() - t0)
+
+    def prioritize(self, body: bytes) -> bytes:
+        t0 = time.perf_counter()
+        try:
+            args = wire.parse_extender_args(body, "prioritize")
+            with self.lock:
+                self._absorb_nodes(args)
+                scores = self.placer.prioritize(args.pod, args.names())
+                self._remember_scores(args.pod, scores)
+            return wire.priority_list([(s.node, s.score) for s in scores])
+        except Exception as exc:
+            # kube-scheduler ignores prioritize errors silently, so count them for alerting.
+            kind = "malformed" if isinstance(exc, wire.WireError) else "internal"
+            if kind == "internal":
+                log.exception("prioritize failed")
+            self.metrics.request_errors.labels("prioritize", kind).inc()
+            return wire.priority_list([])
+        finally:
+            self.metrics.request_duration.labels("prioritize").observe(time.perf_counter() - t0)
+
+    async def bind(self, body: bytes) -> bytes:
+        t0 = time.perf_counter()
+        try:
+            try:
+                args = wire.parse_binding_args(body)
+            except wire.WireError as exc:
+                self.metrics.request_errors.labels("bind", "malformed").inc()
+                return wire.binding_result(P + str(exc))
+            spec = await asyncio.to_thread(self._spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
+            if spec is not None and spec.gang is not None and self.gang_binder is not None:
+                err = await self.gang_binder.bind_member(spec, args.node, self)
+            else:
+                err = await asyncio.to_thread(
+                    self.bind_one, args.pod_namespace, args.pod_name, args.pod_uid, args.node, spec
+                )
+            if err:
+                self.metrics.request_errors.labels("bind", "refused").inc()
+            return wire.binding_result(err)
+        except Exception as exc:
+            log.exception("bind failed")
+            self.metrics.request_errors.labels("bind", "internal").inc()
+            return wire.binding_result(P + f"internal error in bind: {exc}")
+        finally:
+            self.metrics.request_duration.labels("bind").observe(time.perf_counter() - t0)
+
+    def preempt(self, body: bytes) -> bytes:
+        """Keep only candidates where evicting the proposed victims really makes our rules pass."""
+        t0 = time.perf_counter()
+        try:
+            args = wire.parse_preemption_args(body)
+            try:
+                spec = self.placer.parse(args.pod)
+            except WorkloadError:
+                return wire.preemption_result({}, {})
+            keep: dict[str, list[str]] = {}
+            with self.lock:
+                for node, victims in args.victims.items():
+                    if victims and self._fits_without(spec, node, victims):
+                        keep[node] = victims
+            return wire.preemption_result(keep, args.pdb_violations)
+        except Exception as exc:
+            kind = "malformed" if isinstance(exc, wire.WireError) else "internal"
+            self.metrics.request_errors.labels("preempt", kind).inc()
+            return wire.preemption_result({}, {})
+        finally:
+            self.metrics.request_duration.labels("preempt").observe(time.perf_counter() - t0)
+
+    # --- binding -------------------------------------------------------------------------------
+    def bind_one(self, namespace: str, name: str, uid: str, node: str, spec: WorkloadSpec | None) -> str:
+        """Bind one pod (blocking); return '' or an error message. Updates snapshot and metrics."""
+        if self.binder is None:
+            return P + "no API server connection to bind with"
+        remembered = self._memory.get(uid) if uid else None
+        fit = remembered.fit if remembered and remembered.fit and remembered.fit.node.name == node else None
+        if fit is None and spec is not None:
+            fit = self._fit_now(spec, node)
+        try:
+            if fit is not None and spec is not None and fit.fallback_used:
+                chosen = {PREFIX + "assigned-precision": fit.sizing.precision.value}
+                self.binder.annotate(namespace, name, chosen)
+            bound_now = self.binder.bind(namespace, name, uid, node)
+        except Exception as exc:
+            stage = spec.stage.value if spec and spec.stage else "none"
+            self.metrics.decisions.labels(stage, "bind_failed").inc()
+            return str(exc) if str(exc).startswith(P) else P + f"bind failed: {exc}"
+        if spec is not None:
+            with self.lock:
+                self.snapshot.assume(spec, node)
+            if bound_now:
+                self._observe_bound(spec, node, fit, remembered)
+        return ""
+
+    def _observe_bound(self, spec: WorkloadSpec, node: str, fit: NodeFit | None,
+                       remembered: Remembered | None) -> None:
+        stage = spec.stage.value if spec.stage else "none"
+        m = self.metrics
+        m.decisions.labels(stage, "bound").inc()
+        if fit is not None:
+            gpu = fit.node.gpu.name if fit.node.gpu else ("unknown" if fit.node.has_gpus else "cpu")
+            m.hourly_cost.labels(stage, gpu).inc(fit.pod_hourly_cost)
+            if spec.gpus:
+                m.bound_gpus.labels(stage, gpu).inc(spec.gpus)
+            if fit.sizing.per_gpu_gb > 0 and fit.node.gpu_memory_gb > 0:
+                m.memory_fit.labels(stage).observe(fit.sizing.per_gpu_gb / fit.node.gpu_memory_gb)
+            if fit.ms_per_token and spec.max_ms_per_token:
+                m.slo_ratio.labels(stage).observe(fit.ms_per_token / spec.max_ms_per_token)
+                m.bandwidth_fit.labels(stage).observe(spec.max_ms_per_token / fit.ms_per_token)
+        if self.binder is not None:
+            self.binder.event(spec.namespace, spec.name, spec.uid, "Placed",
+                              self.placed_message(spec, node, fit, remembered))
+
+    def placed_message(self, spec: WorkloadSpec, node: str, fit: NodeFit | None,
+                       remembered: Remembered | None) -> str:
+        parts = [P + f"placed on {node}"]
+        if fit is not None:
+            hw = fit.node.gpu.name if fit.node.gpu else fit.node.node_class.value
+            gpus = f", {spec.gpus} GPU" + ("s" if spec.gpus > 1 else "") if spec.gpus else ""
+            parts[0] += f" ({hw}{gpus})"
+            if fit.ms_per_token:
+                parts.append(f"{fit.ms_per_token:.1f} ms/token predicted")
+            if fit.fallback_used:
+                parts.append(f"precision {fit.sizing.precision.value} (fallback)")
+        score = remembered.scores.get(node) if remembered else None
+        if score is not None and score.terms:
+            parts.append("top terms: " + ", ".join(f"{t} {v:.2f}" for t, v in score.top_terms()))
+        return "; ".join(parts)
+
+    # --- helpers -------------------------------------------------------------------------------
+    def absorb_node(self, node: dict[str, Any]) -> None:
+        with self.lock:
+            self.snapshot.upsert_node(
+                node_facts(node, self.catalog, self.settings.labels, self.settings.default_cpu_hourly_cost)
+            )
+
+    def _absorb_nodes(self, args: wire.ExtenderArgs) -> None:
+        """Non-cache mode: take node facts from the request (only when the node object changed)."""
+        for n in args.nodes or []:
+            meta = n.get("metadata") or {}
+            name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+            if name and (not rv or self._node_rv.get(name) != rv or name not in self.snapshot.nodes):
+                self.snapshot.upsert_node(
+                    node_facts(n, self.catalog, self.settings.labels, self.settings.default_cpu_hourly_cost)
+                )
+                self._node_rv[name] = rv
+
+    def _remember(self, decision: FilterDecision) -> None:
+        spec = decision.spec
+        if spec is None or not spec.uid:
+            return
+        fit = next(iter(decision.fits.values())) if len(decision.fits) == 1 else None
+        prior = self._memory.get(spec.uid)
+        scores = prior.scores if prior else {}
+        self._memory[spec.uid] = Remembered(spec, fit, scores, time.time())
+        self._memory.move_to_end(spec.uid)
+        while len(self._memory) > DECISION_MEMORY:
+            self._memory.popitem(last=False)
+
+    def _remember_scores(self, pod: dict[str, Any], scores: list[NodeScore]) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if uid and uid in self._memory:
+            self._memory[uid].scores = {s.node: s for s in scores}
+
+    def _count_filter(self, d: FilterDecision) -> None:
+        stage = d.spec.stage.value if d.spec and d.spec.stage else "none"
+        if d.invalid:
+            self.metrics.decisions.labels(stage, "invalid").inc()
+            for problem in d.invalid:
+                self.metrics.invalid_annotations.labels(_invalid_key(problem)).inc()
+            return
+        if not d.passed:
+            self.metrics.decisions.labels(stage, "unschedulable").inc()
+        for reason in set(d.rejections.values()):
+            self.metrics.rejections.labels(_rule_of(reason)).inc()
+
+    def _spec_for(self, namespace: str, name: str, uid: str) -> WorkloadSpec | None:
+        with self.lock:
+            spec = self.snapshot.specs.get(uid) if uid else None
+            if spec is None and uid in self._memory:
+                spec = self._memory[uid].spec
+        if spec is None and self.binder is not None:
+            pod = self.binder.read_pod(namespace, name)
+            if pod is not None:
+                try:
+                    spec = self.placer.parse(pod)
+                except WorkloadError:
+                    spec = None
+        return spec
+
+    def _fit_now(self, spec: WorkloadSpec, node: str) -> NodeFit | None:
+        with self.lock:
+            facts = self.snapshot.nodes.get(node)
+            if facts is None:
+                return None
+            # The pod's own GPUs may already be counted (assumed); evaluate without the GPU check.
+            verdict = evaluate(spec, facts, self.placer.usage(node), 1 << 30, self.settings)
+        return verdict if isinstance(verdict, NodeFit) else None
+
+    def _fits_without(self, spec: WorkloadSpec, node: str, victims: list[str]) -> bool:
+        facts = self.snapshot.nodes.get(node)
+        if facts is None:
+            return False
+        u = self.placer.usage(node)
+        known = [u.pods[v] for v in victims if v in u.pods]
+        freed = sum(p.gpus for p in known)
+        trial = NodeUsage(gpus=u.gpus - freed, cpu_millis=u.cpu_millis, memory_bytes=u.memory_bytes,
+                          pods={k: v for k, v in u.pods.items() if k not in victims},
+                          stages=u.stages.copy(), interactive=u.interactive)
+        for p in known:
+            if p.stage is not None:
+                trial.stages[p.stage.value] -= 1
+        free = facts.gpu_count - trial.gpus
+        if self.placer.gangs is not None:
+            free -= self.placer.gangs.reserved_gpus(node, spec.gang.key if spec.gang else None)
+        return not isinstance(evaluate(spec, facts, trial, free, self.settings), Rejection)
+
+    def remembered(self, uid: str) -> Remembered | None:
+        return self._memory.get(uid)
+
+
+def _rule_of(reason: str) -> str:
+    """A bounded label for a rejection reason (its rule, not its numbers)."""
+    text = reason.removeprefix(P)
+    for key, rule in (
+        ("no GPUs", "no_gpus"), ("stay off GPU nodes", "cpu_stage_on_gpu"), ("free GPUs", "gpus_busy"),
+        ("unknown to the catalog", "unknown_gpu"), ("kept off nodes running training", "separation"),
+        ("ms/token", "latency_slo"), ("GPU memory too small", "gpu_memory"), ("node memory", "host_memory"),
+        ("cache", "not_cached"), ("gang", "gang"), ("producer", "gravity"), ("topology", "topology"),
+    ):
+        if key in text:
+            return rule
+    return "other"

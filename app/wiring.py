@@ -1,0 +1,48 @@
+"""Assemble the service: the pure core (demo, simulator, tests) or the live one (API server attached)."""
+
+from __future__ import annotations
+
+import logging
+
+from app.cluster.binder import Binder
+from app.cluster.cache import ClusterCache
+from app.cluster.client import api_client
+from app.config import Settings
+from app.core.catalog import GpuCatalog
+from app.metrics import Metrics
+from app.service import BinderLike, ExtenderService
+
+log = logging.getLogger(__name__)
+
+
+def build_core(
+    settings: Settings,
+    catalog: GpuCatalog,
+    metrics: Metrics | None = None,
+    binder: BinderLike | None = None,
+) -> ExtenderService:
+    return ExtenderService(settings, catalog, metrics=metrics, binder=binder)
+
+
+def build_live(
+    settings: Settings, metrics: Metrics | None = None
+) -> tuple[ExtenderService, ClusterCache | None]:
+    catalog = GpuCatalog.load()
+    if settings.cluster_source == "none":
+        service = build_core(settings, catalog, metrics)
+        service.ready.set()
+        return service, None
+    api = api_client(settings.kubeconfig)
+    service = build_core(settings, catalog, metrics, Binder(api))
+    cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics)
+
+    def mark_ready() -> None:
+        if cache.synced and not service.ready.is_set():
+            service.ready.set()
+            snap = service.snapshot
+            log.info("cache synced: %d nodes, %d pods", len(snap.nodes), len(snap.pods))
+
+    cache.on_change = mark_ready
+    return service, cache
+
+
