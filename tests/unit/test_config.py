@@ -1,0 +1,43 @@
+"""Settings: YAML + environment, and failures that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.config import ConfigError, load_settings
+
+
+def test_yaml_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("port: 9999\nweights:\n  serving:\n    cost: 7\nurl_prefix: ext/\n")
+    monkeypatch.setenv("LLMP_PORT", "7777")
+    s = load_settings(f)
+    assert s.port == 7777  # environment overrides the file
+    assert s.weights["serving"].cost == 7 and s.weights["pretraining"].packing == 2  # merged with defaults
+    assert s.url_prefix == "/ext"
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("port: 70000\n", "port"),
+    ("weights:\n  training: {cost: 1}\n", "weights"),
+    ("weights:\n  serving: {cost: -1}\n", "weights.serving.cost"),
+    ("bandwidth_efficiency: 2\n", "bandwidth_efficiency"),
+    ("no_such_key: 1\n", "no_such_key"),
+])
+def test_invalid_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_settings(f)
+    assert key in str(exc.value)
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings(tmp_path / "missing.yaml")
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_settings(bad)

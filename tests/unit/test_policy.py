@@ -1,0 +1,141 @@
+"""Stage policy on the mixed cluster: hard rules in filter, preferences in prioritize."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.core.snapshot import PlacedPod
+from app.core.workload import LatencyClass, Stage
+from app.service import ExtenderService
+from app.sim.fleet import pod_object
+from tests.conftest import mixed_nodes
+
+NAMES = [n["metadata"]["name"] for n in mixed_nodes()]
+GPU_NODES = {"h200-0", "h100-0", "a100-0", "l40s-0", "l4-0", "t4-0"}
+
+
+def ranked(service: ExtenderService, pod: dict[str, Any]) -> list[str]:
+    d = service.placer.filter(pod, NAMES)
+    assert d.spec is not None
+    scores = service.placer.score(d.spec, [d.fits[n] for n in d.passed])
+    return [s.node for s in sorted(scores, key=lambda s: (-s.score, -s.total, s.node))]
+
+
+def test_70b_serving_with_slo_needs_hbm_bandwidth(service: ExtenderService) -> None:
+    pod = pod_object("p", stage="serving", gpus=4, annotations={
+        "llm-placement.io/model-params": "70B", "llm-placement.io/max-ms-per-token": "30"})
+    d = service.placer.filter(pod, NAMES)
+    assert sorted(d.passed) == ["h100-0", "h200-0"]
+    for n in d.passed:  # the prediction that let them through really meets the SLO
+        ms = d.fits[n].ms_per_token
+        assert ms is not None and ms <= 30
+
+
+def test_70b_without_slo_still_needs_memory(service: ExtenderService) -> None:
+    pod = pod_object("p", stage="serving", gpus=4, annotations={"llm-placement.io/model-params": "70B"})
+    d = service.placer.filter(pod, NAMES)
+    assert "t4-0" in d.unresolvable and "l4-0" in d.unresolvable
+    assert "GPU memory too small" in d.unresolvable["t4-0"]
+    assert {"h200-0", "h100-0", "a100-0"} <= set(d.passed)
+
+
+def test_7b_int8_goes_to_cheapest_adequate_gpu(service: ExtenderService) -> None:
+    pod = pod_object("p", stage="serving", gpus=1, annotations={
+        "llm-placement.io/model-params": "7B", "llm-placement.io/precision": "int8"})
+    order = ranked(service, pod)
+    costs = {n: service.snapshot.nodes[n].hourly_cost / service.snapshot.nodes[n].gpu_count for n in GPU_NODES}
+    assert order[0] == min(costs, key=lambda n: costs[n]) == "t4-0"
+    assert order.index("h200-0") > order.index("l4-0")
+
+
+def test_data_prep_never_scores_gpu_node_above_cpu_node(service: ExtenderService) -> None:
+    pod = pod_object("p", stage="data-prep", cpu="8", memory="32Gi")
+    d = service.placer.filter(pod, NAMES)
+    assert set(d.passed) == {"cpu-0", "storage-0"}
+    assert all("stay off GPU nodes" in d.unresolvable[n] for n in GPU_NODES)
+    # Even with the hard rule switched off, GPU nodes rank below CPU and storage nodes.
+    service.settings.cpu_stages_may_use_gpu_nodes = True
+    order = ranked(service, pod)
+    assert order[0] == "storage-0"
+    assert max(order.index("cpu-0"), order.index("storage-0")) < min(order.index(n) for n in GPU_NODES)
+
+
+def test_deployment_needs_ram_for_weights(service: ExtenderService) -> None:
+    pod = pod_object("q", stage="quantize", cpu="16", memory="64Gi",
+                     annotations={"llm-placement.io/model-params": "180B"})
+    d = service.placer.filter(pod, NAMES)
+    # 180B bf16 = 360 GB x 1.2: only the 512 GiB CPU node holds it.
+    assert d.passed == ["cpu-0"]
+    assert "node memory" in d.unresolvable["storage-0"]
+
+
+def test_interactive_serving_kept_off_training_nodes(service: ExtenderService) -> None:
+    service.snapshot.place(PlacedPod("t1", "ml/train", "h100-0", 4, 0, 0, Stage.PRETRAINING, None, None))
+    pod = pod_object("p", stage="serving", gpus=1, annotations={"llm-placement.io/model-params": "13B"})
+    d = service.placer.filter(pod, NAMES)
+    assert "h100-0" not in d.passed
+    assert d.unresolvable["h100-0"] == "llm-placement: interactive serving is kept off nodes running training"
+    batch = pod_object("b", stage="serving", gpus=1, annotations={
+        "llm-placement.io/model-params": "13B", "llm-placement.io/latency-class": "batch"})
+    assert "h100-0" in service.placer.filter(batch, NAMES).passed
+
+
+def test_training_avoids_interactive_serving_nodes(service: ExtenderService) -> None:
+    service.snapshot.place(PlacedPod("s1", "ml/chat", "h100-0", 1, 0, 0, Stage.SERVING,
+                                     LatencyClass.INTERACTIVE, None))
+    pod = pod_object("t", stage="sft", gpus=4, annotations={"llm-placement.io/model-params": "7B"})
+    order = ranked(service, pod)
+    assert order.index("h100-0") > order.index("a100-0")
+
+
+def test_gpu_accounting_rejects_full_node_resolvably(service: ExtenderService) -> None:
+    service.snapshot.place(PlacedPod("x", "ml/x", "l4-0", 4, 0, 0, None, None, None))
+    pod = pod_object("p", stage="serving", gpus=1, annotations={"llm-placement.io/model-params": "1B"})
+    d = service.placer.filter(pod, NAMES)
+    assert "l4-0" in d.failed and "free GPUs" in d.failed["l4-0"]
+
+
+def test_precision_fallback_quantizes_before_scaling(service: ExtenderService) -> None:
+    pod = pod_object("p", stage="serving", gpus=1, annotations={
+        "llm-placement.io/model-params": "34B", "llm-placement.io/precision-fallback": "int8"})
+    d = service.placer.filter(pod, NAMES)
+    # bf16 34B fits one GPU only on the H200; int8 opens the 80 GB and 48 GB parts.
+    assert d.fits["h200-0"].sizing.precision.value == "bf16"
+    assert d.fits["h100-0"].sizing.precision.value == "int8" and d.fits["h100-0"].fallback_used
+    assert "t4-0" not in d.passed
+
+
+def test_unknown_gpu_product_is_conservative(service: ExtenderService) -> None:
+    from app.sim.fleet import node_object
+
+    service.absorb_node(node_object("mystery-0", gpus=8, product="NVIDIA-Z9000"))
+    facts = service.snapshot.nodes["mystery-0"]
+    assert facts.gpu is None and any("not in the catalog" in w for w in facts.warnings)
+    sized = pod_object("p", stage="serving", gpus=1, annotations={"llm-placement.io/model-params": "1B"})
+    d = service.placer.filter(sized, ["mystery-0"])
+    assert "unknown to the catalog" in d.unresolvable["mystery-0"]
+    plain = pod_object("plain", gpus=1)  # no model size: nothing to size, the GPU is usable
+    assert service.placer.filter(plain, ["mystery-0"]).passed == ["mystery-0"]
+
+
+def test_node_without_gpu_labels_does_not_crash(service: ExtenderService) -> None:
+    from app.sim.fleet import node_object
+
+    n = node_object("bare-gpu", gpus=2)  # advertises GPUs, no product label at all
+    service.absorb_node(n)
+    assert "no GPU product label" in service.snapshot.nodes["bare-gpu"].warnings[0]
+    pod = pod_object("p", stage="serving", gpus=1, annotations={"llm-placement.io/model-params": "1B"})
+    assert "bare-gpu" in service.placer.filter(pod, ["bare-gpu"]).unresolvable
+
+
+def test_weights_per_stage_come_from_config(service: ExtenderService) -> None:
+    pod = pod_object("p", stage="serving", gpus=1, annotations={
+        "llm-placement.io/model-params": "7B", "llm-placement.io/precision": "int8"})
+    assert ranked(service, pod)[0] == "t4-0"
+    # Make speed everything: the fastest GPU now wins.
+    w = service.settings.weights["serving"]
+    for term in ("memory_fit", "cost", "separation", "packing", "preference", "node_class", "gravity", "precision"):
+        setattr(w, term, 0.0)
+    w.bandwidth = 1.0
+    service.settings.default_interactive_ms_per_token = 1.0
+    assert ranked(service, pod)[0] == "h200-0"
