@@ -1,0 +1,71 @@
+# llm-placement — every target installs what it needs. `make demo` and `make test` are the two
+# commands a newcomer runs on a fresh machine.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test unit e2e lint typecheck controlplane helm manifests system-deps bench kind-up kind-e2e clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## The embedded default: place a bundled five-stage workload on a bundled mixed cluster.
+demo: $(STAMP)
+	$(BIN)/llm-placement demo
+
+## Everything CI runs: lint, types, unit tests, then the real control plane, helm and Prometheus suites.
+test: $(STAMP) system-deps controlplane helm
+	$(BIN)/ruff check app tests bench scripts
+	$(BIN)/mypy app
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit
+	$(BIN)/pytest -q -p no:cacheprovider tests --ignore=tests/unit
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+e2e: $(STAMP) controlplane
+	$(BIN)/pytest -q -m integration tests/integration
+
+lint: $(STAMP)
+	$(BIN)/ruff check app tests bench scripts
+
+typecheck: $(STAMP)
+	$(BIN)/mypy app
+
+## Debian packages the suites use (Prometheus + promtool, openssl for the test PKI).
+system-deps:
+	bash scripts/install-system-deps.sh
+
+## kube-apiserver + kube-scheduler from the official Go modules, cached outside the clone.
+controlplane:
+	bash scripts/build-controlplane.sh
+
+## helm from its Go module, cached outside the clone.
+helm:
+	bash scripts/build-helm.sh
+
+## Raw manifests in deploy/manifests rendered from the chart.
+manifests: helm
+	bash scripts/render-manifests.sh
+
+bench: $(STAMP) controlplane
+	$(BIN)/python bench/gang_solver.py --quick
+	$(BIN)/python bench/data_gravity.py
+	$(BIN)/python bench/scheduler_throughput.py --quick
+
+## For laptops with Docker (not exercised in this repository's CI: no Docker engine there).
+kind-up:
+	bash deploy/kind/kind.sh up
+
+kind-e2e:
+	bash deploy/kind/kind.sh e2e
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
