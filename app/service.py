@@ -22,7 +22,7 @@ from app.core.nodes import node_facts
 from app.core.placer import FilterDecision, GangHook, GravityHook, Placer
 from app.core.scoring import NodeScore
 from app.core.snapshot import ClusterSnapshot, NodeUsage
-from app.core.workload import PREFIX, WorkloadError, WorkloadSpec
+from app.core.workload import PREFIX, TRAINING_STAGES, WorkloadError, WorkloadSpec
 from app.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ class Remembered:
     fit: NodeFit | None
     scores: dict[str, NodeScore]
     at: float
+    fits: dict[str, NodeFit] | None = None  # filter verdicts, valid while the snapshot is unchanged
+    generation: int = -1
 
 
 def _invalid_key(problem: str) -> str:
@@ -109,7 +111,10 @@ class ExtenderService:
             args = wire.parse_extender_args(body, "prioritize")
             with self.lock:
                 self._absorb_nodes(args)
-                scores = self.placer.prioritize(args.pod, args.names())
+                uid = str((args.pod.get("metadata") or {}).get("uid") or "")
+                prior = self._memory.get(uid) if uid else None
+                known = prior.fits if prior and prior.generation == self.snapshot.generation else None
+                scores = self.placer.prioritize(args.pod, args.names(), known)
                 self._remember_scores(args.pod, scores)
             return wire.priority_list([(s.node, s.score) for s in scores])
         except Exception as exc:
@@ -254,7 +259,9 @@ class ExtenderService:
         fit = next(iter(decision.fits.values())) if len(decision.fits) == 1 else None
         prior = self._memory.get(spec.uid)
         scores = prior.scores if prior else {}
-        self._memory[spec.uid] = Remembered(spec, fit, scores, time.time())
+        self._memory[spec.uid] = Remembered(
+            spec, fit, scores, time.time(), decision.fits, self.snapshot.generation
+        )
         self._memory.move_to_end(spec.uid)
         while len(self._memory) > DECISION_MEMORY:
             self._memory.popitem(last=False)
@@ -308,10 +315,11 @@ class ExtenderService:
         freed = sum(p.gpus for p in known)
         trial = NodeUsage(gpus=u.gpus - freed, cpu_millis=u.cpu_millis, memory_bytes=u.memory_bytes,
                           pods={k: v for k, v in u.pods.items() if k not in victims},
-                          stages=u.stages.copy(), interactive=u.interactive)
+                          stages=u.stages.copy(), interactive=u.interactive, training=u.training)
         for p in known:
             if p.stage is not None:
                 trial.stages[p.stage.value] -= 1
+                trial.training -= p.stage in TRAINING_STAGES
         free = facts.gpu_count - trial.gpus
         if self.placer.gangs is not None:
             free -= self.placer.gangs.reserved_gpus(node, spec.gang.key if spec.gang else None)

@@ -23,7 +23,7 @@ class Rejection:
     unresolvable: bool = True  # True: evicting other pods would not make the node fit
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: thousands are made per request and frozen init is slow
 class NodeFit:
     """A feasible node and what the pod would get there."""
 
@@ -32,6 +32,10 @@ class NodeFit:
     ms_per_token: float | None
     pod_hourly_cost: float
     fallback_used: bool
+
+    def on(self, node: NodeFacts) -> NodeFit:
+        """The same verdict for another node of identical shape."""
+        return NodeFit(node, self.sizing, self.ms_per_token, self.pod_hourly_cost, self.fallback_used)
 
 
 def _fmt_params(p: float) -> str:

@@ -48,6 +48,9 @@ class NodeFacts(BaseModel):
     unschedulable: bool = False
     labels: dict[str, str] = {}
     warnings: tuple[str, ...] = ()
+    # Everything the hard rules read except the name: nodes with equal shapes get equal verdicts,
+    # so a 5,000-node request evaluates each shape once (thousands of nodes, a dozen shapes).
+    shape: tuple[object, ...] = ()
 
     @property
     def has_gpus(self) -> bool:
@@ -136,7 +139,9 @@ def node_facts(
         qty(r) > 0 for r in keys.rdma_resources
     )
     fabric = tuple(_first(labels, tier) or "" for tier in keys.fabric_tiers)
+    shape = (node_class, gpu.name if gpu else product, gpu_count, mem_gb, bw, qty("cpu"), qty("memory"), cost)
     return NodeFacts(
+        shape=shape,
         name=name,
         node_class=node_class,
         gpu_product=product,

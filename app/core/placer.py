@@ -83,22 +83,31 @@ class Placer:
         rejections: dict[str, Rejection] = {}
         gang_key = spec.gang.key if spec.gang else None
         hard = self.gravity.hard_rejections(spec, node_names) if self.gravity else {}
+        nodes, usage_of = self.snapshot.nodes, self.snapshot.usage
+        reserved = self.gangs.reserved_gpus if self.gangs is not None else None
+        empty = NodeUsage()
+        # Verdicts depend only on the node's shape and two bits of live state; memoise per request.
+        memo: dict[tuple[object, ...], NodeFit | Rejection] = {}
         for name in node_names:
-            facts = self.snapshot.nodes.get(name)
+            facts = nodes.get(name)
             if facts is None:
                 rejections[name] = NOT_CACHED
                 continue
             if name in hard:
                 rejections[name] = hard[name]
                 continue
-            free = self.snapshot.free_gpus(name)
-            if self.gangs is not None:
-                free -= self.gangs.reserved_gpus(name, gang_key)
-            verdict = evaluate(spec, facts, self.usage(name), free, self.settings)
+            usage = usage_of.get(name) or empty
+            free = facts.gpu_count - usage.gpus
+            if reserved is not None and free > 0:
+                free -= reserved(name, gang_key)
+            key = (facts.shape, free >= spec.gpus, usage.training > 0)
+            verdict = memo.get(key)
+            if verdict is None:
+                verdict = memo[key] = evaluate(spec, facts, usage, free, self.settings)
             if isinstance(verdict, Rejection):
                 rejections[name] = verdict
             else:
-                fits[name] = verdict
+                fits[name] = verdict if verdict.node is facts else verdict.on(facts)
         if spec.gang is not None and self.gangs is not None:
             fits, rejections = self.gangs.filter_member(spec, fits, rejections, node_names)
         return fits, rejections
@@ -125,12 +134,24 @@ class Placer:
         term = self.gravity.term(spec) if self.gravity else None
         return score_nodes(spec, fits, self.usage, self.settings, term)
 
-    def prioritize(self, pod: dict[str, Any], node_names: Sequence[str]) -> list[NodeScore]:
-        """Scores for the nodes kube-scheduler kept; infeasible or unknown nodes score 0."""
+    def prioritize(
+        self,
+        pod: dict[str, Any],
+        node_names: Sequence[str],
+        known_fits: dict[str, NodeFit] | None = None,
+    ) -> list[NodeScore]:
+        """Scores for the nodes kube-scheduler kept; infeasible or unknown nodes score 0.
+
+        ``known_fits``: the filter verdicts of this same pod on an unchanged snapshot, which spares
+        evaluating every node twice per scheduling cycle.
+        """
         try:
             spec = self.parse(pod)
         except WorkloadError:
             return [NodeScore(n, 0, 0.0) for n in node_names]
-        fits, _ = self.evaluate_nodes(spec, node_names)
+        if known_fits is not None and all(n in known_fits for n in node_names):
+            fits = {n: known_fits[n] for n in node_names}
+        else:
+            fits, _ = self.evaluate_nodes(spec, node_names)
         scored = {s.node: s for s in self.score(spec, list(fits.values()))}
         return [scored.get(n) or NodeScore(n, 0, 0.0) for n in node_names]

@@ -128,10 +128,10 @@ def score_nodes(
     ms_values = [f.ms_per_token for f in fits if f.ms_per_token]
     best_ms = min(ms_values) if ms_values else None
     max_bw = max((f.node.gpu_bandwidth_tbs for f in fits), default=0.0)
+    total_w = sum(w[t] for t in TERMS)
+    gpu_pod = spec.gpus > 0
 
-    out: list[NodeScore] = []
-    for f, cost in zip(fits, costs, strict=True):
-        u = usage(f.node.name)
+    def base_terms(f: NodeFit, cost: float, u: NodeUsage) -> dict[str, float]:
         terms: dict[str, float] = {
             "memory_fit": _memory_fit(spec, f, settings.memory_headroom),
             "cost": (best_cost / cost) if cost > 0 else 1.0,
@@ -145,13 +145,31 @@ def score_nodes(
             terms["bandwidth"] = min(1.0, target_ms / f.ms_per_token)
         elif best_ms is not None and f.ms_per_token:
             terms["bandwidth"] = best_ms / f.ms_per_token
-        elif spec.gpus > 0 and max_bw > 0:
+        elif gpu_pod and max_bw > 0:
             terms["bandwidth"] = f.node.gpu_bandwidth_tbs / max_bw
         else:
             terms["bandwidth"] = NEUTRAL
-        g = gravity(f.node.name) if gravity else None
-        terms["gravity"] = NEUTRAL if g is None else g
-        total_w = sum(w[t] for t in TERMS)
-        total = sum(terms[t] * w[t] for t in TERMS) / total_w if total_w > 0 else 0.0
-        out.append(NodeScore(f.node.name, round(10 * total), total, terms, dict(w)))
+        terms["gravity"] = NEUTRAL
+        return terms
+
+    # Terms other than gravity depend on the node's shape and a few usage counters only, so equal
+    # keys share one computation (5,000 candidate nodes typically collapse to a few dozen keys).
+    def weighted(terms: dict[str, float]) -> float:
+        return sum(terms[t] * w[t] for t in TERMS) / total_w if total_w > 0 else 0.0
+
+    memo: dict[tuple[object, ...], tuple[dict[str, float], float]] = {}
+    out: list[NodeScore] = []
+    for f, cost in zip(fits, costs, strict=True):
+        u = usage(f.node.name)
+        load = u.gpus if gpu_pod else u.cpu_millis
+        key = (f.node.shape, f.sizing.precision, load, u.training > 0, u.interactive > 0)
+        hit = memo.get(key)
+        if hit is None:
+            terms = base_terms(f, cost, u)
+            hit = memo[key] = (terms, weighted(terms))
+        terms, total = hit
+        if gravity is not None and (g := gravity(f.node.name)) is not None:
+            terms = {**terms, "gravity": g}
+            total = weighted(terms)
+        out.append(NodeScore(f.node.name, round(10 * total), total, terms, w))
     return out

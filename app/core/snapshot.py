@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from app.core.nodes import NodeFacts
-from app.core.workload import LatencyClass, Stage, WorkloadSpec
+from app.core.workload import TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -43,10 +43,7 @@ class NodeUsage:
     pods: dict[str, PlacedPod] = field(default_factory=dict)
     stages: Counter[str] = field(default_factory=Counter)
     interactive: int = 0
-
-    @property
-    def training(self) -> int:
-        return self.stages[Stage.PRETRAINING.value] + self.stages[Stage.ALIGNMENT.value]
+    training: int = 0  # kept as a plain counter: it is read for every node on the hot path
 
 
 class ClusterSnapshot:
@@ -92,6 +89,8 @@ class ClusterSnapshot:
         u.pods[pod.uid] = pod
         if pod.stage is not None:
             u.stages[pod.stage.value] += 1
+            if pod.stage in TRAINING_STAGES:
+                u.training += 1
         if pod.stage is Stage.SERVING and pod.latency_class is LatencyClass.INTERACTIVE:
             u.interactive += 1
         self.generation += 1
@@ -119,6 +118,8 @@ class ClusterSnapshot:
             u.memory_bytes -= pod.memory_bytes
             if pod.stage is not None:
                 u.stages[pod.stage.value] -= 1
+                if pod.stage in TRAINING_STAGES:
+                    u.training -= 1
             if pod.stage is Stage.SERVING and pod.latency_class is LatencyClass.INTERACTIVE:
                 u.interactive -= 1
         self.generation += 1
