@@ -1,0 +1,529 @@
+"""The Helm chart, checked with the real helm (lint, template, schema) and the real kube-scheduler."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.config import Settings, load_settings
+
+from .conftest import CHART, NAMESPACE, RELEASE, Rendered, run_helm, template_args
+
+FILES = CHART / "files"
+CHART_SCHED_CONFIG = yaml.safe_load((FILES / "scheduler-config.yaml").read_text())
+CHART_RBAC_RULES = yaml.safe_load((FILES / "extender-rbac-rules.yaml").read_text())
+# Settings the chart writes itself (from structured values), so they must not be in extender.settings.
+CHART_MANAGED_SETTINGS = {
+    "host", "port", "metrics_host", "metrics_port", "url_prefix", "scheduler_name", "log_level",
+}
+NON_DEFAULT_SETS = [
+    "replicas=3",
+    "scheduler.name=gpu-placement",
+    "scheduler.extender.weight=20",
+    "scheduler.leaderElection.resourceName=gpu-placement-lease",
+    "extender.port=9999",
+    "extender.metricsPort=9191",
+    "extender.image.repository=example.org/llmp/extender",
+    "extender.image.tag=1.2.3",
+    "metrics.serviceMonitor.enabled=true",
+    "pdb.minAvailable=2",
+    "extender.settings.gang_reservation_ttl_seconds=180",
+    "extender.settings.weights.serving.cost=4",
+    "priorityClassName=system-cluster-critical",
+]
+
+
+def sched_config(r: Rendered) -> dict[str, Any]:
+    return r.configmap_yaml("-scheduler-config", "scheduler-config.yaml")
+
+
+def extender_config(r: Rendered) -> dict[str, Any]:
+    return r.configmap_yaml("-extender-config", "config.yaml")
+
+
+@pytest.fixture(scope="module")
+def default(render: Callable[..., Rendered]) -> Rendered:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def custom(render: Callable[..., Rendered]) -> Rendered:
+    return render(sets=NON_DEFAULT_SETS)
+
+
+@pytest.fixture(scope="module")
+def ds(render: Callable[..., Rendered]) -> Rendered:
+    return render(sets=["mode=default-scheduler"])
+
+
+# --- lint -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [[], ["mode=default-scheduler"], NON_DEFAULT_SETS, ["metrics.prometheusRule.enabled=true"]],
+    ids=["default", "default-scheduler", "non-default", "prometheus-rule"],
+)
+def test_helm_lint_strict(helm_bin: Path, sets: list[str]) -> None:
+    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_helm(helm_bin, *args, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+    # --strict turns warnings into failures; make sure none slipped through as text either.
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout
+
+
+# --- the scheduler configuration ----------------------------------------------------------------------
+
+
+def test_scheduler_config_has_the_extender_as_designed(default: Rendered) -> None:
+    cfg = sched_config(default)
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert cfg["kind"] == "KubeSchedulerConfiguration"
+    # Sampling could hide a gang member's planned node from the extender.
+    assert cfg["percentageOfNodesToScore"] == 100
+    assert cfg["profiles"] == [{"schedulerName": "llm-placement"}]
+    [ext] = cfg["extenders"]
+    assert ext["urlPrefix"] == "http://127.0.0.1:8888/scheduler"
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert ext["nodeCacheCapable"] is True
+    assert ext["ignorable"] is False
+    # Points = score x weight x 10 against ~1200 in-tree points: below 10 our policy would not dominate.
+    assert isinstance(ext["weight"], int) and ext["weight"] >= 10
+    # The secondary scheduler must send every pod (CPU-only stages too) to the extender (DESIGN §1).
+    assert "managedResources" not in ext
+    le = cfg["leaderElection"]
+    assert le["leaderElect"] is True
+    assert (le["resourceName"], le["resourceNamespace"]) == ("llm-placement", NAMESPACE)
+
+
+def test_scheduler_config_is_the_chart_file_with_only_the_documented_overrides(default: Rendered) -> None:
+    cfg = sched_config(default)
+    base = json.loads(json.dumps(CHART_SCHED_CONFIG))
+    # The only differences allowed: the lease namespace (release namespace) ...
+    base["leaderElection"]["resourceNamespace"] = NAMESPACE
+    assert cfg == base, "the chart must render files/scheduler-config.yaml, not a second copy of it"
+
+
+def test_non_default_values_reach_every_consumer(custom: Rendered) -> None:
+    cfg = sched_config(custom)
+    assert cfg["profiles"] == [{"schedulerName": "gpu-placement"}]
+    [ext] = cfg["extenders"]
+    assert ext["urlPrefix"] == "http://127.0.0.1:9999/scheduler"
+    assert ext["weight"] == 20
+    assert cfg["leaderElection"]["resourceName"] == "gpu-placement-lease"
+    # The extender listens where the scheduler calls it, and knows its profile name.
+    ecfg = extender_config(custom)
+    assert (ecfg["host"], ecfg["port"], ecfg["url_prefix"]) == ("127.0.0.1", 9999, "/scheduler")
+    assert ecfg["scheduler_name"] == "gpu-placement"
+    assert ecfg["metrics_port"] == 9191
+    assert ecfg["gang_reservation_ttl_seconds"] == 180
+    assert ecfg["weights"] == {"serving": {"cost": 4}}
+    dep = custom.deployment()
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["template"]["spec"]["priorityClassName"] == "system-cluster-critical"
+    c = custom.containers()
+    assert c["extender"]["image"] == "example.org/llmp/extender:1.2.3"
+    assert {p["name"]: p["containerPort"] for p in c["extender"]["ports"]} == {"metrics": 9191}
+    probe_cmd = c["extender"]["readinessProbe"]["exec"]["command"][-1]
+    assert "http://127.0.0.1:9999/readyz" in probe_cmd
+    # Only the lease the scheduler uses can be updated.
+    role = custom.one("Role", "-leader-election")
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": ["gpu-placement-lease"], "verbs": ["get", "update", "patch"]}]
+    assert custom.one("PodDisruptionBudget")["spec"] == {
+        "minAvailable": 2, "selector": dep["spec"]["selector"]}
+    sm = custom.one("ServiceMonitor")
+    svc = custom.one("Service", "-metrics")
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"] == "metrics"
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    for k, v in sm["spec"]["selector"]["matchLabels"].items():
+        assert svc["metadata"]["labels"][k] == v
+
+
+def test_deployment_wires_configs_to_the_paths_the_commands_read(default: Rendered) -> None:
+    spec = default.deployment()["spec"]["template"]["spec"]
+    c = default.containers()
+    assert set(c) == {"kube-scheduler", "extender"}
+    assert c["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.36.3"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+
+    def file_behind(container: dict[str, Any], path: str) -> tuple[str, str]:
+        for m in container["volumeMounts"]:
+            if path.startswith(m["mountPath"] + "/"):
+                return volumes[m["name"]]["configMap"]["name"], path[len(m["mountPath"]) + 1:]
+        raise AssertionError(f"{path} is not on a mounted volume of {container['name']}")
+
+    [cfg_arg] = [a for a in c["kube-scheduler"]["command"] if a.startswith("--config=")]
+    cm, key = file_behind(c["kube-scheduler"], cfg_arg.removeprefix("--config="))
+    assert cm.endswith("-scheduler-config") and key == "scheduler-config.yaml"
+    cmd = c["extender"]["command"]
+    assert cmd == ["llm-placement", "serve", "--config", "/etc/llm-placement/config.yaml"]
+    cm, key = file_behind(c["extender"], cmd[-1])
+    assert cm.endswith("-extender-config") and key == "config.yaml"
+    # Both ConfigMaps exist under those names.
+    default.one("ConfigMap", "-scheduler-config")
+    default.one("ConfigMap", "-extender-config")
+    # Configuration changes roll the pods.
+    ann = default.deployment()["spec"]["template"]["metadata"]["annotations"]
+    assert {"checksum/extender-config", "checksum/scheduler-config"} <= set(ann)
+
+
+# --- security and RBAC --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["default", "ds"])
+def test_every_container_is_non_root_read_only_without_capabilities(
+    mode: str, request: pytest.FixtureRequest
+) -> None:
+    r: Rendered = request.getfixturevalue(mode)
+    spec = r.deployment()["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert isinstance(spec["securityContext"]["runAsUser"], int) and spec["securityContext"]["runAsUser"] > 0
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert r.containers(), "no containers rendered"
+    for name, c in r.containers().items():
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True, name
+        assert sc["readOnlyRootFilesystem"] is True, name
+        assert sc["allowPrivilegeEscalation"] is False, name
+        assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"], name
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        # A read-only root still needs somewhere to write temp files.
+        assert any(m["mountPath"] == "/tmp" for m in c["volumeMounts"]), name
+        assert c["resources"]["requests"] and c["resources"]["limits"]["memory"], name
+
+
+def test_extender_rbac_rules_are_the_file(default: Rendered, ds: Rendered) -> None:
+    assert isinstance(CHART_RBAC_RULES, list) and CHART_RBAC_RULES
+    for r in (default, ds):
+        assert r.one("ClusterRole", "-extender")["rules"] == CHART_RBAC_RULES
+
+
+def test_extender_rbac_is_least_privilege() -> None:
+    grants = {(g, res, v) for rule in CHART_RBAC_RULES for g in rule["apiGroups"]
+              for res in rule["resources"] for v in rule["verbs"]}
+    for needed in [("", "nodes", "watch"), ("", "pods", "patch"), ("", "pods/binding", "create"),
+                   ("", "events", "create"), ("events.k8s.io", "events", "create"),
+                   ("scheduling.x-k8s.io", "podgroups", "list")]:
+        assert needed in grants, needed
+    assert not any("*" in t for t in grants), "wildcards in the extender's rules"
+    dangerous = {"delete", "deletecollection", "escalate", "bind", "impersonate"}
+    assert not any(v in dangerous for _, _, v in grants)
+    assert not any(res in ("secrets", "nodes/proxy", "pods/exec") for _, res, _ in grants)
+
+
+def test_scheduler_rbac_is_the_standard_secondary_scheduler_set(default: Rendered, ds: Rendered) -> None:
+    sa = default.one("ServiceAccount")["metadata"]["name"]
+    subject = [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+    crbs = {b["roleRef"]["name"]: b for b in default.all("ClusterRoleBinding")}
+    assert set(crbs) == {"system:kube-scheduler", "system:volume-scheduler", f"{RELEASE}-extender"}
+    assert all(b["subjects"] == subject for b in crbs.values())
+    rbs = {b["roleRef"]["name"]: b for b in default.all("RoleBinding")}
+    auth = rbs["extension-apiserver-authentication-reader"]
+    assert auth["metadata"]["namespace"] == "kube-system" and auth["subjects"] == subject
+    assert rbs[f"{RELEASE}-leader-election"]["metadata"]["namespace"] == NAMESPACE
+    assert default.deployment()["spec"]["template"]["spec"]["serviceAccountName"] == sa
+    # The default-scheduler mode runs no scheduler: no scheduler grants at all.
+    assert {b["roleRef"]["name"] for b in ds.all("ClusterRoleBinding")} == {f"{RELEASE}-extender"}
+    assert ds.all("RoleBinding") == [] and ds.all("Role") == []
+
+
+# --- probes -------------------------------------------------------------------------------------------
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/healthz" else 503)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def health_server() -> Iterator[int]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+
+
+def test_scheduler_mode_probes_exec_to_loopback_and_really_fail(
+    render: Callable[..., Rendered], health_server: int
+) -> None:
+    r = render(sets=[f"extender.port={health_server}"])
+    assert extender_config(r)["host"] == "127.0.0.1"
+    ext = r.containers()["extender"]
+    live, ready = ext["livenessProbe"], ext["readinessProbe"]
+    # kubelet's httpGet goes to the pod IP, which a loopback listener never answers.
+    assert "httpGet" not in live and "httpGet" not in ready
+    # Run the probe commands as kubelet would (python from PATH), against a stub that is healthy
+    # but not ready: the liveness command must pass and the readiness command must fail.
+    def run(cmd: list[str]) -> int:
+        assert cmd[0] == "python"
+        return subprocess.run([shutil.which("python3") or "python3", *cmd[1:]],
+                              capture_output=True, timeout=30).returncode
+
+    assert run(live["exec"]["command"]) == 0
+    assert run(ready["exec"]["command"]) != 0
+    assert run(ext["startupProbe"]["exec"]["command"]) == 0
+
+
+def test_default_scheduler_mode_probes_http_on_all_interfaces(ds: Rendered) -> None:
+    assert extender_config(ds)["host"] == "0.0.0.0"
+    ext = ds.containers()["extender"]
+    assert ext["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert {p["name"]: p["containerPort"] for p in ext["ports"]} == {"http": 8888, "metrics": 9090}
+
+
+# --- extender settings ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", ["default", "custom", "ds"])
+def test_rendered_extender_settings_load_in_the_app(
+    fixture: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    r: Rendered = request.getfixturevalue(fixture)
+    path = tmp_path / "config.yaml"
+    path.write_text(r.one("ConfigMap", "-extender-config")["data"]["config.yaml"])
+    settings = load_settings(path)
+    assert settings.metrics_host == "0.0.0.0"
+    if fixture == "ds":
+        assert settings.scheduler_name == "default-scheduler"
+        url = yaml.safe_load(r.one("ConfigMap", "-extenders-snippet")["data"]["extenders.yaml"])
+        url = url["extenders"][0]["urlPrefix"]
+    else:
+        url = sched_config(r)["extenders"][0]["urlPrefix"]
+    # The scheduler calls exactly the port and path the extender serves.
+    assert url.endswith(f":{settings.port}{settings.url_prefix}")
+    if fixture == "custom":
+        assert settings.weights["serving"].cost == 4
+
+
+def test_schema_lists_every_app_setting() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    in_schema = set(schema["properties"]["extender"]["properties"]["settings"]["properties"])
+    fields = set(Settings.model_fields)
+    assert not in_schema & CHART_MANAGED_SETTINGS, "chart-managed keys must not be settable twice"
+    missing = fields - in_schema - CHART_MANAGED_SETTINGS
+    assert not missing, f"app/config.py settings not in values.schema.json extender.settings: {missing}"
+    extra = in_schema - fields
+    assert not extra, f"values.schema.json lists settings app/config.py lacks: {extra}"
+
+
+@pytest.mark.parametrize(
+    ("sets", "complaint"),
+    [
+        (["extender.port=abc"], "/extender/port"),
+        (["extender.port=70000"], "/extender/port"),
+        (["mode=kube-system"], "/mode"),
+        (["scheduler.extender.weight=0"], "/scheduler/extender/weight"),
+        (["extender.settings.no_such_setting=1"], "no_such_setting"),
+        (["extender.settings.memory_headroom=1.5"], "/extender/settings/memory_headroom"),
+        (["replicas=0"], "/replicas"),
+        (["no_such_value=1"], "no_such_value"),
+    ],
+)
+def test_schema_rejects_bad_values(helm_bin: Path, sets: list[str], complaint: str) -> None:
+    args = template_args(sets=sets)
+    proc = run_helm(helm_bin, *args, check=False)
+    assert proc.returncode != 0, f"helm accepted {sets}"
+    assert "schema" in proc.stderr and complaint in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "complaint"),
+    [
+        (["mode=default-scheduler", "replicas=2"], "replicas: 1 only"),
+        (["replicas=2", "scheduler.leaderElection.enabled=false"], "leaderElection"),
+    ],
+)
+def test_unsafe_combinations_fail_with_a_reason(helm_bin: Path, sets: list[str], complaint: str) -> None:
+    proc = run_helm(helm_bin, *template_args(sets=sets), check=False)
+    assert proc.returncode != 0 and complaint in proc.stderr, proc.stderr
+
+
+# --- default-scheduler mode -----------------------------------------------------------------------------
+
+
+def test_default_scheduler_mode_renders_only_the_extender_and_the_stanza(ds: Rendered) -> None:
+    assert set(ds.containers()) == {"extender"}, "no kube-scheduler in default-scheduler mode"
+    assert not [d for d in ds.all("ConfigMap") if d["metadata"]["name"].endswith("-scheduler-config")]
+    assert ds.deployment()["spec"]["strategy"] == {"type": "Recreate"}
+    data = ds.one("ConfigMap", "-extenders-snippet")["data"]
+    [ext] = yaml.safe_load(data["extenders.yaml"])["extenders"]
+    assert ext["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}]
+    assert ext["urlPrefix"] == f"http://{RELEASE}.{NAMESPACE}.svc:8888/scheduler"
+    assert ext["bindVerb"] == "bind" and ext["nodeCacheCapable"] is True and ext["weight"] >= 10
+    # Same entry as the chart file apart from where it points and what it manages.
+    base = dict(CHART_SCHED_CONFIG["extenders"][0])
+    assert {k: v for k, v in ext.items() if k not in ("urlPrefix", "managedResources")} == {
+        k: v for k, v in base.items() if k != "urlPrefix"}
+    full = yaml.safe_load(data["kube-scheduler-config.yaml"])
+    assert full["extenders"] == [ext]
+    assert full["percentageOfNodesToScore"] == 100
+    assert full["profiles"] == [{"schedulerName": "default-scheduler"}]
+    svc = ds.one("Service", RELEASE)
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8888, "targetPort": "http", "protocol": "TCP"}]
+    pod_labels = ds.deployment()["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels[k] == v for k, v in svc["spec"]["selector"].items())
+
+
+def test_default_scheduler_mode_uses_a_pinned_cluster_ip(render: Callable[..., Rendered]) -> None:
+    r = render(sets=["mode=default-scheduler", "defaultScheduler.service.clusterIP=10.96.0.50"])
+    [ext] = yaml.safe_load(r.one("ConfigMap", "-extenders-snippet")["data"]["extenders.yaml"])["extenders"]
+    assert ext["urlPrefix"] == "http://10.96.0.50:8888/scheduler"
+    assert r.one("Service", RELEASE)["spec"]["clusterIP"] == "10.96.0.50"
+
+
+# --- NOTES ---------------------------------------------------------------------------------------------
+
+
+def _notes(helm: Path, tmp_path: Path, sets: list[str]) -> str:
+    # helm renders NOTES.txt only on install, which needs a cluster; render it as a template instead.
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    body = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_test_notes.tpl").write_text('{{- define "test.notes" -}}' + body + "{{- end -}}")
+    (chart / "templates" / "test-notes.yaml").write_text(
+        'kind: Notes\ntext: |\n{{ include "test.notes" . | indent 2 }}\n')
+    out = run_helm(helm, *template_args(chart=chart, sets=sets), "--show-only", "templates/test-notes.yaml")
+    return yaml.safe_load(out.stdout)["text"]
+
+
+def test_notes_explain_how_to_opt_in_and_debug(helm_bin: Path, tmp_path: Path) -> None:
+    text = _notes(helm_bin, tmp_path, [])
+    assert "schedulerName: llm-placement" in text
+    assert "llm-placement explain <namespace>/<pod>" in text
+    assert "get events" in text
+
+
+def test_notes_of_default_scheduler_mode_warn_cpu_pods_bypass(helm_bin: Path, tmp_path: Path) -> None:
+    text = _notes(helm_bin, tmp_path, ["mode=default-scheduler"])
+    assert "CPU-only LLM pods" in text and "bypass the extender" in text
+    assert f"{RELEASE}-extenders-snippet" in text and "percentageOfNodesToScore: 100" in text
+    assert "schedulerName: llm-placement" not in text
+
+
+# --- dashboards and Prometheus rules -------------------------------------------------------------------
+
+
+def test_dashboards_and_rules_render_nothing_when_absent_and_match_files_when_present(
+    helm_bin: Path, tmp_path: Path
+) -> None:
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    for f in (chart / "dashboards").glob("*.json"):
+        f.unlink()
+    (chart / "files" / "prometheus-rules.yaml").unlink(missing_ok=True)
+    sets = ["metrics.prometheusRule.enabled=true"]
+
+    def render() -> Rendered:
+        return Rendered(run_helm(helm_bin, *template_args(chart=chart, sets=sets)).stdout)
+
+    empty = render()
+    assert "PrometheusRule" not in empty.kinds()
+    assert not [d for d in empty.all("ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
+
+    dashboards = {"placement_quality.json": {"title": "Placement quality", "panels": [{"id": 1}]},
+                  "Gangs.json": {"title": "Gangs", "panels": []}}
+    for name, body in dashboards.items():
+        (chart / "dashboards" / name).write_text(json.dumps(body, indent=2))
+    rules = {"groups": [{"name": "llm-placement", "rules": [
+        {"alert": "LlmPlacementDown", "expr": "up{job='llm-placement'} == 0", "for": "5m"}]}]}
+    (chart / "files" / "prometheus-rules.yaml").write_text(yaml.safe_dump(rules))
+
+    full = render()
+    cms = [d for d in full.all("ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert len(cms) == 2
+    got = {k: json.loads(v) for cm in cms for k, v in cm["data"].items()}
+    assert got == dashboards
+    assert all(len(cm["metadata"]["name"]) <= 63 for cm in cms)
+    assert full.one("PrometheusRule")["spec"] == rules
+    # Disabled means disabled, even with the file present.
+    assert "PrometheusRule" not in Rendered(
+        run_helm(helm_bin, *template_args(chart=chart)).stdout).kinds()
+
+
+def test_shipped_dashboards_and_rules_are_valid(default: Rendered) -> None:
+    # Whatever the chart ships must parse, or the sidecar / operator would reject it at install.
+    for f in (CHART / "dashboards").glob("*.json"):
+        assert isinstance(json.loads(f.read_text()), dict), f
+    rules = FILES / "prometheus-rules.yaml"
+    if rules.exists():
+        assert isinstance(yaml.safe_load(rules.read_text()).get("groups"), list)
+    n = len(list((CHART / "dashboards").glob("*.json")))
+    labelled = [d for d in default.all("ConfigMap")
+                if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert len(labelled) == n
+
+
+# --- the real kube-scheduler accepts what the chart renders ----------------------------------------------
+
+
+def _kube_scheduler_accepts(
+    ks: Path, cfg: dict[str, Any], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    # kube-scheduler decodes (strictly) and validates the configuration before it needs a cluster;
+    # --write-config-to then writes the defaulted result and exits without connecting anywhere.
+    kubeconfig = tmp_path / "unused.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "unused"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    cfg = dict(cfg, clientConnection={"kubeconfig": str(kubeconfig)})
+    src, out = tmp_path / "in.yaml", tmp_path / "out.yaml"
+    out.unlink(missing_ok=True)
+    src.write_text(yaml.safe_dump(cfg))
+    return subprocess.run([str(ks), f"--config={src}", f"--write-config-to={out}"],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("fixture", ["default", "custom", "ds"])
+def test_kube_scheduler_accepts_the_rendered_configuration(
+    fixture: str, request: pytest.FixtureRequest, kube_scheduler_bin: Path, tmp_path: Path
+) -> None:
+    r: Rendered = request.getfixturevalue(fixture)
+    if fixture == "ds":
+        cfg = r.configmap_yaml("-extenders-snippet", "kube-scheduler-config.yaml")
+    else:
+        cfg = sched_config(r)
+    proc = _kube_scheduler_accepts(kube_scheduler_bin, cfg, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = yaml.safe_load((tmp_path / "out.yaml").read_text())
+    [ext] = written["extenders"]
+    assert ext["urlPrefix"] == cfg["extenders"][0]["urlPrefix"]
+    assert ext["bindVerb"] == "bind" and ext["nodeCacheCapable"] is True
+    assert written["percentageOfNodesToScore"] == 100
+
+
+def test_kube_scheduler_check_is_not_a_rubber_stamp(
+    default: Rendered, kube_scheduler_bin: Path, tmp_path: Path
+) -> None:
+    cfg = sched_config(default)
+    cfg["extenders"][0]["weight"] = 0  # invalid with a prioritizeVerb
+    proc = _kube_scheduler_accepts(kube_scheduler_bin, cfg, tmp_path)
+    assert proc.returncode != 0 and "weight" in proc.stderr
+    cfg = sched_config(default)
+    cfg["extenders"][0]["nodeCacheCapabel"] = True  # strict decoding rejects unknown keys
+    proc = _kube_scheduler_accepts(kube_scheduler_bin, cfg, tmp_path)
+    assert proc.returncode != 0 and "nodeCacheCapabel" in proc.stderr
