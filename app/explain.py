@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 from app.core.feasibility import Rejection
+from app.core.gravity import GravityModel
 from app.core.workload import WorkloadError, WorkloadSpec
 from app.service import ExtenderService
 
@@ -35,6 +36,9 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         fits, rejections = service.placer.evaluate_nodes(spec, names)
         scores = {s.node: s for s in service.placer.score(spec, list(fits.values()))}
         bound = service.snapshot.node_of(spec.key)
+        gravity = service.placer.gravity
+        pull = (gravity.explain(spec, names, list(fits))
+                if isinstance(gravity, GravityModel) and spec.depends_on else None)
         free_by_domain: Counter[str] = Counter()
         for n, facts in service.snapshot.nodes.items():
             if facts.has_gpus:
@@ -59,6 +63,8 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         else:
             r = rejections.get(n) or Rejection("rejected")
             entry |= {"feasible": False, "reason": r.reason, "unresolvable": r.unresolvable}
+        if pull is not None and n in pull["nodes"]:
+            entry["gravity"] = pull["nodes"][n]  # distance to each producer and the transfer cost
         nodes.append(entry)
     ranked = sorted((e for e in nodes if e["feasible"]), key=lambda e: (-e["score"], -e["total"], e["node"]))
     reasons = Counter(e["reason"] for e in nodes if not e["feasible"])
@@ -88,6 +94,7 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         "runner_up": ranked[1]["node"] if len(ranked) > 1 else None,
         "summary": summary,
         "free_gpus_by_domain": dict(free_by_domain),
+        "gravity": None if pull is None else {k: v for k, v in pull.items() if k != "nodes"},
         "nodes": nodes,
     }
 

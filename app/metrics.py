@@ -113,7 +113,25 @@ class Metrics:
             "llm_placement_free_gpus", "Free GPUs per NVLink domain and GPU model.", ["domain", "gpu"],
             registry=r,
         )
+        # --- cluster quality (app.quality defines each; refreshed periodically from the snapshot) --
         self.stranded_gpus = Gauge(
             "llm_placement_stranded_gpus",
-            "Free GPUs on nodes that are partly used (cannot host a whole-node job).", ["gpu"], registry=r,
+            "Free GPUs on partly used nodes with fewer free GPUs than any pending GPU pod requests.",
+            ["gpu"], registry=r,
+        )
+        self.gpu_fragmentation = Gauge(
+            "llm_placement_gpu_fragmentation_ratio",
+            "Free GPUs on partly used nodes / all free GPUs, per GPU model (0: all in empty nodes).",
+            ["gpu"], registry=r,
+        )
+        self.allocatable_gpus = Gauge(
+            "llm_placement_allocatable_gpus", "GPUs on schedulable nodes, per GPU model.", ["gpu"], registry=r
+        )
+        self.pending_gpus = Gauge(
+            "llm_placement_pending_gpus", "GPUs requested by known pods not bound yet.", registry=r
+        )
+        self.running_hourly_cost = Gauge(
+            "llm_placement_running_hourly_cost_dollars",
+            "Estimated $/hour of the pods running now (their share of each node's price), by stage.",
+            ["stage"], registry=r,
         )

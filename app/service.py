@@ -18,12 +18,14 @@ from app.api import wire
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.feasibility import NodeFit, P, Rejection, evaluate
+from app.core.gravity import MISSING, GravityModel
 from app.core.nodes import node_facts
 from app.core.placer import FilterDecision, GangHook, GravityHook, Placer
 from app.core.scoring import NodeScore
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import PREFIX, TRAINING_STAGES, WorkloadError, WorkloadSpec
 from app.metrics import Metrics
+from app.quality import ClusterQuality, QualityPublisher, capture, compute
 
 log = logging.getLogger(__name__)
 DECISION_MEMORY = 20_000
@@ -82,6 +84,7 @@ class ExtenderService:
         self._memory: OrderedDict[str, Remembered] = OrderedDict()
         self._node_rv: dict[str, str] = {}
         self.ready = threading.Event()
+        self._quality = QualityPublisher(self.metrics)
 
     # --- request verbs -------------------------------------------------------------------------
     def filter(self, body: bytes) -> bytes:
@@ -214,9 +217,30 @@ class ExtenderService:
             if fit.ms_per_token and spec.max_ms_per_token:
                 m.slo_ratio.labels(stage).observe(fit.ms_per_token / spec.max_ms_per_token)
                 m.bandwidth_fit.labels(stage).observe(spec.max_ms_per_token / fit.ms_per_token)
+        if spec.depends_on:
+            self._observe_gravity(spec, node, stage)
         if self.binder is not None:
             self.binder.event(spec.namespace, spec.name, spec.uid, "Placed",
                               self.placed_message(spec, node, fit, remembered))
+
+    def _observe_gravity(self, spec: WorkloadSpec, node: str, stage: str) -> None:
+        """Data-gravity quality at bind: each edge's distance, GB read across nodes, lost producers."""
+        gravity = self.placer.gravity
+        if not isinstance(gravity, GravityModel):
+            return
+        with self.lock:
+            edges = gravity.observe(spec, node)
+        for e in edges:
+            self.metrics.dependency_edges.labels(stage, e.distance).inc()
+            if e.cross_node_gb > 0:
+                self.metrics.cross_node_gb.labels(stage).inc(e.cross_node_gb)
+        missing = [e.producer for e in edges if e.distance == MISSING]
+        if missing and self.binder is not None:
+            # Not fatal (the pod is placed without their pull), but the user should know why.
+            self.binder.event(spec.namespace, spec.name, spec.uid, "ProducerNotFound",
+                              P + f"depends-on producer {', '.join(missing)} not found (not running, bound, "
+                              "planned or recently finished); placed without data gravity for it",
+                              warning=True)
 
     def placed_message(self, spec: WorkloadSpec, node: str, fit: NodeFit | None,
                        remembered: Remembered | None) -> str:
@@ -233,6 +257,21 @@ class ExtenderService:
         if score is not None and score.terms:
             parts.append("top terms: " + ", ".join(f"{t} {v:.2f}" for t, v in score.top_terms()))
         return "; ".join(parts)
+
+    # --- cluster quality -----------------------------------------------------------------------
+    def refresh_quality(self) -> ClusterQuality:
+        """Recompute the cluster-level quality gauges (free/stranded GPUs, fragmentation, $/hour).
+
+        Called by the periodic refresher (app.wiring) and directly by tests. Only reference copies
+        happen under the lock; the arithmetic runs outside it so filter latency is not affected.
+        """
+        gangs = self.placer.gangs
+        reserved = None if gangs is None else (lambda node: gangs.reserved_gpus(node, None))
+        with self.lock:
+            data = capture(self.snapshot, reserved)
+        quality = compute(data)
+        self._quality.publish(quality)
+        return quality
 
     # --- helpers -------------------------------------------------------------------------------
     def absorb_node(self, node: dict[str, Any]) -> None:

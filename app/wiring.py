@@ -10,7 +10,10 @@ from app.cluster.cache import ClusterCache
 from app.cluster.client import api_client
 from app.config import Settings
 from app.core.catalog import GpuCatalog
+from app.core.gravity import GravityModel
+from app.core.snapshot import ClusterSnapshot
 from app.metrics import Metrics
+from app.quality import DEFAULT_REFRESH_SECONDS, QualityRefresher
 from app.service import BinderLike, ExtenderService
 
 log = logging.getLogger(__name__)
@@ -22,7 +25,12 @@ def build_core(
     metrics: Metrics | None = None,
     binder: BinderLike | None = None,
 ) -> ExtenderService:
-    return ExtenderService(settings, catalog, metrics=metrics, binder=binder)
+    snapshot = ClusterSnapshot()
+    # Data gravity reads the same snapshot the placer does (producers' nodes, finished producers).
+    gravity = GravityModel(snapshot, settings)
+    return ExtenderService(
+        settings, catalog, snapshot=snapshot, metrics=metrics, binder=binder, gravity=gravity
+    )
 
 
 def build_live(
@@ -32,6 +40,7 @@ def build_live(
     if settings.cluster_source == "none":
         service = build_core(settings, catalog, metrics)
         service.ready.set()
+        start_quality_refresher(service)
         return service, None
     api = api_client(settings.kubeconfig)
     service = build_core(settings, catalog, metrics, Binder(api))
@@ -53,6 +62,22 @@ def build_live(
             log.info("cache synced: %d nodes, %d pods", len(snap.nodes), len(snap.pods))
 
     cache.on_change = mark_ready
+    start_quality_refresher(service)
     return service, cache
+
+
+def start_quality_refresher(
+    service: ExtenderService, interval: float = DEFAULT_REFRESH_SECONDS
+) -> QualityRefresher:
+    """Keep the cluster-quality gauges fresh (a daemon thread; it dies with the process).
+
+    Nothing is published before the cache has synced: a half-listed cluster would report phantom
+    free GPUs and no stranded ones.
+    """
+    refresher = QualityRefresher(
+        lambda: service.refresh_quality() if service.ready.is_set() else None, interval
+    )
+    refresher.start()
+    return refresher
 
 

@@ -28,6 +28,18 @@ from app.metrics import Metrics
 log = logging.getLogger(__name__)
 
 
+def _slim(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """Drop what placement never reads (managedFields, images, pod status details) before keeping it."""
+    meta = obj.get("metadata") or {}
+    meta.pop("managedFields", None)
+    status = obj.get("status") or {}
+    if kind == "nodes":
+        status.pop("images", None)
+    else:
+        obj["status"] = {"phase": status.get("phase")}
+    return obj
+
+
 class Gone(Exception):
     """The watch's resourceVersion is too old (HTTP 410): re-list."""
 
@@ -56,8 +68,12 @@ def apply_pod(
         spec = parse_workload(pod, gpu_res)
     except WorkloadError:
         spec = None
-    if spec is not None:
+    # Specs are kept for pods still to be placed and for gang members (membership counts); a bound
+    # pod only needs its usage record, which keeps 100k cached pods within the memory budget.
+    if spec is not None and (not node or spec.gang is not None):
         snapshot.track_spec(spec)
+    elif spec is not None:
+        snapshot.untrack_spec(uid)
     if not node:
         return
     if spec is not None:
@@ -119,10 +135,20 @@ class ClusterCache:
 
     # --- internals -----------------------------------------------------------------------------
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
+        """Paginated list: 100k pods in one response would cost ~1 GB of transient JSON."""
         fn: Any = self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
-        resp = fn(_preload_content=False, _request_timeout=60)
-        data = json.loads(resp.data)
-        return data.get("items") or [], str((data.get("metadata") or {}).get("resourceVersion") or "")
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": 500, "_preload_content": False, "_request_timeout": 60}
+            if token:
+                kwargs["_continue"] = token
+            data = json.loads(fn(**kwargs).data)
+            items.extend(_slim(kind, i) for i in data.get("items") or [])
+            meta = data.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
 
     def _replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         with self.lock:
@@ -204,7 +230,7 @@ class ClusterCache:
                     raise RuntimeError(f"watch error: {obj.get('message')}")
                 new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                 if etype != "BOOKMARK":
-                    self._apply(kind, etype, obj)
+                    self._apply(kind, etype, _slim(kind, obj))
                     if self.on_change:
                         self.on_change()
                 if new_rv:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from app.config import Settings
 from app.core.feasibility import NodeFit, P, Rejection, evaluate
@@ -38,7 +38,9 @@ class GravityHook(Protocol):
 
     def hard_rejections(self, spec: WorkloadSpec, nodes: Iterable[str]) -> dict[str, Rejection]: ...
 
-    def term(self, spec: WorkloadSpec) -> GravityFn | None: ...
+    def term(self, spec: WorkloadSpec, nodes: Sequence[str] | None = None) -> GravityFn | None:
+        """``nodes``: this request's candidates, so the term can be relative to the best of them."""
+        ...
 
 
 @dataclass(slots=True)
@@ -83,31 +85,33 @@ class Placer:
         rejections: dict[str, Rejection] = {}
         gang_key = spec.gang.key if spec.gang else None
         hard = self.gravity.hard_rejections(spec, node_names) if self.gravity else {}
-        nodes, usage_of = self.snapshot.nodes, self.snapshot.usage
-        reserved = self.gangs.reserved_gpus if self.gangs is not None else None
-        empty = NodeUsage()
+        entries = self.snapshot.entries
+        # CPU pods do not care about GPU reservations; skip the per-node ledger lookup for them.
+        reserved = self.gangs.reserved_gpus if self.gangs is not None and spec.gpus > 0 else None
+        need = spec.gpus
         # Verdicts depend only on the node's shape and two bits of live state; memoise per request.
         memo: dict[tuple[object, ...], NodeFit | Rejection] = {}
         for name in node_names:
-            facts = nodes.get(name)
-            if facts is None:
+            entry = entries.get(name)
+            if entry is None:
                 rejections[name] = NOT_CACHED
                 continue
-            if name in hard:
+            if hard and name in hard:
                 rejections[name] = hard[name]
                 continue
-            usage = usage_of.get(name) or empty
+            facts, usage = entry
             free = facts.gpu_count - usage.gpus
             if reserved is not None and free > 0:
                 free -= reserved(name, gang_key)
-            key = (facts.shape, free >= spec.gpus, usage.training > 0)
+            key = (facts.shape, free >= need, usage.training > 0)
             verdict = memo.get(key)
             if verdict is None:
                 verdict = memo[key] = evaluate(spec, facts, usage, free, self.settings)
-            if isinstance(verdict, Rejection):
+            if type(verdict) is Rejection:
                 rejections[name] = verdict
             else:
-                fits[name] = verdict if verdict.node is facts else verdict.on(facts)
+                fit = cast(NodeFit, verdict)
+                fits[name] = fit if fit.node is facts else fit.on(facts)
         if spec.gang is not None and self.gangs is not None:
             fits, rejections = self.gangs.filter_member(spec, fits, rejections, node_names)
         return fits, rejections
@@ -131,7 +135,9 @@ class Placer:
         return decision
 
     def score(self, spec: WorkloadSpec, fits: Sequence[NodeFit]) -> list[NodeScore]:
-        term = self.gravity.term(spec) if self.gravity else None
+        term = None
+        if self.gravity is not None and spec.depends_on:
+            term = self.gravity.term(spec, [f.node.name for f in fits])
         return score_nodes(spec, fits, self.usage, self.settings, term)
 
     def prioritize(

@@ -52,6 +52,8 @@ class ClusterSnapshot:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeFacts] = {}
         self.usage: dict[str, NodeUsage] = {}
+        # name -> (facts, usage): one lookup per node on the filter hot path instead of two.
+        self.entries: dict[str, tuple[NodeFacts, NodeUsage]] = {}
         self.pods: dict[str, PlacedPod] = {}  # uid -> running/bound pod
         self.by_key: dict[str, str] = {}  # ns/name -> uid
         self.finished: dict[str, PlacedPod] = {}  # ns/name -> finished producer (data gravity)
@@ -63,11 +65,13 @@ class ClusterSnapshot:
     # --- nodes ---------------------------------------------------------------------------------
     def upsert_node(self, facts: NodeFacts) -> None:
         self.nodes[facts.name] = facts
-        self.usage.setdefault(facts.name, NodeUsage())
+        usage = self.usage.setdefault(facts.name, NodeUsage())
+        self.entries[facts.name] = (facts, usage)
         self.generation += 1
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
+        self.entries.pop(name, None)
         self.generation += 1
 
     # --- pods ----------------------------------------------------------------------------------

@@ -1,0 +1,407 @@
+"""Data gravity: pull a pod toward the data it reads (``llm-placement.io/depends-on``).
+
+Each ``depends-on`` name is an edge to a producer: a pod or a gang, in the consumer's namespace unless
+written ``ns/name``. An edge resolves to the node(s) where the producer's output sits: where it runs or
+is bound, where it ran if it finished less than ``producer_memory_seconds`` ago (its output is still on
+that node's disk), or where a gang's reservation plan puts it. The candidate's cost is the estimated
+time to move ``input-data-gb`` from there, over the tier bandwidths of ``tier_bandwidth_gbps``.
+
+Cost model (why a ladder of hops rather than one bandwidth per tier): a consumer always pays for
+reading the producer's local copy (``same_node``); every tier it must cross adds a store-and-forward
+hop at that tier's bandwidth — the NVLink domain, then each fabric tier inward to outward (leaf, spine,
+block...), then the zone network, then the inter-zone link. Summing hops makes the cost strictly grow
+with distance whatever bandwidths the operator configures (the default NVLink figure is faster than the
+local-disk one, so a per-tier figure alone would rank "same NVLink domain" above "same node").
+
+Pure: reads a ClusterSnapshot, imports no web or Kubernetes client code, and never mutates state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from app.config import Settings
+from app.core.feasibility import P, Rejection
+from app.core.nodes import NodeFacts
+from app.core.scoring import GravityFn
+from app.core.snapshot import ClusterSnapshot, PlacedPod
+from app.core.workload import WorkloadSpec
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+# When a pod declares producers but not how much it reads, still prefer its producers' neighbourhood:
+# the amount only weighs producers against each other, so any positive figure gives the same ranking.
+DEFAULT_INPUT_GB = 1.0
+
+
+class Distance(IntEnum):
+    """How far a candidate node is from a producer's data, nearest first."""
+
+    NODE = 0
+    NVLINK = 1
+    FABRIC = 2
+    ZONE = 3
+    CROSS_ZONE = 4
+
+    @property
+    def label(self) -> str:
+        """Metric label and explain value (bounded vocabulary)."""
+        return _LABELS[self]
+
+
+_LABELS = {
+    Distance.NODE: "node",
+    Distance.NVLINK: "nvlink",
+    Distance.FABRIC: "fabric",
+    Distance.ZONE: "zone",
+    Distance.CROSS_ZONE: "cross-zone",
+}
+MISSING = "missing"  # the distance label of an edge whose producer could not be found
+
+# llm-placement.io/colocation levels (the parser maps "required" to "node").
+LEVELS: dict[str, Distance] = {
+    "node": Distance.NODE,
+    "nvlink": Distance.NVLINK,
+    "fabric": Distance.FABRIC,
+    "zone": Distance.ZONE,
+}
+_LEVEL_WORDS = {"node": "node", "nvlink": "NVLink domain", "fabric": "fabric tier", "zone": "zone"}
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """One place a producer's output sits, with the share of the edge's data found there."""
+
+    node: str
+    state: str  # "bound" (running or bound), "finished", "planned" (gang reservation)
+    share: float
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """One resolved ``depends-on`` entry."""
+
+    producer: str  # ns/name
+    kind: str  # "pod", "gang" or "missing"
+    gb: float  # data this edge carries (the pod's input-data-gb split over its edges)
+    sites: tuple[Site, ...] = ()
+    note: str = ""
+
+    @property
+    def found(self) -> bool:
+        return bool(self.sites)
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeAt:
+    """An edge evaluated at one candidate node."""
+
+    producer: str
+    distance: str  # Distance.label, or MISSING
+    seconds: float  # estimated transfer time
+    cross_node_gb: float  # the part of the edge's data that lives on other nodes
+    gb: float
+
+
+@dataclass(slots=True)
+class _Memo:
+    generation: int = -1
+    finished_gangs: dict[str, list[PlacedPod]] = field(default_factory=dict)
+
+
+class GravityModel:
+    """Implements the placer's GravityHook over a ClusterSnapshot.
+
+    ``planned`` returns the planned node of every member of a gang that holds a reservation (one entry
+    per member), or nothing; the gang ledger supplies it when present. ``clock`` is injectable so the
+    simulator and tests can move time.
+    """
+
+    def __init__(
+        self,
+        snapshot: ClusterSnapshot,
+        settings: Settings,
+        *,
+        planned: Callable[[str], Sequence[str]] | None = None,
+        clock: Callable[[], float] = time.time,
+        default_input_gb: float = DEFAULT_INPUT_GB,
+    ) -> None:
+        self.snapshot = snapshot
+        self.settings = settings
+        self.planned = planned
+        self.clock = clock
+        self.default_input_gb = default_input_gb
+        self._memo = _Memo()
+        # Fabric tiers that are really the zone label are "same zone", not "same fabric tier".
+        tiers = settings.labels.fabric_tiers
+        self._fabric_index = [i for i, keys in enumerate(tiers) if ZONE_LABEL not in keys]
+        bw = settings.tier_bandwidth_gbps
+        hops = [1 / bw.same_node, 1 / bw.same_nvlink_domain]
+        hops += [1 / bw.same_fabric_tier] * len(self._fabric_index)
+        hops += [1 / bw.same_zone, 1 / bw.cross_zone]
+        ladder = [sum(hops[: i + 1]) for i in range(len(hops))]
+        nf = len(self._fabric_index)
+        self._node_s = ladder[0]
+        self._nvlink_s = ladder[1]
+        self._fabric_s = ladder[2 : 2 + nf]  # by rung: the inner-most shared fabric tier
+        self._zone_s = ladder[2 + nf]
+        self._cross_s = ladder[3 + nf]
+
+    # --- distance and cost -----------------------------------------------------------------------
+    def distance(self, a: NodeFacts, b: NodeFacts) -> tuple[Distance, int]:
+        """Distance between two nodes, and for FABRIC the rung of the inner-most shared tier."""
+        if a.name == b.name:
+            return Distance.NODE, -1
+        if a.nvlink_domain == b.nvlink_domain:
+            return Distance.NVLINK, -1
+        for rung, i in enumerate(self._fabric_index):
+            x = a.fabric[i] if i < len(a.fabric) else ""
+            if x and b.fabric[i:i + 1] == (x,):
+                return Distance.FABRIC, rung
+        # Two nodes without zone labels are taken to share the (single, unlabelled) site.
+        if a.zone == b.zone:
+            return Distance.ZONE, -1
+        return Distance.CROSS_ZONE, -1
+
+    def seconds_per_gb(self, distance: Distance, rung: int = 0) -> float:
+        if distance is Distance.NODE:
+            return self._node_s
+        if distance is Distance.NVLINK:
+            return self._nvlink_s
+        if distance is Distance.FABRIC:
+            return self._fabric_s[max(0, min(rung, len(self._fabric_s) - 1))]
+        if distance is Distance.ZONE:
+            return self._zone_s
+        return self._cross_s
+
+    # --- resolution ------------------------------------------------------------------------------
+    def _fresh(self, pod: PlacedPod, now: float) -> bool:
+        return pod.finished_at is None or now - pod.finished_at <= self.settings.producer_memory_seconds
+
+    def _finished_gang_members(self, gang: str) -> list[PlacedPod]:
+        # Finished pods are indexed by name only; build a gang index once per snapshot generation.
+        memo = self._memo
+        if memo.generation != self.snapshot.generation:
+            index: dict[str, list[PlacedPod]] = {}
+            for p in self.snapshot.finished.values():
+                if p.gang:
+                    index.setdefault(p.gang, []).append(p)
+            memo.finished_gangs = index
+            memo.generation = self.snapshot.generation
+        return memo.finished_gangs.get(gang, [])
+
+    def _resolve_one(self, key: str, gb: float, now: float) -> Edge:
+        snap = self.snapshot
+        window = self.settings.producer_memory_seconds
+        forgotten = ""
+        at = snap.node_of(key)
+        if at is not None:
+            node, finished = at
+            pod = snap.finished.get(key) if finished else None
+            if pod is None or self._fresh(pod, now):
+                if node not in snap.nodes:
+                    return Edge(key, "missing", gb, note=f"producer {key} ran on {node}, no longer a node")
+                return Edge(key, "pod", gb, (Site(node, "finished" if finished else "bound", 1.0),))
+            forgotten = f"producer {key} finished more than {window:g}s ago; its node is forgotten"
+        # A gang: live bound members, members that finished within the window, else the plan.
+        located: list[tuple[str, str]] = [(n, "bound") for n in snap.gang_nodes(key)]
+        located += [(p.node, "finished") for p in self._finished_gang_members(key) if self._fresh(p, now)]
+        if not located and self.planned is not None:
+            located = [(n, "planned") for n in self.planned(key)]
+        lost = {n for n, _ in located if n not in snap.nodes}
+        located = [(n, s) for n, s in located if n not in lost]
+        if located:
+            # A gang's output (a sharded checkpoint) is spread over its members: each member's node
+            # holds its share, so a consumer next to one member still reads the others' shares remotely.
+            counts = Counter(located)
+            total = sum(counts.values())
+            sites = tuple(Site(n, s, c / total) for (n, s), c in sorted(counts.items()))
+            return Edge(key, "gang", gb, sites)
+        if lost:
+            return Edge(key, "missing", gb, note=f"producer {key} ran on nodes no longer in the cluster")
+        note = forgotten or (
+            f"producer {key} not found (not running, bound, planned, or finished in the last {window:g}s)"
+        )
+        return Edge(key, "missing", gb, note=note)
+
+    def resolve(self, spec: WorkloadSpec) -> list[Edge]:
+        """Every distinct producer the pod names, resolved; never raises."""
+        keys: list[str] = []
+        for raw in spec.depends_on:
+            ns, sep, name = raw.partition("/")
+            key = raw if sep and ns and name else f"{spec.namespace}/{raw.strip('/')}"
+            if key != spec.key and key not in keys:
+                keys.append(key)
+        if not keys:
+            return []
+        # input-data-gb is what the pod reads from all of them together.
+        per_edge = (spec.input_data_gb or self.default_input_gb) / len(keys)
+        now = self.clock()
+        return [self._resolve_one(k, per_edge, now) for k in keys]
+
+    # --- per candidate ---------------------------------------------------------------------------
+    def edge_at(self, edge: Edge, node: NodeFacts) -> EdgeAt:
+        if not edge.found:
+            return EdgeAt(edge.producer, MISSING, 0.0, 0.0, edge.gb)
+        seconds = 0.0
+        cross = 0.0
+        nearest = Distance.CROSS_ZONE
+        for site in edge.sites:
+            facts = self.snapshot.nodes.get(site.node)
+            if facts is None:  # vanished since resolution; resolve() filters these out normally
+                continue
+            d, rung = self.distance(node, facts)
+            seconds += edge.gb * site.share * self.seconds_per_gb(d, rung)
+            if d is not Distance.NODE:
+                cross += edge.gb * site.share
+            nearest = min(nearest, d)
+        return EdgeAt(edge.producer, nearest.label, seconds, cross, edge.gb)
+
+    def cost(self, edges: Sequence[Edge], node: str) -> float | None:
+        """Estimated seconds to read every found edge's data onto ``node`` (None: unknown node)."""
+        return self.cost_fn(edges)(node)
+
+    def cost_fn(self, edges: Sequence[Edge]) -> Callable[[str], float | None]:
+        """``cost`` for many candidates: nodes in the same position relative to the producers (same
+        NVLink domain if it is a producer's, same fabric ids, same zone) share one computation, so a
+        5,000-node request costs a few dozen evaluations plus dictionary lookups."""
+        found = [e for e in edges if e.found]
+        nodes = self.snapshot.nodes
+        site_nodes = {s.node for e in found for s in e.sites}
+        site_domains = {f.nvlink_domain for n in site_nodes if (f := nodes.get(n)) is not None}
+        memo: dict[tuple[object, ...], float] = {}
+
+        def fn(node: str) -> float | None:
+            facts = nodes.get(node)
+            if facts is None:
+                return None
+            if node in site_nodes:
+                return sum(self.edge_at(e, facts).seconds for e in found)
+            dom = facts.nvlink_domain if facts.nvlink_domain in site_domains else None
+            key = (dom, facts.fabric, facts.zone)
+            c = memo.get(key)
+            if c is None:
+                c = memo[key] = sum(self.edge_at(e, facts).seconds for e in found)
+            return c
+
+        return fn
+
+    # --- GravityHook -----------------------------------------------------------------------------
+    def hard_rejections(self, spec: WorkloadSpec, nodes: Iterable[str]) -> dict[str, Rejection]:
+        level = spec.colocation_required
+        if level is None or level not in LEVELS or not spec.depends_on:
+            return {}
+        edges = self.resolve(spec)
+        if not edges:
+            return {}
+        missing = [e.producer for e in edges if not e.found]
+        if missing:
+            # Resolvable: the producer may appear (be created, bound or planned) and the pod retried.
+            who = missing[0] + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            r = Rejection(P + f"producer {who} not found; colocation required", unresolvable=False)
+            return dict.fromkeys(nodes, r)
+        limit = LEVELS[level]
+        r = Rejection(P + f"must run in the same {_LEVEL_WORDS[level]} as its producer")
+        site_facts = [
+            [f for s in e.sites if (f := self.snapshot.nodes.get(s.node)) is not None] for e in edges
+        ]
+        out: dict[str, Rejection] = {}
+        for n in nodes:
+            facts = self.snapshot.nodes.get(n)
+            if facts is None:
+                continue  # the placer reports uncached nodes itself
+            # Every producer must be within the level; for a gang, any member's node will do.
+            if not all(any(self.distance(facts, p)[0] <= limit for p in ps) for ps in site_facts):
+                out[n] = r
+        return out
+
+    def term(self, spec: WorkloadSpec, nodes: Sequence[str] | None = None) -> GravityFn | None:
+        """Score term in [0, 1]: best cost among ``nodes`` / this node's cost (None: no opinion).
+
+        Normalising against the best candidate of this request (like the cost term) keeps a CPU->GPU
+        edge, which can never be same-node, pulling as hard toward the producer's fabric tier as a
+        GPU->GPU edge pulls toward its node. Without ``nodes`` the reference is the ideal, all-local cost.
+        """
+        if not spec.depends_on:
+            return None
+        edges = [e for e in self.resolve(spec) if e.found]
+        if not edges:
+            return None  # producer unknown: neutral, never fatal (explain says why)
+        cost = self.cost_fn(edges)
+        if nodes is None:
+            best = sum(e.gb for e in edges) * self._node_s
+            return lambda n: _ratio(best, cost(n))
+        costs = {n: cost(n) for n in nodes}
+        known = [c for c in costs.values() if c is not None]
+        if not known:
+            return None
+        best = min(known)
+        return lambda n: _ratio(best, costs[n] if n in costs else cost(n))
+
+    # --- reporting -------------------------------------------------------------------------------
+    def observe(self, spec: WorkloadSpec, node: str) -> list[EdgeAt]:
+        """The pod's edges as bound on ``node`` (for metrics); missing producers included."""
+        facts = self.snapshot.nodes.get(node)
+        out: list[EdgeAt] = []
+        for e in self.resolve(spec):
+            if facts is None or not e.found:
+                out.append(EdgeAt(e.producer, MISSING, 0.0, 0.0, e.gb))
+            else:
+                out.append(self.edge_at(e, facts))
+        return out
+
+    def explain(
+        self, spec: WorkloadSpec, nodes: Sequence[str], candidates: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """Edges, where each producer is, and the cost at every node (JSON-ready); the term is relative
+        to ``candidates`` (the feasible nodes, as in prioritize), default ``nodes``."""
+        edges = self.resolve(spec)
+        detail: dict[str, Any] = {
+            "colocation_required": spec.colocation_required,
+            "input_data_gb": spec.input_data_gb or (self.default_input_gb if edges else 0.0),
+            "edges": [],
+            "notes": [e.note for e in edges if e.note],
+            "nodes": {},
+        }
+        if not edges:
+            return detail
+        for e in edges:
+            sites = []
+            for s in e.sites:
+                f = self.snapshot.nodes.get(s.node)
+                sites.append({
+                    "node": s.node, "state": s.state, "share": round(s.share, 4),
+                    "nvlink_domain": f.nvlink_domain if f else None,
+                    "fabric": [x for x in f.fabric if x] if f else [], "zone": f.zone if f else None,
+                })
+            detail["edges"].append({"producer": e.producer, "kind": e.kind, "gb": round(e.gb, 3),
+                                    "sites": sites})
+        found = [e for e in edges if e.found]
+        term = self.term(spec, nodes if candidates is None else candidates) if found else None
+        for n in nodes:
+            facts = self.snapshot.nodes.get(n)
+            if facts is None:
+                continue
+            at = [self.edge_at(e, facts) for e in edges]
+            detail["nodes"][n] = {
+                "seconds": round(sum(a.seconds for a in at), 3),
+                "cross_node_gb": round(sum(a.cross_node_gb for a in at), 3),
+                "term": None if term is None else _round(term(n)),
+                "edges": [{"producer": a.producer, "distance": a.distance, "seconds": round(a.seconds, 3)}
+                          for a in at],
+            }
+        return detail
+
+
+def _ratio(best: float, cost: float | None) -> float | None:
+    if cost is None:
+        return None
+    return 1.0 if cost <= 0 else min(1.0, best / cost)
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)

@@ -1,0 +1,106 @@
+"""Filter/prioritize latency and memory of the extender at cluster scale (DESIGN §9 targets).
+
+Names-only requests (nodeCacheCapable: true) against a snapshot of N nodes and P cached pods, through
+the same ExtenderService the HTTP layer calls. Baseline in the same process: the least any extender
+must do for that request (parse the JSON body and echo the names back), so the ratio says what the
+placement logic itself costs on this machine.
+
+    python bench/extender_latency.py --nodes 5000 --pods 100000
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import time
+import tracemalloc
+from collections.abc import Callable
+
+import orjson
+import typer
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from app.config import Settings
+from app.core.catalog import GpuCatalog
+from app.core.snapshot import PlacedPod
+from app.core.workload import Stage
+from app.service import ExtenderService
+from app.sim.fleet import node_object, pod_object
+
+PRODUCTS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-L4", "Tesla-T4", "NVIDIA-H200"]
+console = Console()
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timeit(fn: Callable[[], object], runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1000)
+    return sorted(out)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main(nodes: int = 5000, pods: int = 100_000, runs: int = 200, heap: bool = False) -> None:
+    """--heap traces Python allocations (slower, inflates RSS); leave it off for the RSS figure."""
+    gc.collect()
+    base_rss = rss_mb()
+    if heap:
+        tracemalloc.start()
+    svc = ExtenderService(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
+    for i in track(range(nodes), description="nodes", console=console):
+        labels = {"nvidia.com/gpu.clique": f"c{i // 4}", "fabric.topograph.run/tier-0": f"leaf-{i // 32}"}
+        svc.absorb_node(node_object(f"n{i:05d}", gpus=8, product=PRODUCTS[i % 5], labels=labels))
+    stages = list(Stage)
+    for i in track(range(pods), description="pods", console=console):
+        # Pods as the watch stores them: a PlacedPod for usage plus the parsed spec.
+        node = f"n{i % nodes:05d}"
+        p = pod_object(f"p{i}", namespace=f"ns{i % 50}", stage=stages[i % 5].value, gpus=0, cpu="100m",
+                       memory="128Mi", annotations={"llm-placement.io/model-params": "7B"})
+        p["spec"]["nodeName"] = node
+        spec = svc.placer.parse(p)
+        svc.snapshot.place(PlacedPod(spec.uid, spec.key, node, 0, 100, 128 * 2**20, spec.stage, None, None))
+    traced_now, _ = tracemalloc.get_traced_memory() if heap else (0, 0)
+    tracemalloc.stop()
+    gc.collect()
+    gc.freeze()  # what the service does after its cache syncs
+    cache_rss = rss_mb()
+
+    names = [f"n{i:05d}" for i in range(nodes)]
+    cases = {
+        "serving 70B, SLO 30 ms (2/5 pass)": pod_object("chat", stage="serving", gpus=4, annotations={
+            "llm-placement.io/model-params": "70B", "llm-placement.io/max-ms-per-token": "30"}),
+        "plain 1-GPU pod (all pass)": pod_object("plain", gpus=1),
+        "data-prep CPU pod (none pass)": pod_object("prep", stage="data-prep", cpu="4"),
+    }
+    table = Table(title=f"extender latency, {nodes} nodes, {pods} cached pods, {runs} runs (ms)")
+    for col in ("request", "verb", "p50", "p99", "baseline p50", "p99 / baseline p99"):
+        table.add_column(col, justify="right" if col != "request" else "left")
+    for label, pod in cases.items():
+        fbody = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
+        survivors = orjson.loads(svc.filter(fbody))["NodeNames"] or names[:1]
+        pbody = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": survivors})
+        for verb, body, fn in (("filter", fbody, svc.filter), ("prioritize", pbody, svc.prioritize)):
+            if verb == "prioritize":
+                svc.filter(fbody)  # kube-scheduler calls filter first, in the same cycle
+            ours = timeit(lambda fn=fn, body=body: fn(body), runs)  # type: ignore[misc]
+            base = timeit(lambda body=body: orjson.dumps({"NodeNames": orjson.loads(body)["NodeNames"]}), runs)
+            table.add_row(label, verb, f"{pct(ours, .5):.2f}", f"{pct(ours, .99):.2f}",
+                          f"{pct(base, .5):.3f}", f"{pct(ours, .99) / pct(base, .99):.0f}x")
+    console.print(table)
+    heap_note = f"; Python heap of the cache {traced_now / 2**20:.0f} MB" if heap else ""
+    console.print(f"memory: peak RSS {cache_rss:.0f} MB (process before the cache: {base_rss:.0f} MB){heap_note}")
+    console.print(f"p99 target 5 ms; RSS target 300 MB with {nodes} nodes + {pods} pods")
+
+
+if __name__ == "__main__":
+    typer.run(main)
