@@ -48,6 +48,7 @@ class GpuSpec(BaseModel):
     int8_tops: PositiveFloat  # dense
     interconnect: str = Field(min_length=1)
     nvlink: StrictBool  # NVLink/xGMI reaches every GPU in the box
+    fp8: StrictBool = False  # FP8 tensor cores: an fp8 workload cannot run at fp8 without them
     hourly_cost_usd: PositiveFloat  # representative on-demand list price per GPU-hour
     source: tuple[str, ...] = Field(min_length=1)
     aliases: tuple[str, ...] = Field(min_length=1)

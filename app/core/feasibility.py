@@ -12,7 +12,7 @@ from app.config import Settings
 from app.core.nodes import CPU_MEMORY_BANDWIDTH_TBS, NodeFacts
 from app.core.sizing import Sizing, decode_ms_per_token, size
 from app.core.snapshot import NodeUsage
-from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
+from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Precision, Stage, WorkloadSpec
 
 P = "llm-placement: "
 
@@ -89,6 +89,8 @@ def evaluate(
             alignment_extra_headroom=settings.alignment_extra_headroom,
         )
         problem = _memory_problem(spec, node, usage, sizing, settings)
+        if problem is None and precision is Precision.FP8 and spec.gpus > 0 and node.gpu and not node.gpu.fp8:
+            problem = Rejection(P + "fp8 needs a GPU with FP8 support (Hopper, Ada, Blackwell, MI300)")
         ms: float | None = None
         if problem is None and spec.stage is Stage.SERVING and spec.model_params is not None:
             bw = node.gpu_bandwidth_tbs if spec.gpus > 0 else CPU_MEMORY_BANDWIDTH_TBS

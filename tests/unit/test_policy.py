@@ -139,3 +139,15 @@ def test_weights_per_stage_come_from_config(service: ExtenderService) -> None:
     w.bandwidth = 1.0
     service.settings.default_interactive_ms_per_token = 1.0
     assert ranked(service, pod)[0] == "h200-0"
+
+
+def test_fp8_needs_fp8_hardware_and_falls_back(service: ExtenderService) -> None:
+    pod = pod_object("p", stage="serving", gpus=1, annotations={
+        "llm-placement.io/model-params": "13B", "llm-placement.io/precision": "fp8"})
+    d = service.placer.filter(pod, NAMES)
+    assert "fp8 needs a GPU with FP8 support" in d.unresolvable["a100-0"]
+    assert "h100-0" in d.passed and "l4-0" in d.passed  # Hopper and Ada have FP8
+    pod["metadata"]["annotations"]["llm-placement.io/precision-fallback"] = "int8"
+    d = service.placer.filter(pod, NAMES)
+    assert d.fits["a100-0"].sizing.precision.value == "int8"
+    assert d.fits["h100-0"].sizing.precision.value == "fp8"
