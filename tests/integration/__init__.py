@@ -1,0 +1,1 @@
+"""Integration suite: a real etcd, kube-apiserver and kube-scheduler calling the extender."""

@@ -1,0 +1,74 @@
+"""The extender's bind verb, called by the real kube-scheduler and then again directly.
+
+kube-scheduler may repeat a bind whose response it did not get (timeout, extender restart); the verb
+must be idempotent for the same node and refuse a different node or a recreated pod (protocol
+reference, gotchas 25-27).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import ClusterScope
+from .harness import ControlPlane, create_pod, get_pod, gpu_node, llm_pod, wait_for_node_name
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def two_nodes(cluster: ClusterScope) -> list[str]:
+    return cluster.add_nodes(
+        [
+            gpu_node(cluster.node_name("l4-0"), "L4", gpus=4, index=1),
+            gpu_node(cluster.node_name("l4-1"), "L4", gpus=4, index=2),
+        ]
+    )
+
+
+def _bind(cp: ControlPlane, pod: dict[str, Any], node: str, uid: str | None = None) -> dict[str, Any]:
+    # The exact ExtenderBindingArgs shape kube-scheduler sends (PascalCase, no json tags).
+    body = {
+        "PodName": pod["metadata"]["name"],
+        "PodNamespace": pod["metadata"]["namespace"],
+        "PodUID": uid if uid is not None else pod["metadata"]["uid"],
+        "Node": node,
+    }
+    r = httpx.post(f"{cp.extender_url}/bind", json=body, timeout=10)
+    assert r.status_code == 200, f"bind must always answer HTTP 200, got {r.status_code}: {r.text}"
+    out = r.json()
+    assert isinstance(out, dict) and "Error" in out, f"not an ExtenderBindingResult: {out!r}"
+    return out
+
+
+def test_bind_is_idempotent_for_an_already_bound_pod(
+    cluster: ClusterScope, control_plane: ControlPlane, two_nodes: list[str], unique: Callable[[str], str]
+) -> None:
+    name = unique("bind")
+    create_pod(
+        cluster.core,
+        cluster.namespace,
+        llm_pod(name, stage="serving", model_params="7B", precision="int8", gpus=1),
+    )
+    node = wait_for_node_name(cluster.core, cluster.namespace, name)
+    pod = get_pod(cluster.core, cluster.namespace, name)
+    other = next(n for n in two_nodes if n != node)
+
+    # Same node again: success, nothing changes.
+    assert _bind(control_plane, pod, node) == {"Error": ""}
+    # Another node: refused, with a reason; the pod stays where it is.
+    assert _bind(control_plane, pod, other)["Error"], "re-binding to another node must fail"
+    # Same name, different UID (the pod was deleted and recreated): refused.
+    assert _bind(control_plane, pod, node, uid="00000000-0000-0000-0000-000000000000")["Error"]
+    assert get_pod(cluster.core, cluster.namespace, name)["spec"]["nodeName"] == node
+
+
+def test_bind_of_a_missing_pod_is_an_error_not_a_crash(
+    cluster: ClusterScope, control_plane: ControlPlane, two_nodes: list[str]
+) -> None:
+    ghost = {"metadata": {"name": "no-such-pod", "namespace": cluster.namespace, "uid": "1"}}
+    assert _bind(control_plane, ghost, two_nodes[0])["Error"]
+    assert httpx.get(f"{control_plane.extender_base}/healthz", timeout=5).status_code == 200
