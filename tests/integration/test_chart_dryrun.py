@@ -9,8 +9,12 @@ cluster lacks (ServiceMonitor, PrometheusRule) are skipped by name, and only tho
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-from .harness import ControlPlane, ensure_namespace
+from .harness import ControlPlane, ensure_namespace, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -162,3 +166,54 @@ def test_dry_run_really_validates(api: ApiClient, helm: Path) -> None:
            "subjects": [{"kind": "ServiceAccount", "name": "x", "namespace": NAMESPACE}]}
     with pytest.raises(ApiException):
         dry_run_apply(api, crb)  # a ClusterRoleBinding may only refer to a ClusterRole
+
+
+def test_real_extender_serves_the_rendered_config_and_passes_the_rendered_probes(
+    control_plane: ControlPlane, helm: Path, tmp_path: Path
+) -> None:
+    """The chart's extender ConfigMap and probe commands, run against the real `llm-placement serve`.
+
+    Catches drift between the chart and the app: a settings key the app rejects, a probe path or
+    port the app does not serve, a readiness that never turns ready.
+    """
+    port, metrics = free_port(), free_port()
+    docs = render(helm, f"extender.port={port}", f"extender.metricsPort={metrics}",
+                  f"extender.settings.kubeconfig={control_plane.extender_kubeconfig}")
+    [cm] = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-extender-config")]
+    config = tmp_path / "config.yaml"
+    config.write_text(cm["data"]["config.yaml"])
+    [dep] = [d for d in docs if d["kind"] == "Deployment"]
+    [ext] = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"]
+    assert ext["command"][:2] == ["llm-placement", "serve"]
+    script = Path(sys.executable).parent / "llm-placement"
+    argv = [str(script), *ext["command"][1:-1], str(config)]  # same argv, the file at a local path
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    log = (tmp_path / "extender.log").open("w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+
+    def probe(name: str) -> int:
+        cmd = ext[name]["exec"]["command"]
+        assert cmd[0] == "python"
+        return subprocess.run([sys.executable, *cmd[1:]], capture_output=True, timeout=30).returncode
+
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            if probe("startupProbe") == 0 and probe("readinessProbe") == 0:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "extender exited:\n" + (tmp_path / "extender.log").read_text()[-3000:]
+        assert probe("startupProbe") == 0 and probe("livenessProbe") == 0
+        assert probe("readinessProbe") == 0, (tmp_path / "extender.log").read_text()[-3000:]
+        # Metrics answer on the port the metrics Service targets.
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as r:
+            assert b"llm_placement_" in r.read()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    # And a stopped extender fails the liveness probe (the check is not vacuous).
+    assert probe("livenessProbe") != 0
