@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit e2e lint typecheck controlplane helm manifests system-deps bench kind-up kind-e2e clean
+.PHONY: demo test unit e2e lint lint-docker typecheck controlplane helm manifests system-deps bench kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -52,8 +52,11 @@ helm:
 	bash scripts/build-helm.sh
 
 ## Raw manifests in deploy/manifests rendered from the chart.
-manifests: helm
+manifests: $(STAMP) helm
 	bash scripts/render-manifests.sh
+
+lint-docker: $(STAMP)
+	$(BIN)/hadolint Dockerfile
 
 bench: $(STAMP) controlplane
 	$(BIN)/python bench/gang_solver.py --quick
@@ -66,6 +69,9 @@ kind-up:
 
 kind-e2e:
 	bash deploy/kind/kind.sh e2e
+
+kind-down:
+	bash deploy/kind/kind.sh down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -152,14 +152,22 @@ class Settings(BaseSettings):
         v = "/" + v.strip("/")
         return "" if v == "/" else v
 
-    @field_validator("weights")
+    @field_validator("weights", mode="before")
     @classmethod
-    def _stages(cls, v: dict[str, StageWeights]) -> dict[str, StageWeights]:
+    def _stages(cls, v: Any) -> Any:
+        """Overriding one term of one stage keeps that stage's other defaults (merge, not replace)."""
+        if not isinstance(v, dict):
+            return v
         unknown = sorted(set(v) - set(STAGES))
         if unknown:
             raise ValueError(f"unknown stage(s) {unknown}; expected some of {list(STAGES)}")
-        merged = _default_weights()
-        merged.update(v)
+        merged: dict[str, Any] = {k: w.model_dump() for k, w in _default_weights().items()}
+        for stage, terms in v.items():
+            if isinstance(terms, StageWeights):
+                terms = terms.model_dump(exclude_unset=True)
+            if not isinstance(terms, dict):
+                raise ValueError(f"weights.{stage} must be a mapping of term to weight")
+            merged[stage] = {**merged[stage], **terms}
         return merged
 
     @classmethod

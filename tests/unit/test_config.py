@@ -16,6 +16,7 @@ def test_yaml_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = load_settings(f)
     assert s.port == 7777  # environment overrides the file
     assert s.weights["serving"].cost == 7 and s.weights["pretraining"].packing == 2  # merged with defaults
+    assert s.weights["serving"].bandwidth == 1.5  # the stage's own default, not the generic one
     assert s.url_prefix == "/ext"
 
 
