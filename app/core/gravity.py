@@ -158,14 +158,28 @@ class GravityModel:
             return Distance.NODE, -1
         if a.nvlink_domain == b.nvlink_domain:
             return Distance.NVLINK, -1
+        return self._far(a.fabric, a.zone, b.fabric, b.zone)
+
+    def _far(
+        self, fa: tuple[str, ...], za: str, fb: tuple[str, ...], zb: str
+    ) -> tuple[Distance, int]:
+        """Distance between nodes known to be in different NVLink domains: fabric ids and zone only."""
         for rung, i in enumerate(self._fabric_index):
-            x = a.fabric[i] if i < len(a.fabric) else ""
-            if x and b.fabric[i:i + 1] == (x,):
+            x = fa[i] if i < len(fa) else ""
+            if x and fb[i:i + 1] == (x,):
                 return Distance.FABRIC, rung
         # Two nodes without zone labels are taken to share the (single, unlabelled) site.
-        if a.zone == b.zone:
+        if za == zb:
             return Distance.ZONE, -1
         return Distance.CROSS_ZONE, -1
+
+    def _far_s(self, fa: tuple[str, ...], za: str, fb: tuple[str, ...], zb: str) -> float:
+        """Seconds per GB of ``_far`` without building the enum (the prioritize hot path)."""
+        for rung, i in enumerate(self._fabric_index):
+            x = fa[i] if i < len(fa) else ""
+            if x and fb[i:i + 1] == (x,):
+                return self._fabric_s[rung]
+        return self._zone_s if za == zb else self._cross_s
 
     def seconds_per_gb(self, distance: Distance, rung: int = 0) -> float:
         if distance is Distance.NODE:
@@ -266,26 +280,47 @@ class GravityModel:
         return self.cost_fn(edges)(node)
 
     def cost_fn(self, edges: Sequence[Edge]) -> Callable[[str], float | None]:
-        """``cost`` for many candidates: nodes in the same position relative to the producers (same
-        NVLink domain if it is a producer's, same fabric ids, same zone) share one computation, so a
-        5,000-node request costs a few dozen evaluations plus dictionary lookups."""
+        """``cost`` for many candidates at once (the prioritize hot path, up to thousands of nodes).
+
+        Beyond its own NVLink domain a candidate sees producers only through fabric ids and zone, so
+        candidates share one computation per (fabric, zone) and the producers' data is pre-summed per
+        (fabric, zone): a 64-member gang costs about what one pod does. Producers inside the
+        candidate's own NVLink domain (its node included) are then re-priced at their nearer rung.
+        """
         found = [e for e in edges if e.found]
         nodes = self.snapshot.nodes
-        site_nodes = {s.node for e in found for s in e.sites}
-        site_domains = {f.nvlink_domain for n in site_nodes if (f := nodes.get(n)) is not None}
-        memo: dict[tuple[object, ...], float] = {}
+        far_gb: dict[tuple[tuple[str, ...], str], float] = {}
+        by_domain: dict[str, list[tuple[str, tuple[str, ...], str, float]]] = {}
+        for e in found:
+            for s in e.sites:
+                if (f := nodes.get(s.node)) is not None:
+                    key = (f.fabric, f.zone)
+                    far_gb[key] = far_gb.get(key, 0.0) + e.gb * s.share
+                    near = (f.name, f.fabric, f.zone, e.gb * s.share)
+                    by_domain.setdefault(f.nvlink_domain, []).append(near)
+        memo: dict[tuple[tuple[str, ...], str], float] = {}
+
+        def far_cost(fabric: tuple[str, ...], zone: str) -> float:
+            total = 0.0
+            for (fb, zb), gb in far_gb.items():
+                total += gb * self._far_s(fabric, zone, fb, zb)
+            return total
 
         def fn(node: str) -> float | None:
             facts = nodes.get(node)
             if facts is None:
                 return None
-            if node in site_nodes:
-                return sum(self.edge_at(e, facts).seconds for e in found)
-            dom = facts.nvlink_domain if facts.nvlink_domain in site_domains else None
-            key = (dom, facts.fabric, facts.zone)
+            key = (facts.fabric, facts.zone)
             c = memo.get(key)
             if c is None:
-                c = memo[key] = sum(self.edge_at(e, facts).seconds for e in found)
+                c = memo[key] = far_cost(*key)
+            near = by_domain.get(facts.nvlink_domain)
+            if near:
+                # Producers in this node's NVLink domain were priced as if a fabric tier away:
+                # re-price their share at the node or NVLink rung.
+                for name, fb, zb, gb in near:
+                    c -= gb * self._far_s(key[0], key[1], fb, zb)
+                    c += gb * (self._node_s if name == node else self._nvlink_s)
             return c
 
         return fn
@@ -306,18 +341,51 @@ class GravityModel:
             return dict.fromkeys(nodes, r)
         limit = LEVELS[level]
         r = Rejection(P + f"must run in the same {_LEVEL_WORDS[level]} as its producer")
-        site_facts = [
-            [f for s in e.sites if (f := self.snapshot.nodes.get(s.node)) is not None] for e in edges
-        ]
+        # Per producer, the domains a candidate may share with it at the level: a few set lookups per
+        # node instead of a distance per (node, member) pair. Level flags are hoisted out of the loop.
+        nvlink_ok, fabric_ok, zone_ok = (limit >= Distance.NVLINK, limit >= Distance.FABRIC,
+                                         limit >= Distance.ZONE)
+        checks: list[tuple[set[str], set[str], list[tuple[int, set[str]]], set[str] | None]] = []
+        for e in edges:
+            d_names, d_nvlink, d_fabric, d_zones = self._domains(e)
+            d_tiers = [(i, ids) for i, ids in d_fabric if ids] if fabric_ok else []
+            checks.append((d_names, d_nvlink if nvlink_ok else set(), d_tiers, d_zones if zone_ok else None))
         out: dict[str, Rejection] = {}
+        nodes_of = self.snapshot.nodes
         for n in nodes:
-            facts = self.snapshot.nodes.get(n)
+            facts = nodes_of.get(n)
             if facts is None:
                 continue  # the placer reports uncached nodes itself
             # Every producer must be within the level; for a gang, any member's node will do.
-            if not all(any(self.distance(facts, p)[0] <= limit for p in ps) for ps in site_facts):
+            for names, nvlink, tiers, zones in checks:
+                if n in names or facts.nvlink_domain in nvlink:
+                    continue
+                fab = facts.fabric
+                if any(i < len(fab) and fab[i] in ids for i, ids in tiers):
+                    continue
+                if zones is not None and facts.zone in zones:
+                    continue
                 out[n] = r
+                break
         return out
+
+    def _domains(self, edge: Edge) -> tuple[set[str], set[str], list[tuple[int, set[str]]], set[str]]:
+        """A producer's nodes, NVLink domains, non-empty non-zone fabric ids per tier, and zones."""
+        names: set[str] = set()
+        nvlink: set[str] = set()
+        fabric: list[tuple[int, set[str]]] = [(i, set()) for i in self._fabric_index]
+        zones: set[str] = set()
+        for s in edge.sites:
+            f = self.snapshot.nodes.get(s.node)
+            if f is None:
+                continue
+            names.add(f.name)
+            nvlink.add(f.nvlink_domain)
+            for i, ids in fabric:
+                if i < len(f.fabric) and f.fabric[i]:
+                    ids.add(f.fabric[i])
+            zones.add(f.zone)
+        return names, nvlink, fabric, zones
 
     def term(self, spec: WorkloadSpec, nodes: Sequence[str] | None = None) -> GravityFn | None:
         """Score term in [0, 1]: best cost among ``nodes`` / this node's cost (None: no opinion).

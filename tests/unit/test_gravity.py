@@ -507,6 +507,38 @@ def test_term_in_unit_interval_and_the_producers_node_is_always_best(
         assert all(a >= b for a, b in itertools.pairwise(vals))
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    layout=st.lists(_node_st, min_size=2, max_size=9),
+    members=st.lists(st.integers(min_value=0, max_value=8), min_size=1, max_size=5),
+    single=st.integers(min_value=0, max_value=8),
+    level=st.sampled_from(sorted(LEVELS)),
+)
+def test_fast_paths_agree_with_the_pairwise_definitions(
+    layout: list[tuple[str | None, str | None, str | None, str | None]], members: list[int], single: int,
+    level: str,
+) -> None:
+    """cost_fn's grouped pricing and hard_rejections' set lookups equal distance() pair by pair."""
+    nodes = [facts(f"x{i}", clique=c, t0=t0, t1=t1, zone=z) for i, (c, t0, t1, z) in enumerate(layout)]
+    snap, g, _ = world(nodes)
+    names = [f.name for f in nodes]
+    for k, i in enumerate(members):  # a gang, possibly several members on one node
+        run(snap, spec(f"g-{k}", gpus=1, gang="g", gang_size=len(members)), names[i % len(names)])
+    run(snap, spec("solo", gpus=1), names[single % len(names)])
+    consumer = spec("c", depends="g, solo", gb=64, colocation=level)
+    edges = g.resolve(consumer)
+    fast = g.cost_fn(edges)
+    hard = g.hard_rejections(consumer, names)
+    limit = LEVELS[level]
+    for n in names:
+        f = snap.nodes[n]
+        exact = sum(g.edge_at(e, f).seconds for e in edges)
+        assert fast(n) == pytest.approx(exact, rel=1e-9, abs=1e-9)
+        sites = [[snap.nodes[s.node] for s in e.sites] for e in edges]
+        within = all(any(g.distance(f, p)[0] <= limit for p in ps) for ps in sites)
+        assert (n not in hard) == within
+
+
 # --- the default-scheduler baseline ---------------------------------------------------------------
 def test_least_allocated_and_balanced_match_the_go_formulas() -> None:
     # (cap-req)*100/cap per resource, integer, averaged: cpu (4000-1000)*100/4000=75, mem 50 -> 62.
