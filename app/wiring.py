@@ -12,6 +12,9 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import GravityModel
 from app.core.snapshot import ClusterSnapshot
+from app.gang.coordinator import GangCoordinator
+from app.gang.kube import PodGroupWatcher, load_plan_records
+from app.gang.persist import BackgroundWriter
 from app.metrics import Metrics
 from app.quality import DEFAULT_REFRESH_SECONDS, QualityRefresher
 from app.service import BinderLike, ExtenderService
@@ -28,9 +31,20 @@ def build_core(
     snapshot = ClusterSnapshot()
     # Data gravity reads the same snapshot the placer does (producers' nodes, finished producers).
     gravity = GravityModel(snapshot, settings)
-    return ExtenderService(
+    service = ExtenderService(
         settings, catalog, snapshot=snapshot, metrics=metrics, binder=binder, gravity=gravity
     )
+    attach_gangs(service)
+    return service
+
+
+def attach_gangs(service: ExtenderService) -> GangCoordinator:
+    """Gang planning (filter), reservations and the all-or-nothing bind barrier (app.gang)."""
+    writer = BackgroundWriter(service.binder) if service.binder is not None else None
+    gangs = GangCoordinator(service.settings, service.snapshot, service.lock, service.metrics, writer)
+    service.placer.gangs = gangs
+    service.gang_binder = gangs
+    return gangs
 
 
 def build_live(
@@ -44,6 +58,14 @@ def build_live(
         return service, None
     api = api_client(settings.kubeconfig)
     service = build_core(settings, catalog, metrics, Binder(api))
+    gangs = service.gang_binder
+    if isinstance(gangs, GangCoordinator):
+        # Plans persisted on pods are restored before we serve a single filter, so a restarted
+        # extender never hands GPUs reserved for a gang to another pod.
+        restored = gangs.restore(load_plan_records(api, tuple(settings.labels.gpu_resource)))
+        log.info("restored %d gang plan(s) from pod annotations", restored)
+        gangs.synced = service.ready.is_set
+        PodGroupWatcher(api, service.snapshot, service.lock).start()
     cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics)
 
     changes = 0

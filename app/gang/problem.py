@@ -1,9 +1,10 @@
 """The gang placement problem, independent of Kubernetes: what must be placed, where it may go, how
 placements compare.
 
-Both planners (``greedy`` and the CP-SAT ``solver``) read a :class:`Problem` and answer with an
-:class:`Assignment` (pods of each shape per node); :func:`assess` scores any assignment the same way
-so the two can be compared, and so the benchmark reports domains used and stranded GPUs for both.
+Every planner (``greedy``, the tree ``dp`` and the CP-SAT ``solver``) reads a :class:`Problem` through
+one :class:`Index` and answers with an :class:`Assignment` (pods of each shape per node); :func:`assess`
+scores any assignment the same way so planners can be compared, and so the benchmark reports domains
+used and stranded GPUs for each of them.
 
 Why the objective looks the way it does (highest priority first, compared lexicographically):
 
@@ -11,28 +12,30 @@ Why the objective looks the way it does (highest priority first, compared lexico
 2. one entry per topology tier, **outer to inner** (zone, spine, leaf, NVLink domain) and finally the
    number of nodes: fewest domains at each tier, a cross-spine hop costing more than any number of
    extra leaves, the way Kueue's and KAI's topology-aware schedulers think about it;
-3. ``bottom``: the rest, in GPU units: best fit (free GPUs of every domain/node touched, so holes get
+3. ``models``: GPU models mixed in the gang (a lockstep gang runs at the speed of its slowest one);
+4. ``bottom``: the rest, in GPU units: best fit (free GPUs of every domain/node touched, so holes get
    filled and big free blocks stay big), pristine structures broken open (whole free nodes/domains
-   are what the next large gang needs), the GPU model (preference order, then price) and a penalty
-   for mixing GPU models in one lockstep gang.
+   are what the next large gang needs) and the GPU model (preference order, then price).
 
 Domain ids are qualified by their outer path so tiers always nest (a leaf named "leaf-1" under two
-spines is two leaves), which makes the pruning in :func:`prune` exact.
+spines is two leaves); nesting is what makes :func:`prune` and the tree DP exact.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 
-# Weights inside the bottom group, in GPU units. A member on a less preferred / pricier GPU model
-# costs about one GPU of fragmentation per GPU it uses and rank step; mixing GPU models costs like
-# breaking two whole 8-GPU nodes, because the gang runs at the speed of the slowest model.
+# Weight of the GPU type inside the bottom group, in GPU units: a member on a less preferred /
+# pricier GPU model costs about one GPU of fragmentation per GPU it uses and rank step.
 TYPE_WEIGHT = 1
-MODEL_MIX_WEIGHT = 16
 NODE_TIER = "node"
+# Above this the weighted sum would lose integer precision in CP-SAT's LP; weights then stop being
+# strictly lexicographic and pruning is switched off (never reached on realistic fleets).
+MAX_WEIGHT = 2**50
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +71,16 @@ class Candidate:
     def allows(self, shape: str) -> bool:
         return self.shapes is None or shape in self.shapes
 
+    @property
+    def pristine(self) -> bool:
+        return self.total_gpus > 0 and self.free_gpus >= self.total_gpus and not self.fixed
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
     gang: str
     shapes: tuple[Shape, ...]
-    nodes: tuple[Candidate, ...]
+    nodes: tuple[Candidate, ...]  # candidates, context nodes (shapes=frozenset()) and fixed nodes
     tier_names: tuple[str, ...] = ()  # one per path entry, inner -> outer (messages, reports)
     required_key: str | None = None
     preferred_key: str | None = None
@@ -85,10 +92,6 @@ class Problem:
     @property
     def gpus(self) -> int:
         return sum(s.count * s.gpus for s in self.shapes)
-
-    @property
-    def fixed_nodes(self) -> tuple[Candidate, ...]:
-        return tuple(n for n in self.nodes if n.fixed)
 
 
 # node name -> shape key -> pods of that shape placed there
@@ -125,7 +128,7 @@ def fits_on(node: Candidate, placed: Mapping[str, int], shapes: Mapping[str, Sha
 # --- topology ---------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class Tier:
-    """One non-trivial topology tier: its qualified domains and which node is in which."""
+    """One topology tier that can tell placements apart: its qualified domains, per node."""
 
     name: str
     domain_of: dict[str, str]  # node -> qualified domain id
@@ -134,64 +137,219 @@ class Tier:
     pristine: dict[str, bool] = field(default_factory=dict)  # no GPU in use anywhere in it
 
 
-def qualified_paths(problem: Problem) -> dict[str, tuple[str, ...]]:
-    """Per node, domain ids made unique by their outer path; unlabelled -> a domain of its own."""
-    depth = max((len(n.path) for n in problem.nodes), default=0)
-    labelled = [any(t < len(n.path) and n.path[t] for n in problem.nodes) for t in range(depth)]
-    out: dict[str, tuple[str, ...]] = {}
-    for n in problem.nodes:
-        raw = [n.path[t] if t < len(n.path) else "" for t in range(depth)]
-        ids: list[str] = []
-        for t in range(depth):
-            if not labelled[t]:
-                ids.append("")  # nobody labels this tier: no information, dropped below
-                continue
-            # Unknown locality is assumed to be the worst: a domain of its own.
-            own = raw[t] or f"?{n.name}"
-            outer = "/".join(raw[u] or "?" for u in range(depth - 1, t, -1) if labelled[u])
-            ids.append(f"{outer}/{own}" if outer else own)
-        out[n.name] = tuple(ids)
-    return out
+@dataclass(slots=True)
+class NodeClass:
+    """Nodes no constraint or objective term can tell apart (a count variable in the models)."""
+
+    nodes: list[Candidate]
+    caps: dict[str, int]  # shape -> pods per node
+    domains: tuple[str, ...]  # qualified domain per kept tier, outer -> inner (node tier excluded)
+
+    @property
+    def k(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def first(self) -> Candidate:
+        return self.nodes[0]
+
+    def capacity(self, shape: str) -> int:
+        return self.caps.get(shape, 0) * len(self.nodes)
 
 
-def tiers_of(problem: Problem) -> list[Tier]:
-    """The tiers that can tell placements apart, **outer to inner**, ending with the node tier.
+class Index:
+    """Everything the planners derive from a problem, computed once: tiers, domains, node classes.
 
-    A tier whose domains are single nodes duplicates the node tier, and a tier that partitions the
-    nodes exactly like the tier above it adds nothing; both are dropped so the model stays small and
-    the lexicographic weights stay modest.
+    One pass over the nodes; all later work is on classes and domains (a few hundred even on 5,000
+    nodes), which is what keeps planning inside the latency budget.
     """
-    paths = qualified_paths(problem)
-    depth = max((len(p) for p in paths.values()), default=0)
-    names = list(problem.tier_names) + [f"tier-{t}" for t in range(len(problem.tier_names), depth)]
-    tiers: list[Tier] = []
-    seen_partitions: set[frozenset[frozenset[str]]] = set()
-    node_partition = frozenset(frozenset([n.name]) for n in problem.nodes)
-    for t in range(depth - 1, -1, -1):
-        domain_of = {name: p[t] for name, p in paths.items() if p[t]}
-        if len(domain_of) < len(problem.nodes):
-            continue
-        groups: dict[str, set[str]] = defaultdict(set)
-        for name, d in domain_of.items():
-            groups[d].add(name)
-        partition = frozenset(frozenset(g) for g in groups.values())
-        if partition in seen_partitions or partition == node_partition:
-            continue
-        seen_partitions.add(partition)
-        tiers.append(Tier(names[t], domain_of))
-    tiers.append(Tier(NODE_TIER, {n.name: n.name for n in problem.nodes}))
-    by_name = {n.name: n for n in problem.nodes}
-    for tier in tiers:
-        for name, d in tier.domain_of.items():
-            n = by_name[name]
-            tier.free[d] = tier.free.get(d, 0) + max(n.free_gpus, 0)
-            tier.total[d] = tier.total.get(d, 0) + n.total_gpus
-            tier.pristine[d] = tier.pristine.get(d, True) and _pristine(n)
-    return tiers
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.shapes = {s.key: s for s in problem.shapes}
+        self.by_name = {n.name: n for n in problem.nodes}
+        self.fixed = [n for n in problem.nodes if n.fixed]
+        self.tiers = self._tiers()
+        self.classes = self._classes()
+
+    def _tiers(self) -> list[Tier]:
+        """Tiers outer -> inner that can tell placements apart, then the node tier.
+
+        Dropped: tiers nobody labels, tiers with one domain (a constant), tiers whose domains are
+        single nodes (the node tier already counts those) and tiers that partition the nodes exactly
+        like the tier outside them (nested, so the same domain count means the same partition).
+        Work is done per distinct outer path (a few hundred), not per node, except for tier 0.
+        """
+        nodes = self.problem.nodes
+        depth = max((len(n.path) for n in nodes), default=0)
+        labelled = [any(t < len(n.path) and n.path[t] for n in nodes) for t in range(depth)]
+        given = self.problem.tier_names
+        names = [given[t] if t < len(given) else f"tier-{t}" for t in range(depth)]
+        ids: list[dict[str, str]] = [{} for _ in range(depth)]
+        stats: list[dict[str, list[int]]] = [{} for _ in range(depth)]  # domain -> [free, total, pristine]
+        outer_cache: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+        def qualify(raw: tuple[str, ...], own: str) -> tuple[str, ...]:
+            """Qualified ids for tiers 1..depth-1 (index 0 unused), outer first; cached per path."""
+            got = outer_cache.get(raw)
+            if got is None:
+                out = [""] * depth
+                prefix = ""
+                for t in range(depth - 1, 0, -1):
+                    if labelled[t]:
+                        # Unknown locality is assumed to be the worst: a domain of its own.
+                        part = raw[t - 1] or f"?{own}"
+                        prefix = f"{prefix}/{part}" if prefix else part
+                        out[t] = prefix
+                got = tuple(out)
+                if "" not in (raw[t - 1] for t in range(1, depth) if labelled[t]):
+                    outer_cache[raw] = got
+            return got
+
+        # Group nodes by their outer path: tiers 1.. are computed once per group.
+        group_of: dict[str, tuple[str, ...]] = {}
+        group_stats: dict[tuple[str, ...], list[int]] = {}
+        for n in nodes:
+            path = n.path if len(n.path) == depth else (*n.path, *([""] * (depth - len(n.path))))
+            q = qualify(tuple(path[1:]), n.name) if depth > 1 else ("",)
+            group_of[n.name] = q
+            free, total, pristine = max(n.free_gpus, 0), n.total_gpus, int(n.pristine)
+            st = group_stats.get(q)
+            if st is None:
+                group_stats[q] = [free, total, pristine]
+            else:
+                st[0] += free
+                st[1] += total
+                st[2] &= pristine
+            if labelled[0]:
+                own = path[0] or f"?{n.name}"
+                outer = next((q[u] for u in range(1, depth) if labelled[u]), "")
+                d = f"{outer}/{own}" if outer else own
+                ids[0][n.name] = d
+                st0 = stats[0].get(d)
+                if st0 is None:
+                    stats[0][d] = [free, total, pristine]
+                else:
+                    st0[0] += free
+                    st0[1] += total
+                    st0[2] &= pristine
+        for t in range(1, depth):
+            if not labelled[t]:
+                continue
+            for q, (free, total, pristine) in group_stats.items():
+                st = stats[t].get(q[t])
+                if st is None:
+                    stats[t][q[t]] = [free, total, pristine]
+                else:
+                    st[0] += free
+                    st[1] += total
+                    st[2] &= pristine
+        tiers: list[Tier] = []
+        last_count = 1
+        for t in range(depth - 1, -1, -1):
+            if not labelled[t]:
+                continue
+            count = len(stats[t])
+            if count <= last_count or count >= len(nodes):
+                continue
+            last_count = count
+            st_t = stats[t]
+            if t > 0:
+                ids[t] = {name: q[t] for name, q in group_of.items()}
+            tiers.append(Tier(names[t], ids[t], {d: v[0] for d, v in st_t.items()},
+                              {d: v[1] for d, v in st_t.items()}, {d: bool(v[2]) for d, v in st_t.items()}))
+        node_tier = Tier(NODE_TIER, {n.name: n.name for n in nodes})
+        for n in nodes:
+            node_tier.free[n.name] = max(n.free_gpus, 0)
+            node_tier.total[n.name] = n.total_gpus
+            node_tier.pristine[n.name] = n.pristine
+        tiers.append(node_tier)
+        return tiers
+
+    def _classes(self) -> list[NodeClass]:
+        shapes = self.problem.shapes
+        exact = len(shapes) > 1  # several shapes share a node: only single-node classes stay exact
+        inner = self.tiers[:-1]
+        groups: dict[tuple[object, ...], NodeClass] = {}
+        for n in sorted(self.problem.nodes, key=lambda n: n.name):
+            caps = {s.key: capacity(n, s) for s in shapes}
+            if not any(caps.values()) and not n.fixed:
+                continue  # context only: counted in domain figures, hosts nothing
+            doms = tuple(t.domain_of[n.name] for t in inner)
+            if exact or n.fixed:
+                key: tuple[object, ...] = ("node", n.name)
+            else:
+                key = (doms, n.free_gpus, n.total_gpus, n.gpu_model, n.rdma, n.cost_rank, n.pref_rank,
+                       tuple(caps[s.key] for s in shapes), n.required, n.preferred)
+            c = groups.get(key)
+            if c is None:
+                groups[key] = NodeClass([n], caps, doms)
+            else:
+                c.nodes.append(n)
+        return list(groups.values())
+
+    @cached_property
+    def n_cost_ranks(self) -> int:
+        return max((n.cost_rank for n in self.problem.nodes), default=0) + 1
+
+    def node_bottom(self, n: Candidate) -> int:
+        """Per node used: best fit (its free GPUs) plus pristine penalty (all its GPUs)."""
+        return max(n.free_gpus, 0) + (n.total_gpus if n.pristine else 0)
+
+    @staticmethod
+    def domain_bottom(tier: Tier, d: str) -> int:
+        return max(tier.free.get(d, 0), 0) + (tier.total.get(d, 0) if tier.pristine.get(d) else 0)
+
+    def type_cost(self, n: Candidate) -> int:
+        """Per GPU placed on ``n``: preference rank first, then price rank (small integers)."""
+        return TYPE_WEIGHT * (n.pref_rank * (self.n_cost_ranks + 1) + n.cost_rank)
 
 
-def _pristine(n: Candidate) -> bool:
-    return n.total_gpus > 0 and n.free_gpus >= n.total_gpus and not n.fixed
+# --- objective weights ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """Weights of the lexicographic groups in one sum. ``tiers`` is outer -> inner, node tier last."""
+
+    preferred: int
+    tiers: tuple[int, ...]
+    models: int
+    exact: bool  # False when capped at MAX_WEIGHT (then not strictly lexicographic)
+
+
+def weights(index: Index, allowed: set[int] | None = None) -> Weights:
+    """Lexicographic weights from per-instance bounds: each group outweighs everything below it.
+
+    With W_0 > max(bottom) and W_{i+1} = W_i * (range_i + 1), a solution better by one unit in a
+    group beats any difference in all lower groups together. Ranges are counted over the candidate
+    classes (``allowed``), so they stay small and CP-SAT's LP stays numerically comfortable.
+    """
+    problem = index.problem
+    classes = [c for i, c in enumerate(index.classes) if allowed is None or i in allowed]
+    pods = problem.pods
+    fixed = len(index.fixed)
+    free_classes = [c for c in classes if not c.first.fixed]
+    n_nodes = sum(c.k for c in free_classes)
+    max_node = max((index.node_bottom(c.first) for c in free_classes), default=0)
+    bound = min(pods, n_nodes) * max_node
+    bound += problem.gpus * max((index.type_cost(c.first) for c in classes), default=0)
+    models = {c.first.gpu_model for c in classes if c.first.gpu_model}
+    ranges: list[int] = []
+    for ti, tier in enumerate(index.tiers[:-1]):
+        doms = {c.domains[ti] for c in classes}
+        bound += min(pods, len(doms)) * max((index.domain_bottom(tier, d) for d in doms), default=0)
+        ranges.append(min(pods, len(doms)) + fixed)
+    best = max((c.caps[s.key] for c in classes for s in problem.shapes), default=1) or 1
+    node_lb = fixed if fixed else math.ceil(pods / best)
+    node_range = max(0, min(pods, n_nodes) + fixed - node_lb)
+    w_models = bound + 1
+    w = w_models * max(len(models), 1)  # models used lie in [1, len(models)]
+    out = [w]
+    w = w * (node_range + 1)
+    for r in reversed(ranges):  # inner -> outer
+        out.append(min(w, MAX_WEIGHT))
+        w = min(w * max(r, 1), MAX_WEIGHT)  # a tier's count lies in [1, r]: range r - 1, hence the factor r
+    exact = w < MAX_WEIGHT
+    return Weights(preferred=w, tiers=tuple(reversed(out)), models=w_models, exact=exact)
 
 
 # --- scoring any assignment -------------------------------------------------------------------------
@@ -210,34 +368,18 @@ class Assessment:
 
     @property
     def key(self) -> tuple[int, ...]:
-        return (self.preferred, *(c for _, c in self.tier_counts), self.bottom)
+        return (self.preferred, *(c for _, c in self.tier_counts), self.gpu_models, self.bottom)
 
     def domains(self, tier: str) -> int:
         return dict(self.tier_counts).get(tier, 0)
 
 
-def node_bottom(n: Candidate) -> int:
-    """Per node used: best fit (its free GPUs) plus pristine penalty (all its GPUs)."""
-    return max(n.free_gpus, 0) + (n.total_gpus if _pristine(n) else 0)
-
-
-def domain_bottom(tier: Tier, d: str) -> int:
-    return max(tier.free.get(d, 0), 0) + (tier.total.get(d, 0) if tier.pristine.get(d) else 0)
-
-
-def type_cost(n: Candidate, models: int) -> int:
-    """Per GPU placed on ``n``: preference rank first, then price rank (ranks are small integers)."""
-    return TYPE_WEIGHT * (n.pref_rank * (models + 1) + n.cost_rank)
-
-
-def assess(problem: Problem, assignment: Assignment, tiers: list[Tier] | None = None) -> Assessment:
+def assess(index: Index, assignment: Assignment) -> Assessment:
     """Check an assignment against every hard rule and score it with the planners' objective."""
-    tiers = tiers if tiers is not None else tiers_of(problem)
-    by_name = {n.name: n for n in problem.nodes}
-    shapes = {s.key: s for s in problem.shapes}
+    problem, by_name, shapes = index.problem, index.by_name, index.shapes
     placed: dict[str, int] = defaultdict(int)
     problems: list[str] = []
-    used = {n.name for n in problem.nodes if n.fixed}
+    used = {n.name for n in index.fixed}
     for node, per_shape in assignment.items():
         n = by_name.get(node)
         if n is None:
@@ -249,45 +391,38 @@ def assess(problem: Problem, assignment: Assignment, tiers: list[Tier] | None = 
             placed[key] += cnt
         if sum(per_shape.values()) > 0:
             used.add(node)
+    used_nodes = [by_name[u] for u in sorted(used) if u in by_name]
     for s in problem.shapes:
         if placed.get(s.key, 0) != s.count:
             problems.append(f"{placed.get(s.key, 0)}/{s.count} pods of shape {s.key} placed")
     if problem.required_key is not None:
-        doms = {by_name[u].required for u in used if u in by_name}
+        doms = {n.required for n in used_nodes}
         if None in doms or len(doms) > 1:
             problems.append(f"not in one {problem.required_key} domain")
-    if len(used) > 1 and not all(by_name[u].rdma for u in used if u in by_name):
+    if len(used_nodes) > 1 and not all(n.rdma for n in used_nodes):
         problems.append("spans nodes without RDMA")
-    preferred = 0
-    if problem.preferred_key is not None:
-        preferred = len({by_name[u].preferred or f"?{u}" for u in used})
-    counts = tuple((t.name, len({t.domain_of[u] for u in used if u in t.domain_of})) for t in tiers)
-    models = len({by_name[u].gpu_model for u in used if by_name[u].gpu_model})
-    n_models = max((n.cost_rank for n in problem.nodes), default=0) + 1
-    bottom = 0
-    stranded = 0
-    opened = 0
-    for u in used:
-        n = by_name[u]
-        bottom += node_bottom(n)
-        per_shape = assignment.get(u, {})
-        gpus_here = sum(shapes[k].gpus * c for k, c in per_shape.items())
-        bottom += gpus_here * type_cost(n, n_models)
+    preferred = len({n.preferred or f"?{n.name}" for n in used_nodes}) if problem.preferred_key else 0
+    counts = tuple((t.name, len({t.domain_of[n.name] for n in used_nodes})) for t in index.tiers)
+    models = len({n.gpu_model for n in used_nodes if n.gpu_model})
+    bottom = stranded = opened = 0
+    for n in used_nodes:
+        bottom += index.node_bottom(n)
+        gpus_here = sum(shapes[k].gpus * c for k, c in assignment.get(n.name, {}).items())
+        bottom += gpus_here * index.type_cost(n)
         left = n.free_gpus - gpus_here
-        if left > 0 and (gpus_here or n.fixed):
+        if left > 0:
             stranded += left
-        if _pristine(n) and gpus_here:
+        if n.pristine and gpus_here:
             opened += 1
-    for t in tiers[:-1]:
-        for d in {t.domain_of[u] for u in used if u in t.domain_of}:
-            bottom += domain_bottom(t, d)
-    bottom += MODEL_MIX_WEIGHT * max(models - 1, 0)
+    for t in index.tiers[:-1]:
+        for d in {t.domain_of[n.name] for n in used_nodes}:
+            bottom += index.domain_bottom(t, d)
     return Assessment(not problems, "; ".join(problems), preferred, counts, bottom, stranded, opened, models)
 
 
 # --- pruning ----------------------------------------------------------------------------------------
-def prune(problem: Problem, tiers: list[Tier] | None = None) -> Problem:
-    """Drop candidates that cannot be in an optimal plan (exact for the objective above).
+def prune(index: Index, exact_weights: bool = True) -> set[int]:
+    """Class indices that can be in an optimal plan (exact for the lexicographic objective).
 
     With tiers compared outer-first and nested domains, if some single tier-t domain can hold the
     whole gang, the optimum uses one domain at tier t and above, and it is one of the tier-t domains
@@ -296,55 +431,38 @@ def prune(problem: Problem, tiers: list[Tier] | None = None) -> Problem:
     argument applies first to the preferred-topology domains. Gangs with several shapes or with
     members already bound are left alone: there, capacity is not a single number.
     """
-    if len(problem.shapes) != 1 or problem.fixed_nodes:
-        return problem
-    shape = problem.shapes[0]
-    need = shape.count
-    tiers = tiers if tiers is not None else tiers_of(problem)
-    cap = {n.name: capacity(n, shape) for n in problem.nodes}
-    eligible = [n for n in problem.nodes if cap[n.name] > 0]
-    if problem.required_key is not None:
-        eligible = [n for n in eligible if n.required is not None]
+    problem = index.problem
+    everything = set(range(len(index.classes)))
+    if len(problem.shapes) != 1 or index.fixed or not exact_weights:
+        return everything
+    shape = problem.shapes[0].key
+    need = problem.shapes[0].count
+    pool = [i for i, c in enumerate(index.classes)
+            if c.caps[shape] > 0 and (problem.required_key is None or c.first.required is not None)]
 
-    def fitting_cells(group: Iterable[Candidate], key: str) -> list[set[str]]:
-        """Cells (domain at tier ``key`` within one required domain) that hold the whole gang."""
-        cells: dict[tuple[str | None, str], list[Candidate]] = defaultdict(list)
-        tier = next((t for t in tiers if t.name == key), None)
-        for n in group:
-            d = tier.domain_of.get(n.name, n.name) if tier else n.name
-            cells[(n.required, d)].append(n)
-        out = []
-        for members in cells.values():
-            rdma_cap = sum(cap[n.name] for n in members if n.rdma)
-            if rdma_cap >= need or max(cap[n.name] for n in members) >= need:
-                out.append({n.name for n in members})
-        return out
+    def fits(members: list[int]) -> bool:
+        rdma = sum(index.classes[i].capacity(shape) for i in members if index.classes[i].first.rdma)
+        return rdma >= need or max(index.classes[i].caps[shape] for i in members) >= need
 
-    pool = eligible
     if problem.preferred_key is not None:
-        by_pref: dict[tuple[str | None, str], list[Candidate]] = defaultdict(list)
-        for n in eligible:
-            by_pref[(n.required, n.preferred or f"?{n.name}")].append(n)
-        keep: set[str] = set()
-        for members in by_pref.values():
-            rdma_cap = sum(cap[n.name] for n in members if n.rdma)
-            if rdma_cap >= need or max(cap[n.name] for n in members) >= need:
-                keep |= {n.name for n in members}
+        by_pref: dict[tuple[str | None, str], list[int]] = defaultdict(list)
+        for i in pool:
+            first = index.classes[i].first
+            by_pref[(first.required, first.preferred or f"?{first.name}")].append(i)
+        keep = [i for members in by_pref.values() if fits(members) for i in members]
         if not keep:
-            return problem  # the preferred count decides first and no single domain fits: no pruning
-        pool = [n for n in eligible if n.name in keep]
-    for tier in reversed(tiers):  # inner (node) -> outer
-        cells = fitting_cells(pool, tier.name)
-        if cells:
-            keep_names = set().union(*cells)
-            break
-    else:
-        return problem if pool is eligible else _restrict(problem, {n.name for n in pool})
-    return _restrict(problem, keep_names)
-
-
-def _restrict(problem: Problem, keep: set[str]) -> Problem:
-    """Non-candidates stay as context (domain free/pristine figures) but may host nothing."""
-    empty: frozenset[str] = frozenset()
-    nodes = tuple(n if n.name in keep else replace(n, shapes=empty) for n in problem.nodes)
-    return replace(problem, nodes=nodes)
+            return everything  # the preferred count decides first and no single domain fits
+        pool = keep
+    # Node tier first (one node holding everything), then tiers inner -> outer.
+    singles = [i for i in pool if index.classes[i].caps[shape] >= need]
+    if singles:
+        return set(singles)
+    for ti in range(len(index.tiers) - 2, -1, -1):
+        cells: dict[tuple[str | None, str], list[int]] = defaultdict(list)
+        for i in pool:
+            c = index.classes[i]
+            cells[(c.first.required, c.domains[ti])].append(i)
+        keep = [i for members in cells.values() if fits(members) for i in members]
+        if keep:
+            return set(keep)
+    return set(pool)

@@ -1,0 +1,152 @@
+"""Turn the cluster snapshot and a gang's members into a planning :class:`Problem` (pure).
+
+Capacities are net of every *other* gang's reservations; the gang's own bound members are fixed on
+their nodes; eligibility per member shape comes from the placer's per-node verdicts (``fits`` for
+the member being filtered, :func:`app.core.feasibility.evaluate` for other shapes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from app.config import Settings
+from app.core.feasibility import NodeFit, evaluate
+from app.core.nodes import NodeFacts
+from app.core.snapshot import ClusterSnapshot, NodeUsage
+from app.core.workload import WorkloadSpec
+from app.gang.problem import Candidate, Problem, Shape
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+@dataclass(frozen=True, slots=True)
+class GangInstance:
+    problem: Problem
+    pending: dict[str, list[WorkloadSpec]]  # shape key -> members to place (sorted by name)
+    bound: dict[str, str]  # uid -> node of members already bound
+
+
+def shape_key(spec: WorkloadSpec) -> str:
+    """Members with the same key are interchangeable: same resources and same placement rules."""
+    data = spec.model_dump(exclude={"name", "uid", "node_name", "gang", "depends_on", "input_data_gb"})
+    return hashlib.blake2b(repr(sorted(data.items())).encode(), digest_size=5).hexdigest()
+
+
+def tier_names(settings: Settings) -> tuple[str, ...]:
+    names = ["NVLink domain"]
+    for i, keys in enumerate(settings.labels.fabric_tiers):
+        names.append("zone" if ZONE_LABEL in keys else f"fabric tier {i}")
+    return tuple(names)
+
+
+def member_node(snapshot: ClusterSnapshot, spec: WorkloadSpec) -> str:
+    """Where a member is bound ('' if pending): the watch's view first, then the pod spec."""
+    placed = snapshot.pods.get(spec.uid or spec.key)
+    return placed.node if placed is not None else spec.node_name
+
+
+def build(
+    snapshot: ClusterSnapshot,
+    settings: Settings,
+    gang: str,
+    members: Sequence[WorkloadSpec],
+    eligible: Callable[[str, WorkloadSpec, str], bool],
+    candidates: Iterable[str],
+    reserved: Callable[[str], int],
+    excluded: set[str] | frozenset[str] = frozenset(),
+) -> GangInstance:
+    """The problem for ``members`` of ``gang`` over ``candidates`` (the nodes kube-scheduler offered).
+
+    ``eligible(shape, spec, node)``: may one member of that shape run on the node on its own;
+    ``reserved(node)`` is what other gangs hold there.
+    """
+    pending: dict[str, list[WorkloadSpec]] = defaultdict(list)
+    bound: dict[str, str] = {}
+    fixed: dict[str, int] = defaultdict(int)
+    for m in sorted(members, key=lambda s: s.key):
+        node = member_node(snapshot, m)
+        if node:
+            bound[m.uid or m.key] = node
+            fixed[node] += 1
+        else:
+            pending[shape_key(m)].append(m)
+    shapes = tuple(Shape(k, len(v), v[0].gpus, v[0].cpu_millis, v[0].memory_bytes)
+                   for k, v in pending.items())
+    first = next(iter(pending.values()), list(members))[0]
+    offered = set(candidates) - set(excluded)
+    allowed: dict[str, set[str]] = {}
+    for key, specs in pending.items():
+        allowed[key] = {n for n in offered if n in snapshot.nodes and eligible(key, specs[0], n)}
+    prices = sorted({_price(f) for f in snapshot.nodes.values() if f.has_gpus})
+    rank = {p: i for i, p in enumerate(prices)}
+    wanted_gpus = any(s.gpus for s in shapes) or not shapes
+    nodes: list[Candidate] = []
+    for name, facts in snapshot.nodes.items():
+        usable = {k for k, names in allowed.items() if name in names}
+        if not usable and not fixed.get(name) and not (facts.has_gpus and wanted_gpus):
+            continue  # neither a candidate nor context for GPU domain figures
+        usage = snapshot.usage.get(name) or NodeUsage()
+        nodes.append(Candidate(
+            name=name,
+            path=(facts.nvlink_domain, *facts.fabric),
+            free_gpus=snapshot.free_gpus(name) - reserved(name),
+            total_gpus=facts.gpu_count,
+            free_cpu=facts.cpu_millis - usage.cpu_millis if facts.cpu_millis else float("inf"),
+            free_memory=facts.memory_bytes - usage.memory_bytes if facts.memory_bytes else float("inf"),
+            gpu_model=facts.gpu.name if facts.gpu else (facts.gpu_product or ""),
+            rdma=facts.rdma,
+            cost_rank=rank.get(_price(facts), 0),
+            pref_rank=_pref_rank(first, facts),
+            shapes=frozenset(usable),
+            required=facts.domain_at(first.topology_required) if first.topology_required else None,
+            preferred=facts.domain_at(first.topology_preferred) if first.topology_preferred else None,
+            fixed=fixed.get(name, 0),
+        ))
+    problem = Problem(gang, shapes, tuple(nodes), tier_names(settings),
+                      first.topology_required, first.topology_preferred)
+    return GangInstance(problem, dict(pending), bound)
+
+
+def _price(f: NodeFacts) -> float:
+    return round(f.hourly_cost / f.gpu_count, 2) if f.gpu_count else 0.0
+
+
+def _pref_rank(spec: WorkloadSpec, facts: NodeFacts) -> int:
+    """Position of the node's GPU in the member's gpu-preference list (the scorer's rule)."""
+    if not spec.gpu_preference:
+        return 0
+    names = {n.lower() for n in (facts.gpu_product, facts.gpu.name if facts.gpu else None) if n}
+    if facts.gpu:
+        names |= {a.lower() for a in facts.gpu.aliases}
+    for i, want in enumerate(spec.gpu_preference):
+        if want.lower() in names:
+            return i
+    return len(spec.gpu_preference)
+
+
+def evaluator(
+    snapshot: ClusterSnapshot, settings: Settings, fits: dict[str, NodeFit] | None, spec_key: str | None,
+    reserved: Callable[[str], int],
+) -> Callable[[str, WorkloadSpec, str], bool]:
+    """Per-node eligibility: the placer's verdicts for the filtered member's shape, else evaluate."""
+    cache: dict[tuple[str, str], bool] = {}
+
+    def eligible(key: str, spec: WorkloadSpec, node: str) -> bool:
+        if fits is not None and key == spec_key:
+            return node in fits
+        hit = cache.get((key, node))
+        if hit is None:
+            facts = snapshot.nodes.get(node)
+            if facts is None or facts.unschedulable:
+                hit = False
+            else:
+                free = snapshot.free_gpus(node) - reserved(node)
+                verdict = evaluate(spec, facts, snapshot.usage.get(node) or NodeUsage(), free, settings)
+                hit = isinstance(verdict, NodeFit)
+            cache[(key, node)] = hit
+        return hit
+
+    return eligible

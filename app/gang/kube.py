@@ -1,0 +1,140 @@
+"""Kubernetes adapters for gangs: the PodGroup watch (minMember) and the plan restore at start.
+
+The only module of ``app.gang`` that talks to the API server; the rest is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from app.core.snapshot import ClusterSnapshot
+from app.gang.persist import PlanRecord, records_from_pods
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION, PLURAL = "scheduling.x-k8s.io", "v1alpha1", "podgroups"
+ABSENT_RETRY = 60.0  # the CRD may be installed later: look again this often
+
+
+def min_members(items: list[dict[str, Any]]) -> dict[str, int]:
+    """ns/name -> spec.minMember for PodGroup objects (unreadable values are skipped)."""
+    out: dict[str, int] = {}
+    for pg in items:
+        meta = pg.get("metadata") or {}
+        try:
+            value = int((pg.get("spec") or {}).get("minMember") or 0)
+        except (TypeError, ValueError):
+            continue
+        if value > 0 and meta.get("name"):
+            out[f"{meta.get('namespace') or 'default'}/{meta['name']}"] = value
+    return out
+
+
+class PodGroupWatcher:
+    """Keeps ``snapshot.podgroup_min_member`` in step with PodGroups, when that CRD exists."""
+
+    def __init__(self, api: client.ApiClient, snapshot: ClusterSnapshot, lock: threading.RLock) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.snapshot = snapshot
+        self.lock = lock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watch-podgroups", daemon=True)
+        self.present = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                rv = self._list()
+                self.present = True
+                self._watch(rv)
+                backoff = 0.5
+            except ApiException as exc:
+                if exc.status in (403, 404):
+                    # No PodGroup CRD (or no right to read it): sizes come from annotations.
+                    if self.present or backoff == 0.5:
+                        log.info("PodGroups unavailable (%s); gang sizes from annotations only", exc.status)
+                    self.present = False
+                    backoff = 1.0
+                    self._stop.wait(ABSENT_RETRY)
+                    continue
+                log.warning("podgroup watch failed (%s); retrying in %.1fs", exc.reason, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+            except Exception as exc:
+                log.warning("podgroup watch failed (%s); retrying in %.1fs", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _list(self) -> str:
+        resp: Any = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False,
+                                                          _request_timeout=30)
+        data = json.loads(resp.data)
+        sizes = min_members(data.get("items") or [])
+        with self.lock:
+            self.snapshot.podgroup_min_member.clear()
+            self.snapshot.podgroup_min_member.update(sizes)
+            self.snapshot.generation += 1
+        return str((data.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _watch(self, rv: str) -> None:
+        resp: Any = self.custom.list_cluster_custom_object(
+            GROUP, VERSION, PLURAL, watch=True, resource_version=rv, timeout_seconds=240,
+            _preload_content=False, _request_timeout=(10, 300),
+        )
+        try:
+            for line in iter_resp_lines(resp):
+                if self._stop.is_set():
+                    return
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    return  # 410 Gone and friends: re-list
+                meta = obj.get("metadata") or {}
+                key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+                with self.lock:
+                    if event.get("type") == "DELETED":
+                        self.snapshot.podgroup_min_member.pop(key, None)
+                    else:
+                        got = min_members([obj])
+                        if key in got:
+                            self.snapshot.podgroup_min_member[key] = got[key]
+                    self.snapshot.generation += 1
+        finally:
+            resp.release_conn()
+
+
+def load_plan_records(
+    api: client.ApiClient, gpu_resources: tuple[str, ...], attempts: int = 10, delay: float = 2.0
+) -> list[PlanRecord]:
+    """Every persisted gang plan of a pending pod (one list of all pods, retried a few times).
+
+    Raises the last error when the API server stays unreachable: serving without the plans could
+    hand reserved GPUs to someone else, so the caller decides (the service fails to start).
+    """
+    core = client.CoreV1Api(api)
+    last: Exception | None = None
+    for i in range(attempts):
+        try:
+            resp: Any = core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=60)
+            return records_from_pods(json.loads(resp.data).get("items") or [], gpu_resources)
+        except Exception as exc:
+            last = exc
+            log.warning("cannot list pods to restore gang plans (%s); attempt %d/%d", exc, i + 1, attempts)
+            time.sleep(delay)
+    assert last is not None
+    raise last

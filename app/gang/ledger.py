@@ -1,0 +1,119 @@
+"""Reservation ledger: which GPUs are promised to which gang plan, until bound, deleted or expired.
+
+Pure bookkeeping (no Kubernetes, no clock of its own): the coordinator passes ``now``. Reservations
+count only members not yet bound, so a bound member's GPUs are counted once (by the snapshot's
+usage) and never twice. ``reserved_gpus`` is called for every node on every filter, so it is O(1):
+per-node totals are maintained incrementally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class MemberPlan:
+    uid: str
+    pod: str  # ns/name
+    node: str
+    gpus: int
+    bound: bool = False
+
+
+@dataclass(slots=True)
+class GangPlan:
+    gang: str
+    members: dict[str, MemberPlan]  # uid -> where it goes
+    planned_at: float
+    expires_at: float
+    epoch: int = 1
+    # A barrier timed out, a bind failed or a planned node stopped fitting: the next filter of a
+    # member replans (the reservation is kept until then so no other pod takes the capacity).
+    stale: bool = False
+    summary: str = ""  # the domains chosen, for events
+    restored: bool = False  # rebuilt from pod annotations after a restart
+
+    @property
+    def unbound(self) -> list[MemberPlan]:
+        return [m for m in self.members.values() if not m.bound]
+
+    @property
+    def complete(self) -> bool:
+        return all(m.bound for m in self.members.values())
+
+    def nodes(self) -> set[str]:
+        return {m.node for m in self.members.values()}
+
+
+@dataclass(slots=True)
+class Ledger:
+    ttl: float
+    plans: dict[str, GangPlan] = field(default_factory=dict)
+    _by_node: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> gang -> GPUs
+    _total: dict[str, int] = field(default_factory=dict)  # node -> GPUs reserved by all gangs
+
+    def __iter__(self) -> Iterator[GangPlan]:
+        return iter(list(self.plans.values()))
+
+    def get(self, gang: str) -> GangPlan | None:
+        return self.plans.get(gang)
+
+    def reserved_gpus(self, node: str, exclude_gang: str | None = None) -> int:
+        total = self._total.get(node, 0)
+        if total and exclude_gang is not None:
+            total -= self._by_node.get(node, {}).get(exclude_gang, 0)
+        return total
+
+    def total_reserved(self) -> int:
+        return sum(self._total.values())
+
+    def put(self, plan: GangPlan) -> GangPlan | None:
+        """Install ``plan`` (replacing and releasing the gang's previous one, which is returned)."""
+        old = self.drop(plan.gang)
+        self.plans[plan.gang] = plan
+        for m in plan.unbound:
+            self._add(m.node, plan.gang, m.gpus)
+        return old
+
+    def drop(self, gang: str) -> GangPlan | None:
+        plan = self.plans.pop(gang, None)
+        if plan is not None:
+            for m in plan.unbound:
+                self._add(m.node, gang, -m.gpus)
+        return plan
+
+    def mark_bound(self, gang: str, uid: str, node: str | None = None) -> bool:
+        """A member is bound (by us or seen bound by the watch): release its reservation.
+
+        If it landed somewhere else than planned (``node``), the plan follows reality.
+        """
+        plan = self.plans.get(gang)
+        m = plan.members.get(uid) if plan else None
+        if plan is None or m is None or m.bound:
+            return False
+        self._add(m.node, gang, -m.gpus)
+        m.bound = True
+        if node:
+            m.node = node
+        return True
+
+    def expired(self, now: float) -> list[GangPlan]:
+        """Drop and return plans whose TTL has passed."""
+        out = [p for p in self.plans.values() if now >= p.expires_at]
+        for p in out:
+            self.drop(p.gang)
+        return out
+
+    def _add(self, node: str, gang: str, gpus: int) -> None:
+        if not gpus:
+            return
+        per = self._by_node.setdefault(node, {})
+        per[gang] = per.get(gang, 0) + gpus
+        if per[gang] <= 0:
+            del per[gang]
+            if not per:
+                del self._by_node[node]
+        self._total[node] = self._total.get(node, 0) + gpus
+        if self._total[node] <= 0:
+            del self._total[node]

@@ -1,0 +1,507 @@
+"""Plan a whole gang with OR-Tools CP-SAT (pure: no Kubernetes, no HTTP).
+
+The model stays small whatever the cluster size:
+
+* members with identical resources are one *shape* with a count, not one variable per pod;
+* nodes that no constraint or objective term can tell apart (same qualified domain path, free GPUs,
+  GPU model, RDMA, per-shape capacity, required/preferred domain) are one *class*: the variables
+  are "members of shape s in class c" and "nodes used in class c" (:class:`app.gang.problem.Index`);
+* :func:`app.gang.problem.prune` first drops classes no optimal plan can use;
+* knapsack-cover cuts make the LP bound on "domains used" tight at every tier;
+* the warm start is the exact tree DP of the separable relaxation (:mod:`app.gang.dp`), whose value
+  is also a valid lower bound, else the greedy baseline; the better of CP-SAT's plan and the
+  warm start (by :func:`assess`) is returned, so the result is never worse than the greedy.
+
+The objective is lexicographic (see ``problem``), encoded as one weighted sum whose weights come
+from per-instance bounds (:func:`app.gang.problem.weights`), so a better higher term always wins.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from app.gang.dp import DpResult, tree_dp
+from app.gang.greedy import greedy
+from app.gang.problem import (
+    Assessment,
+    Assignment,
+    Candidate,
+    Index,
+    Problem,
+    Weights,
+    assess,
+    prune,
+    weights,
+)
+
+MIB = 1024 * 1024
+
+STATUS = {
+    cp_model.OPTIMAL: "optimal",
+    cp_model.FEASIBLE: "feasible",
+    cp_model.INFEASIBLE: "infeasible",
+    cp_model.MODEL_INVALID: "invalid",
+    cp_model.UNKNOWN: "unknown",
+}
+
+
+@dataclass(slots=True)
+class PlanResult:
+    """What the planner produced. ``assignment`` is None when no plan was found."""
+
+    assignment: Assignment | None
+    status: str  # optimal | feasible | greedy | infeasible | unknown
+    method: str  # cp-sat | dp | greedy | none: where the returned plan came from
+    seconds: float
+    objective: float = 0.0
+    bound: float = 0.0
+    assessment: Assessment | None = None
+    greedy_assessment: Assessment | None = None
+    classes: int = 0
+    candidates: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        """Relative optimality gap of the returned plan (0 when proven optimal)."""
+        if self.status == "optimal":
+            return 0.0
+        if self.assignment is None:
+            return math.inf
+        if self.objective <= 0:
+            return 0.0
+        return max(0.0, (self.objective - self.bound) / abs(self.objective))
+
+
+def plan(
+    problem: Problem,
+    time_limit: float = 0.5,
+    workers: int = 2,
+    use_cp_sat: bool = True,
+    use_dp: bool = True,
+    prefer: set[str] | None = None,
+    index: Index | None = None,
+) -> PlanResult:
+    """Plan ``problem`` (see module docstring).
+
+    ``use_cp_sat=False`` returns the greedy baseline alone; ``use_dp=False`` makes CP-SAT search
+    from the greedy warm start with no DP (benchmark comparisons). ``prefer``: nodes to favour
+    among identical ones when decoding, so a replan keeps members where they were when it can.
+    """
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    index = index or Index(problem)
+    everything = set(range(len(index.classes)))
+    w = weights(index, everything)
+    allowed = prune(index, w.exact)
+    stats: dict[str, float] = {"index": time.perf_counter() - t0}
+    base = greedy(index, everything)
+    base_assessment = assess(index, base) if base is not None else None
+    if base_assessment is not None and not base_assessment.feasible:
+        base, base_assessment = None, None  # a greedy bug must never become a plan
+    result = PlanResult(None, "infeasible", "none", 0.0, greedy_assessment=base_assessment,
+                        classes=len(allowed), candidates=sum(index.classes[i].k for i in allowed))
+    if not use_cp_sat:
+        result.assignment, result.assessment = base, base_assessment
+        result.status, result.method = ("greedy", "greedy") if base else ("infeasible", "none")
+        return _done(result, t0, stats)
+
+    # Warm start: the exact DP of the separable relaxation when it applies, else the greedy.
+    t1 = time.perf_counter()
+    dp = tree_dp(index, allowed, w) if use_dp else None
+    stats["dp"] = time.perf_counter() - t1
+    start, start_method, start_assessment = base, "greedy", base_assessment
+    if dp is not None:
+        got = assess(index, dp.assignment)
+        if got.feasible and (base_assessment is None or got.key <= base_assessment.key):
+            start, start_method, start_assessment = dp.assignment, "dp", got
+
+    if dp is not None and dp.exact and start_method == "dp":
+        # The DP plan is optimal for the relaxation and the relaxation lost nothing here: CP-SAT
+        # only checks it against the full model (every variable fixed to the plan, objective
+        # bounded below by its value), milliseconds instead of a search.
+        got_fixed = _solve(index, allowed, w, start, dp, workers, deadline, prefer, stats, fix=True)
+        if got_fixed.status == "optimal":
+            return _done(_take(result, index, got_fixed, start, start_assessment, start_method), t0, stats)
+        stats["certify_failed"] = 1.0  # never expected: search rather than trust the DP
+    outcome = _solve(index, allowed, w, start, dp if start_method == "dp" else None, workers, deadline,
+                     prefer, stats, fix=False)
+    return _done(_take(result, index, outcome, start, start_assessment, start_method), t0, stats)
+
+
+@dataclass(slots=True)
+class _Outcome:
+    status: str
+    assignment: Assignment | None = None
+    objective: float = 0.0
+    bound: float = 0.0
+    start_objective: float | None = None
+    lower: float | None = None
+
+
+def _solve(
+    index: Index, allowed: set[int], w: Weights, start: Assignment | None, dp: DpResult | None,
+    workers: int, deadline: float, prefer: set[str] | None, stats: dict[str, float], *, fix: bool,
+) -> _Outcome:
+    t = time.perf_counter()
+    model = _Model(index, allowed, w, cuts=not fix)
+    out = _Outcome("unknown")
+    if start is not None and not model.covers(start):
+        start = greedy(index, allowed)  # the baseline left the pruned set: a hint inside it
+        dp = None
+    if start is not None:
+        values = model.hint(start)
+        out.start_objective = upper = model.objective_of(values)
+        if dp is not None:
+            # The relaxation's optimum bounds the full objective from below (mixing only adds).
+            used = {index.by_name[n].gpu_model for n in start if index.by_name[n].gpu_model}
+            out.lower = lower = upper - w.models * max(len(used) - 1, 0)
+            model.bound_below(lower)
+    elif fix:
+        return out
+    stats["certify_model" if fix else "model"] = time.perf_counter() - t
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.005, deadline - time.perf_counter())
+    solver.parameters.num_workers = 1 if fix else workers
+    solver.parameters.fix_variables_to_their_hinted_value = fix
+    code = solver.solve(model.m)
+    stats["certify_solve" if fix else "solve"] = solver.wall_time
+    stats["branches"] = float(solver.num_branches)
+    out.status = STATUS.get(code, "unknown")
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        out.assignment = model.decode(solver, prefer or set())
+        out.objective = solver.objective_value + model.constant
+        out.bound = solver.best_objective_bound + model.constant
+    if out.lower is not None:
+        out.bound = max(out.bound, out.lower)
+    return out
+
+
+def _take(
+    result: PlanResult, index: Index, outcome: _Outcome, start: Assignment | None,
+    start_assessment: Assessment | None, start_method: str,
+) -> PlanResult:
+    """Keep CP-SAT's plan unless the warm start is at least as good (by :func:`assess`)."""
+    result.status = outcome.status
+    got = assess(index, outcome.assignment) if outcome.assignment is not None else None
+    if got is not None and got.feasible and (start_assessment is None or got.key <= start_assessment.key):
+        result.assignment, result.assessment = outcome.assignment, got
+        result.method = "cp-sat" if start_method != "dp" or got.key < start_assessment.key else "dp"  # type: ignore[union-attr]
+        result.objective, result.bound = outcome.objective, outcome.bound
+    elif start is not None:
+        # CP-SAT found nothing better in time: the warm start is still a valid plan.
+        result.assignment, result.assessment, result.method = start, start_assessment, start_method
+        result.objective = outcome.start_objective or 0.0
+        result.bound = outcome.lower if outcome.lower is not None else outcome.bound
+        if outcome.status != "optimal":
+            result.status = "greedy" if start_method == "greedy" else "feasible"
+    return result
+
+
+def _done(result: PlanResult, t0: float, stats: dict[str, float]) -> PlanResult:
+    result.stats = stats
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+class _Model:
+    """The CP-SAT model over node classes (see module docstring)."""
+
+    def __init__(self, index: Index, allowed: set[int], w: Weights, cuts: bool = True) -> None:
+        self.index = index
+        self.cuts = cuts
+        self.problem = index.problem
+        self.w = w
+        self.ids = sorted(allowed)  # class indices in the model
+        self.m = cp_model.CpModel()
+        self.x: dict[tuple[str, int], cp_model.IntVar] = {}
+        self.u: dict[int, cp_model.IntVar] = {}
+        self.y: dict[tuple[int, str], cp_model.IntVar] = {}
+        self.r: dict[str, cp_model.IntVar] = {}
+        self.p: dict[str, cp_model.IntVar] = {}
+        self.models: dict[str, cp_model.IntVar] = {}
+        self.z: cp_model.IntVar | None = None
+        self.obj_vars: list[cp_model.IntVar] = []
+        self.obj_coefs: list[int] = []
+        self.constant = 0  # objective terms fixed by bound members
+        self._class_of = {n.name: i for i in self.ids for n in index.classes[i].nodes}
+        self._build()
+
+    def covers(self, assignment: Assignment) -> bool:
+        return all(n in self._class_of for n in assignment)
+
+    def _obj(self, var: cp_model.IntVar, coef: int) -> None:
+        if coef:
+            self.obj_vars.append(var)
+            self.obj_coefs.append(coef)
+
+    # --- model ----------------------------------------------------------------------------------
+    def _build(self) -> None:
+        m, index, problem, w = self.m, self.index, self.problem, self.w
+        classes = index.classes
+        shapes = problem.shapes
+        pods = problem.pods
+        fixed = index.fixed
+        multi = len(shapes) > 1
+        for i in self.ids:
+            c = classes[i]
+            for s in shapes:
+                cap = c.caps[s.key]
+                if cap > 0:
+                    self.x[(s.key, i)] = m.new_int_var(0, min(s.count, cap * c.k), f"x_{s.key}_{i}")
+            if not c.first.fixed:
+                self.u[i] = m.new_int_var(0, c.k, f"u{i}")
+        for s in shapes:
+            m.add(_sum([self.x[(s.key, i)] for i in self.ids if (s.key, i) in self.x]) == s.count)
+
+        for i in self.ids:
+            c = classes[i]
+            xs = [(s, self.x[(s.key, i)]) for s in shapes if (s.key, i) in self.x]
+            if i in self.u:
+                u = self.u[i]
+                if not xs:
+                    m.add(u == 0)
+                    continue
+                # A used node holds at least one member; members only go on used nodes.
+                m.add(u <= _sum([v for _, v in xs]))
+                for s, v in xs:
+                    m.add(v <= c.caps[s.key] * u)
+            if xs and (multi or c.first.fixed):
+                # One node (such classes are single nodes): every resource, all shapes together.
+                n = c.first
+                vs = [v for _, v in xs]
+                m.add(_wsum(vs, [s.gpus for s, _ in xs]) <= max(n.free_gpus, 0))
+                if not math.isinf(n.free_cpu):
+                    m.add(_wsum(vs, [math.ceil(s.cpu_millis) for s, _ in xs]) <= int(n.free_cpu))
+                if not math.isinf(n.free_memory):
+                    m.add(_wsum(vs, [math.ceil(s.memory_bytes / MIB) for s, _ in xs])
+                          <= int(n.free_memory // MIB))
+
+        # Node tier: nodes used (bound members' nodes are a constant).
+        for i, u in self.u.items():
+            self._obj(u, w.tiers[-1] + index.node_bottom(classes[i].first))
+        self.constant += len(fixed) * w.tiers[-1] + sum(index.node_bottom(n) for n in fixed)
+        n_max = min(pods, sum(classes[i].k for i in self.u)) + len(fixed)
+
+        # Domains per tier: y = 1 iff a node of the domain is used.
+        for ti, tier in enumerate(index.tiers[:-1]):
+            members: dict[str, list[int]] = defaultdict(list)
+            for i in self.ids:
+                members[classes[i].domains[ti]].append(i)
+            fixed_doms = {tier.domain_of[n.name] for n in fixed}
+            for d in fixed_doms:
+                self.constant += w.tiers[ti] + index.domain_bottom(tier, d)
+            for d, idx in sorted(members.items()):
+                us = [i for i in idx if i in self.u]
+                if d in fixed_doms or not us:
+                    continue
+                y = self.y[(ti, d)] = m.new_bool_var(f"y{ti}_{d}")
+                for i in us:
+                    m.add(self.u[i] <= classes[i].k * y)
+                m.add(y <= _sum([self.u[i] for i in us]))
+                self._obj(y, w.tiers[ti] + index.domain_bottom(tier, d))
+        if self.cuts and len(shapes) == 1 and not fixed:
+            self._cover_cuts(shapes[0].key, shapes[0].count)
+
+        # Per member: GPU type (preference rank, then price).
+        for (key, i), var in self.x.items():
+            self._obj(var, index.shapes[key].gpus * index.type_cost(classes[i].first))
+
+        if problem.required_key is not None:
+            self._required()
+
+        # RDMA whenever the gang spans more than one node.
+        non_rdma = [i for i in self.ids if not classes[i].first.rdma]
+        if non_rdma:
+            z = self.z = m.new_bool_var("any_non_rdma")
+            for i in non_rdma:
+                if i in self.u:
+                    m.add(self.u[i] <= classes[i].k * z)
+                else:
+                    m.add(z == 1)
+            used_nodes = _sum(list(self.u.values())) + len(fixed)
+            m.add(used_nodes <= 1 + max(n_max, 1) * (1 - z))
+
+        # GPU models used (a lockstep gang runs at the speed of its slowest model).
+        fixed_models = {n.gpu_model for n in fixed if n.gpu_model}
+        self.constant += w.models * len(fixed_models)
+        for gm in sorted({classes[i].first.gpu_model for i in self.u if classes[i].first.gpu_model}):
+            if gm in fixed_models:
+                continue
+            b = self.models[gm] = m.new_bool_var(f"m_{gm}")
+            for i in self.u:
+                if classes[i].first.gpu_model == gm:
+                    m.add(self.u[i] <= classes[i].k * b)
+            self._obj(b, w.models)
+
+        if problem.preferred_key is not None:
+            self._preferred()
+        m.minimize(_wsum(self.obj_vars, self.obj_coefs))
+
+    def _cover_cuts(self, shape: str, pods: int) -> None:
+        """Knapsack-cover cuts: a domain holding ``x`` members uses at least as many children as the
+        largest children would need. With child capacities c1 >= c2 >= ... and T_k = c1+..+ck,
+        ``n >= k + (x - T_k) / c_{k+1}`` holds for every k (T is concave). These are the facets of
+        "children used vs members held", so the LP bound on domains used is tight at every tier
+        instead of members / largest capacity.
+        """
+        m, classes, depth = self.m, self.index.classes, len(self.index.tiers) - 1
+
+        def cap_of(idx: list[int]) -> int:
+            return min(pods, sum(classes[i].capacity(shape) for i in idx))
+
+        def cuts(count: list[cp_model.IntVar], held: list[cp_model.IntVar] | int, caps: list[int]) -> None:
+            total = 0
+            for k, c in enumerate(sorted((c for c in caps if c > 0), reverse=True)):
+                if total >= pods:
+                    break
+                # c * count - held >= c * k - T_k
+                if isinstance(held, int):
+                    m.add(_wsum(count, [c] * len(count)) >= c * k - total + held)
+                else:
+                    m.add(_wsum(count + held, [c] * len(count) + [-1] * len(held)) >= c * k - total)
+                total += c
+
+        def walk(level: int, idx: list[int], held: list[cp_model.IntVar] | int) -> None:
+            if level == depth:
+                cuts([self.u[i] for i in idx if i in self.u], held,
+                     [classes[i].caps[shape] for i in idx for _ in range(min(classes[i].k, pods))])
+                return
+            kids: dict[str, list[int]] = defaultdict(list)
+            for i in idx:
+                kids[classes[i].domains[level]].append(i)
+            ys = [self.y[(level, d)] for d in sorted(kids) if (level, d) in self.y]
+            cuts(ys, held, [cap_of(k) for k in kids.values()])
+            for k in kids.values():
+                walk(level + 1, k, [self.x[(shape, i)] for i in k if (shape, i) in self.x])
+
+        walk(0, [i for i in self.ids if (shape, i) in self.x], pods)
+
+    def _required(self) -> None:
+        """The whole gang in one domain of the required label."""
+        m, classes, shapes = self.m, self.index.classes, self.problem.shapes
+        doms: set[str] = {req for i in self.ids if (req := classes[i].first.required) is not None}
+        for d in sorted(doms):
+            self.r[d] = m.new_bool_var(f"r_{d}")
+        if self.r:
+            m.add_exactly_one(list(self.r.values()))
+        for i in self.ids:
+            first = classes[i].first
+            xs = [self.x[(s.key, i)] for s in shapes if (s.key, i) in self.x]
+            if first.required is None:
+                for v in xs:
+                    m.add(v == 0)
+                if first.fixed:
+                    m.add_bool_or([])  # a bound member outside every required domain: infeasible
+                continue
+            r = self.r[first.required]
+            if i in self.u:
+                m.add(self.u[i] <= classes[i].k * r)
+            if first.fixed:
+                m.add(r == 1)
+            for v in xs:
+                m.add(v <= self.problem.pods * r)
+
+    def _preferred(self) -> None:
+        """Domains of the preferred label used (an unlabelled node counts as a domain of its own)."""
+        m, classes, w = self.m, self.index.classes, self.w
+        pref_members: dict[str, list[int]] = defaultdict(list)
+        for i in self.ids:
+            first = classes[i].first
+            if first.preferred is None:
+                if i in self.u:
+                    self._obj(self.u[i], w.preferred)
+            else:
+                pref_members[first.preferred].append(i)
+        fixed = self.index.fixed
+        fixed_pref = {n.preferred for n in fixed if n.preferred is not None}
+        self.constant += w.preferred * (len(fixed_pref) + sum(1 for n in fixed if n.preferred is None))
+        for d, idx in sorted(pref_members.items()):
+            us = [i for i in idx if i in self.u]
+            if d in fixed_pref or not us:
+                continue
+            pv = self.p[d] = m.new_bool_var(f"p_{d}")
+            for i in us:
+                m.add(self.u[i] <= classes[i].k * pv)
+            self._obj(pv, w.preferred)
+
+    def bound_below(self, lower: int) -> None:
+        self.m.add(_wsum(self.obj_vars, self.obj_coefs) >= lower - self.constant)
+
+    # --- hint / decode --------------------------------------------------------------------------
+    def hint_values(self, assignment: Assignment) -> dict[cp_model.IntVar, int]:
+        """Every model variable's value for ``assignment`` (which must use model classes only)."""
+        index = self.index
+        values: dict[cp_model.IntVar, int] = {}
+        xs: dict[tuple[str, int], int] = defaultdict(int)
+        us: dict[int, int] = defaultdict(int)
+        used: list[Candidate] = list(index.fixed)
+        for node, per_shape in assignment.items():
+            i = self._class_of[node]
+            for key, cnt in per_shape.items():
+                xs[(key, i)] += cnt
+            if sum(per_shape.values()) and i in self.u:
+                us[i] += 1
+                used.append(index.by_name[node])
+        for xkey, var in self.x.items():
+            values[var] = xs.get(xkey, 0)
+        for i, var in self.u.items():
+            values[var] = us.get(i, 0)
+        used_doms = {(ti, t.domain_of[n.name]) for ti, t in enumerate(index.tiers[:-1]) for n in used}
+        for ykey, var in self.y.items():
+            values[var] = int(ykey in used_doms)
+        for d, var in self.r.items():
+            values[var] = int(any(n.required == d for n in used))
+        for d, var in self.p.items():
+            values[var] = int(any(n.preferred == d for n in used))
+        for gm, var in self.models.items():
+            values[var] = int(any(n.gpu_model == gm for n in used))
+        if self.z is not None:
+            values[self.z] = int(any(not n.rdma for n in used))
+        return values
+
+    def hint(self, assignment: Assignment) -> dict[cp_model.IntVar, int]:
+        values = self.hint_values(assignment)
+        for var, value in values.items():
+            self.m.add_hint(var, value)
+        return values
+
+    def objective_of(self, values: dict[cp_model.IntVar, int]) -> int:
+        return self.constant + sum(c * values.get(v, 0) for v, c in zip(self.obj_vars, self.obj_coefs,
+                                                                          strict=True))
+
+    def decode(self, solver: cp_model.CpSolver, prefer: set[str]) -> Assignment:
+        out: Assignment = {}
+        shapes = self.problem.shapes
+        for i in self.ids:
+            c = self.index.classes[i]
+            wanted = {s.key: solver.value(self.x[(s.key, i)]) for s in shapes if (s.key, i) in self.x}
+            if not any(wanted.values()):
+                continue
+            # Identical nodes: favour the ones a previous plan used, then by name (deterministic).
+            nodes = sorted(c.nodes, key=lambda n: (n.name not in prefer, n.name))
+            if len(wanted) > 1 or c.k == 1:
+                out[nodes[0].name] = {k: v for k, v in wanted.items() if v}
+                continue
+            (key, cnt), = wanted.items()
+            per_node = c.caps[key]
+            for n in nodes:
+                if cnt <= 0:
+                    break
+                take = min(cnt, per_node)
+                out[n.name] = {key: take}
+                cnt -= take
+        return out
+
+
+def _sum(xs: list[cp_model.IntVar]) -> cp_model.LinearExprT:
+    return cp_model.LinearExpr.Sum(xs) if xs else 0
+
+
+def _wsum(xs: list[cp_model.IntVar], ws: list[int]) -> cp_model.LinearExprT:
+    return cp_model.LinearExpr.WeightedSum(xs, ws) if xs else 0

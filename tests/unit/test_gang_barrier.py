@@ -1,0 +1,167 @@
+"""The all-or-nothing bind barrier (asyncio): everyone binds together, or nobody does."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from app.config import Settings
+from app.core.workload import WorkloadSpec, parse_workload
+from tests.unit.test_gang_coordinator import Cluster, FakeBinder
+
+
+def fast(timeout: float = 0.3) -> Settings:
+    return Settings(cluster_source="none", metrics_port=0, gang_bind_timeout_seconds=timeout)
+
+
+def planned(c: Cluster, pods: list[dict[str, Any]]) -> list[tuple[WorkloadSpec, str]]:
+    out = []
+    for p in pods:
+        d = c.filter(p)
+        assert len(d.passed) == 1, d.rejections
+        out.append((parse_workload(p), d.passed[0]))
+    return out
+
+
+async def bind(c: Cluster, spec: WorkloadSpec, node: str) -> str:
+    return await c.gangs.bind_member(spec, node, c.service)
+
+
+def test_members_are_bound_only_once_all_have_arrived() -> None:
+    c = Cluster(fast(timeout=5.0))
+    c.nodes("n", 4, "leaf-1")
+    members = planned(c, c.gang("g", 4))
+
+    async def run() -> list[str]:
+        early = [asyncio.create_task(bind(c, s, n)) for s, n in members[:3]]
+        done, _ = await asyncio.wait(early, timeout=0.3)
+        assert not done  # three of four arrived: all of them wait ...
+        assert c.binder.bound == {}  # ... and nothing is bound yet
+        last = await bind(c, *members[3])
+        return [last, *[await t for t in early]]
+
+    assert asyncio.run(run()) == ["", "", "", ""]
+    assert c.binder.bound == {s.key: n for s, n in members}
+    assert c.gangs.ledger.total_reserved() == 0 and "ml/g" not in c.gangs.ledger.plans
+    m = c.service.metrics
+    assert m.gangs_bound.labels("bound")._value.get() == 1
+    assert m.gang_wait._sum.get() >= 0.3
+
+
+def test_timeout_fails_every_waiting_member_and_binds_none() -> None:
+    c = Cluster(fast(timeout=0.3))
+    c.nodes("n", 4, "leaf-1")
+    members = planned(c, c.gang("g", 4))
+
+    async def run() -> list[str]:
+        return list(await asyncio.gather(*(bind(c, s, n) for s, n in members[:3])))
+
+    errors = asyncio.run(run())
+    assert all("only 3/4 members reached bind within 0.3s; none bound" in e for e in errors)
+    assert c.binder.bound == {}
+    assert c.service.metrics.gangs_bound.labels("failed")._value.get() == 1
+    plan = c.gangs.ledger.plans["ml/g"]
+    assert plan.stale and c.gangs.ledger.total_reserved() == 32  # capacity still held for the retry
+    c.flush()
+    assert sum(1 for _, r, _ in c.binder.events if r == "GangBindTimeout") == 3
+    # The next filter replans (same nodes: nothing failed) and a complete retry binds everyone.
+    again = planned(c, [c.pods[f"g-{i}"] for i in range(4)])
+    assert c.gangs.ledger.plans["ml/g"].epoch == 2
+    assert {n for _, n in again} == {n for _, n in members}
+
+    async def retry() -> list[str]:
+        return list(await asyncio.gather(*(bind(c, s, n) for s, n in again)))
+
+    assert asyncio.run(retry()) == [""] * 4 and len(c.binder.bound) == 4
+
+
+def test_a_failed_bind_after_others_is_reported_and_the_rest_replanned() -> None:
+    binder = FakeBinder(fail={"ml/g-2"})
+    c = Cluster(fast(timeout=5.0), binder=binder)
+    c.nodes("n", 6, "leaf-1")
+    members = planned(c, c.gang("g", 4))
+
+    async def run() -> list[str]:
+        return list(await asyncio.gather(*(bind(c, s, n) for s, n in members)))
+
+    results = asyncio.run(run())
+    assert results[2] and "is gone" in results[2]
+    assert [r for i, r in enumerate(results) if i != 2] == ["", "", ""]
+    failed_node = members[2][1]
+    c.flush()
+    partial = [m for _, r, m in binder.events if r == "GangPartiallyBound"]
+    assert len(partial) == 4 and "3/4 members bound" in partial[0] and failed_node in partial[0]
+    # The failed member is replanned with the bound ones fixed and without the failed node.
+    binder.fail.clear()
+    d = c.filter(c.pods["g-2"])
+    assert len(d.passed) == 1 and d.passed[0] != failed_node
+    plan = c.gangs.ledger.plans["ml/g"]
+    assert sum(1 for m in plan.members.values() if m.bound) == 3
+
+    async def finish() -> str:
+        return await bind(c, members[2][0], d.passed[0])
+
+    assert asyncio.run(finish()) == ""
+    assert len(binder.bound) == 4 and "ml/g" not in c.gangs.ledger.plans
+
+
+def test_bind_outside_the_plan_is_refused() -> None:
+    c = Cluster(fast())
+    names = c.nodes("n", 4, "leaf-1")
+    members = planned(c, c.gang("g", 2))
+    spec, node = members[0]
+    wrong = next(n for n in names if n not in {m[1] for m in members})
+    assert "on another node" in asyncio.run(bind(c, spec, wrong))
+    stranger = parse_workload(c.gang("h", 2)[0])
+    assert "no gang plan holds this pod" in asyncio.run(bind(c, stranger, node))
+    assert c.binder.bound == {}
+
+
+def test_a_repeated_bind_call_supersedes_the_earlier_one() -> None:
+    c = Cluster(fast(timeout=5.0))
+    c.nodes("n", 4, "leaf-1")
+    members = planned(c, c.gang("g", 2))
+
+    async def run() -> tuple[str, str, str]:
+        first = asyncio.create_task(bind(c, *members[0]))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(bind(c, *members[0]))
+        await asyncio.sleep(0.05)
+        other = await bind(c, *members[1])
+        return await first, await second, other
+
+    first, second, other = asyncio.run(run())
+    assert "superseded" in first and second == "" and other == ""
+    assert len(c.binder.bound) == 2
+
+
+def test_a_cancelled_waiter_leaves_the_barrier() -> None:
+    c = Cluster(fast(timeout=5.0))
+    c.nodes("n", 4, "leaf-1")
+    members = planned(c, c.gang("g", 2))
+
+    async def run() -> None:
+        t = asyncio.create_task(bind(c, *members[0]))
+        await asyncio.sleep(0.05)
+        t.cancel()  # kube-scheduler gave up on this HTTP call
+        await asyncio.sleep(0.05)
+        assert c.gangs.barriers["ml/g"].waiters == {}
+        # The other member arriving alone does not complete the gang.
+        t2 = asyncio.create_task(bind(c, *members[1]))
+        await asyncio.sleep(0.1)
+        assert not t2.done() and c.binder.bound == {}
+        t2.cancel()
+
+    asyncio.run(run())
+
+
+def test_retried_bind_of_a_bound_member_succeeds() -> None:
+    c = Cluster(fast(timeout=5.0))
+    c.nodes("n", 2, "leaf-1")
+    members = planned(c, c.gang("g", 1))
+
+    async def twice() -> tuple[str, str]:
+        return await bind(c, *members[0]), await bind(c, *members[0])
+
+    assert asyncio.run(twice()) == ("", "")
+    assert len(c.binder.bound) == 1

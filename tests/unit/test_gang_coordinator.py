@@ -1,0 +1,340 @@
+"""Gang filtering through the real placer: waiting, planning, reservations, admission, replans."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from app.config import Settings
+from app.core.catalog import GpuCatalog
+from app.core.workload import parse_workload
+from app.demo.run import run_demo
+from app.gang.coordinator import RESERVED_ELSEWHERE, GangCoordinator
+from app.gang.persist import ANNOTATION, BackgroundWriter, decode
+from app.service import ExtenderService
+from app.sim.fleet import node_object, pod_object
+from app.wiring import build_core
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+class FakeBinder:
+    """Records what the extender would write to the API server; can fail chosen binds."""
+
+    def __init__(self, fail: set[str] | None = None) -> None:
+        self.fail = fail or set()
+        self.bound: dict[str, str] = {}
+        self.annotations: dict[str, dict[str, str]] = defaultdict(dict)
+        self.events: list[tuple[str, str, str]] = []
+        self.lock = threading.Lock()
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> bool:
+        key = f"{namespace}/{name}"
+        if key in self.fail:
+            raise RuntimeError(f"node {node} is gone")
+        with self.lock:
+            if self.bound.get(key) == node:
+                return False
+            self.bound[key] = node
+        return True
+
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        with self.lock:
+            self.annotations[f"{namespace}/{name}"].update(annotations)
+
+    def event(self, namespace: str, name: str, uid: str, reason: str, message: str,
+              warning: bool = False) -> None:
+        with self.lock:
+            self.events.append((f"{namespace}/{name}", reason, message))
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+
+class Cluster:
+    """A service with the gang coordinator wired as in production, fed like the watch would."""
+
+    def __init__(self, settings: Settings | None = None, binder: FakeBinder | None = None,
+                 clock: list[float] | None = None) -> None:
+        self.binder = binder or FakeBinder()
+        self.service: ExtenderService = build_core(
+            settings or Settings(cluster_source="none", metrics_port=0), GpuCatalog.load(), binder=self.binder
+        )
+        gangs = self.service.placer.gangs
+        assert isinstance(gangs, GangCoordinator)
+        self.gangs = gangs
+        if clock is not None:
+            self.gangs.clock = lambda: clock[0]
+        self.pods: dict[str, dict[str, Any]] = {}
+
+    def nodes(self, prefix: str, n: int, leaf: str, spine: str = "spine-1", free: int = 8,
+              rdma: bool = True) -> list[str]:
+        names = []
+        for i in range(n):
+            name = f"{prefix}-{i}"
+            self.service.absorb_node(node_object(name, gpus=8, product=H100, rdma=rdma, labels={
+                "fabric.topograph.run/tier-0": leaf, "fabric.topograph.run/tier-1": spine}))
+            if free < 8:
+                self.occupy(name, 8 - free)
+            names.append(name)
+        return names
+
+    def occupy(self, node: str, gpus: int) -> None:
+        spec = parse_workload(pod_object(f"busy-{node}", namespace="other", gpus=gpus))
+        self.service.snapshot.assume(spec, node)
+
+    def gang(self, name: str, size: int, gpus: int = 8, create: int | None = None, ns: str = "ml",
+             annotations: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        pods = []
+        for i in range(create if create is not None else size):
+            ann = {"llm-placement.io/gang-size": str(size), **(annotations or {})}
+            pod = pod_object(f"{name}-{i}", namespace=ns, stage="pretraining", gpus=gpus, annotations=ann,
+                             labels={"scheduling.x-k8s.io/pod-group": name})
+            self.add(pod)
+            pods.append(pod)
+        return pods
+
+    def add(self, pod: dict[str, Any]) -> None:
+        with self.service.lock:
+            self.service.snapshot.track_spec(parse_workload(pod))
+        self.pods[pod["metadata"]["name"]] = pod
+
+    def delete(self, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        with self.service.lock:
+            self.service.snapshot.untrack_spec(uid)
+            self.service.snapshot.finish(uid)
+
+    def filter(self, pod: dict[str, Any], names: list[str] | None = None) -> Any:
+        names = names if names is not None else sorted(self.service.snapshot.nodes)
+        with self.service.lock:
+            return self.service.placer.filter(pod, names)
+
+    def place(self, pod: dict[str, Any], names: list[str] | None = None) -> str:
+        """Filter and, if exactly one node passed, assume it there (the scheduler's bind)."""
+        d = self.filter(pod, names)
+        assert len(d.passed) == 1, d.rejections
+        with self.service.lock:
+            self.service.snapshot.assume(parse_workload(pod), d.passed[0])
+        return str(d.passed[0])
+
+    def flush(self) -> None:
+        writer = self.gangs.writer
+        assert isinstance(writer, BackgroundWriter)
+        assert writer.drain(10)
+
+    def leaf(self, node: str) -> str:
+        return self.service.snapshot.nodes[node].fabric[0]
+
+
+def test_incomplete_gang_waits_and_reserves_nothing() -> None:
+    c = Cluster()
+    c.nodes("n", 8, "leaf-1")
+    pods = c.gang("g", 8, create=3)
+    d = c.filter(pods[0])
+    assert d.passed == [] and not d.failed
+    assert set(d.unresolvable.values()) == {"llm-placement: waiting for gang members 3/8"}
+    assert c.gangs.ledger.total_reserved() == 0 and not c.gangs.ledger.plans
+    c.flush()
+    assert not c.binder.annotations
+
+
+def test_gang_without_a_size_says_how_to_give_it_one() -> None:
+    c = Cluster()
+    c.nodes("n", 2, "leaf-1")
+    pod = pod_object("p", namespace="ml", gpus=8, labels={"scheduling.x-k8s.io/pod-group": "pg"})
+    c.add(pod)
+    d = c.filter(pod)
+    assert d.passed == [] and "gang ml/pg has no size" in next(iter(d.unresolvable.values()))
+    # The PodGroup's minMember (as the PodGroup watch records it) fills the gap.
+    c.service.snapshot.podgroup_min_member["ml/pg"] = 1
+    assert len(c.filter(pod).passed) == 1
+
+
+def test_complete_gang_is_planned_whole_into_the_block_that_fits() -> None:
+    c = Cluster()
+    c.nodes("a", 12, "leaf-a")  # pristine leaf
+    c.nodes("b", 8, "leaf-b")
+    c.nodes("bx", 4, "leaf-b", free=0)  # leaf-b is partly used and has exactly 8 free nodes
+    pods = c.gang("g", 8)
+    chosen = {}
+    for pod in pods:
+        d = c.filter(pod)
+        assert len(d.passed) == 1
+        other = {r for n, r in d.rejections.items() if n not in d.passed}
+        assert RESERVED_ELSEWHERE in other
+        chosen[pod["metadata"]["name"]] = d.passed[0]
+    assert len(set(chosen.values())) == 8 and {c.leaf(n) for n in chosen.values()} == {"leaf-b"}
+    # Idempotent: a re-filter of any member returns the same node.
+    for pod in pods:
+        assert c.filter(pod).passed == [chosen[pod["metadata"]["name"]]]
+    assert c.gangs.ledger.total_reserved() == 64
+    # Plans are persisted on the members and an event names the domains.
+    c.flush()
+    for name, node in chosen.items():
+        data = decode(c.binder.annotations[f"ml/{name}"][ANNOTATION])
+        assert data is not None and data["node"] == node and data["gang"] == "ml/g"
+    planned = [m for _, r, m in c.binder.events if r == "GangPlanned"]
+    assert len(planned) == 8 and "leaf-b" in planned[0]
+    assert c.service.metrics.solver_runs.labels("optimal")._value.get() == 1
+
+
+def test_other_pods_see_reserved_gpus_as_taken() -> None:
+    c = Cluster()
+    names = c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 2)
+    planned = {c.filter(p).passed[0] for p in pods}
+    loner = pod_object("loner", namespace="ml", stage="pretraining", gpus=8)
+    c.add(loner)
+    d = c.filter(loner)
+    assert set(d.passed) == set(names) - planned
+    assert all("reserved for a gang" in d.rejections[n] for n in planned)
+
+
+def test_bound_members_release_their_reservation_and_the_gang_completes() -> None:
+    c = Cluster()
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 2)
+    for p in pods:
+        c.place(p)
+    c.filter(pods[0])  # any later filter sweeps: both members are bound, the gang is complete
+    assert c.gangs.ledger.total_reserved() == 0 and "ml/g" not in c.gangs.ledger.plans
+    assert c.service.metrics.gangs_bound.labels("bound")._value.get() == 1
+    # Usage counts each member once: nothing double counted.
+    assert sum(u.gpus for u in c.service.snapshot.usage.values()) == 16
+
+
+def test_two_gangs_competing_for_one_block_never_deadlock() -> None:
+    c = Cluster()
+    c.nodes("n", 4, "leaf-1")
+    a = c.gang("a", 4)
+    b = c.gang("b", 4)
+    assert len(c.filter(a[0]).passed) == 1  # gang a plans first and holds the whole block
+    d = c.filter(b[0])
+    assert d.passed == []
+    assert any("gang cannot be placed" in r for r in d.rejections.values())
+    c.flush()
+    why = [m for k, r, m in c.binder.events if r == "GangUnschedulable" and k == "ml/b-0"]
+    assert why and "32 GPUs are reserved for other gangs" in why[0]
+    for p in a:
+        c.place(p)
+    assert c.filter(b[0]).passed == []  # still busy: a is running
+    for p in a:
+        c.delete(p)
+    assert len(c.filter(b[0]).passed) == 1  # a is gone: b plans and completes
+    for p in b:
+        c.place(p)
+
+
+def test_admission_is_oldest_first() -> None:
+    clock = [1000.0]
+    c = Cluster(clock=clock)
+    c.nodes("n", 4, "leaf-1")
+    blocker = c.gang("blocker", 4)
+    for p in blocker:
+        c.place(p)
+    a = c.gang("a", 4)
+    b = c.gang("b", 4)
+    assert c.filter(a[0]).passed == []  # a starts waiting first ...
+    clock[0] += 5
+    assert c.filter(b[0]).passed == []  # ... then b
+    for p in blocker:
+        c.delete(p)
+    clock[0] += 5
+    # b's member happens to be filtered first, but a waited longer: a gets the block.
+    assert c.filter(b[0]).passed == []
+    assert "ml/a" in c.gangs.ledger.plans and "ml/b" not in c.gangs.ledger.plans
+    assert len(c.filter(a[1]).passed) == 1
+
+
+def test_planned_node_that_stops_fitting_is_replanned_without_it() -> None:
+    c = Cluster()
+    names = c.nodes("n", 6, "leaf-1")
+    pods = c.gang("g", 2)
+    first = c.filter(pods[0]).passed[0]
+    # The node is cordoned: kube-scheduler no longer offers it.
+    offered = [n for n in names if n != first]
+    d = c.filter(pods[0], offered)
+    assert len(d.passed) == 1 and d.passed[0] != first
+    assert c.gangs.ledger.plans["ml/g"].epoch == 2
+    assert c.service.metrics.gangs_bound.labels("replanned")._value.get() == 1
+    assert first not in c.gangs.ledger.plans["ml/g"].nodes()
+
+
+def test_deleting_a_member_releases_the_plan() -> None:
+    c = Cluster()
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 3)
+    c.filter(pods[0])
+    assert c.gangs.ledger.total_reserved() == 24
+    c.delete(pods[2])
+    c.filter(pods[0])  # any filter (or reserved_gpus call) sweeps
+    assert c.gangs.ledger.total_reserved() == 0
+    c.flush()
+    assert c.binder.annotations["ml/g-0"][ANNOTATION] == ""  # persisted plan cleared
+    d = c.filter(pods[0])
+    assert "waiting for gang members 2/3" in next(iter(d.unresolvable.values()))
+
+
+def test_reservations_expire_after_the_ttl() -> None:
+    clock = [1000.0]
+    c = Cluster(Settings(cluster_source="none", metrics_port=0, gang_reservation_ttl_seconds=30), clock=clock)
+    c.nodes("n", 2, "leaf-1")
+    pods = c.gang("g", 2)
+    c.filter(pods[0])
+    assert c.gangs.reserved_gpus("n-0", None) + c.gangs.reserved_gpus("n-1", None) == 16
+    clock[0] += 29
+    assert c.gangs.ledger.total_reserved() == 16 and c.gangs.reserved_gpus("n-0", None) == 8
+    clock[0] += 2
+    assert c.gangs.reserved_gpus("n-0", None) == 0 and c.gangs.ledger.total_reserved() == 0
+    assert c.service.metrics.reservations_expired._value.get() == 1
+    assert c.service.metrics.reservations._value.get() == 0
+    assert len(c.filter(pods[1]).passed) == 1  # the next filter plans afresh
+
+
+def test_required_topology_that_fits_nowhere_names_the_domains() -> None:
+    c = Cluster()
+    c.nodes("a", 3, "leaf-a")
+    c.nodes("b", 2, "leaf-b")
+    pods = c.gang("g", 4, annotations={
+        "llm-placement.io/topology-required-placement": "fabric.topograph.run/tier-0"})
+    d = c.filter(pods[0])
+    assert d.passed == []
+    reason = next(iter(d.unresolvable.values()))
+    assert "needs 32 GPUs in one fabric.topograph.run/tier-0 domain; at most 24 free in one" in reason
+    c.flush()
+    events = [m for _, r, m in c.binder.events if r == "GangUnschedulable"]
+    assert events and "leaf-a 24" in events[0] and "leaf-b 16" in events[0]
+    assert c.service.metrics.solver_runs.labels("infeasible")._value.get() == 1
+
+
+def test_non_rdma_nodes_host_only_single_node_gangs() -> None:
+    c = Cluster()
+    c.nodes("plain", 4, "leaf-1", rdma=False)
+    pods = c.gang("g", 2)
+    d = c.filter(pods[0])
+    assert d.passed == [] and "needs RDMA" in next(iter(d.unresolvable.values()))
+    small = c.gang("s", 2, gpus=4)
+    assert len(c.filter(small[0]).passed) == 1
+    assert len({c.filter(p).passed[0] for p in small}) == 1  # both on one node
+
+
+def test_demo_pretraining_gang_lands_in_one_fabric_block() -> None:
+    service, placements = run_demo(Settings(cluster_source="none", metrics_port=0))
+    gang = [p for p in placements if "llama-70b-pretrain" in p.pod]
+    assert len(gang) == 4 and all(p.node for p in gang)
+    leaves = {service.snapshot.nodes[p.node].fabric[0] for p in gang if p.node}
+    assert len(leaves) == 1
+    assert len({p.node for p in gang}) == 4
+
+
+@pytest.mark.parametrize("members", [4, 8])
+def test_gangs_of_small_pods_pack_nodes(members: int) -> None:
+    c = Cluster()
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", members, gpus=2)
+    nodes = {c.filter(p).passed[0] for p in pods}
+    assert len(nodes) == members * 2 // 8
