@@ -34,7 +34,15 @@ def build_core(
     service = ExtenderService(
         settings, catalog, snapshot=snapshot, metrics=metrics, binder=binder, gravity=gravity
     )
-    attach_gangs(service)
+    gangs = attach_gangs(service)
+
+    def planned(gang: str) -> list[str]:
+        # A gang that holds a reservation but has no member bound yet: its output will be where the
+        # plan puts its members, so consumers can already be pulled there.
+        plan = gangs.ledger.get(gang)
+        return [m.node for m in plan.members.values()] if plan is not None else []
+
+    gravity.planned = planned
     return service
 
 

@@ -467,6 +467,23 @@ def test_explain_shows_edges_producer_location_and_cost_per_node() -> None:
     assert explain_spec(svc, spec("lonely", gpus=1))["gravity"] is None
 
 
+def test_live_wiring_resolves_a_planned_gang_through_the_reservation_ledger() -> None:
+    from app.gang.coordinator import GangCoordinator
+    from app.gang.ledger import GangPlan, MemberPlan
+
+    svc, _ = service_with(topology())
+    gravity = svc.placer.gravity
+    assert isinstance(gravity, GravityModel) and gravity.planned is not None
+    consumer = spec("sft", depends="pt", gb=10)
+    assert not gravity.resolve(consumer)[0].found  # no member bound and no plan yet
+    gangs = svc.gang_binder
+    assert isinstance(gangs, GangCoordinator)
+    members = {f"u{i}": MemberPlan(f"u{i}", f"ml/pt-{i}", node, 8) for i, node in enumerate(["n3", "n4"])}
+    gangs.ledger.put(GangPlan("ml/pt", members, planned_at=0.0, expires_at=1e12))
+    [edge] = gravity.resolve(consumer)
+    assert {(s.node, s.state) for s in edge.sites} == {("n3", "planned"), ("n4", "planned")}
+
+
 # --- properties -----------------------------------------------------------------------------------
 _node_st = st.tuples(
     st.sampled_from(["c1", "c2", "c3", None]),
