@@ -50,15 +50,21 @@ def nodes(cluster: ClusterScope) -> dict[str, str]:
     """Create the cluster; return short name -> node name."""
     n = cluster.node_name
     short = ["cpu-home", "h1", "h2", "h3", "cpu-away", "a1", "a2"]
-    cluster.add_nodes([
-        cpu_node(n("cpu-home"), labels=HOME_LEAF, annotations={ANN + "hourly-cost": "0.10"}, index=1),
-        gpu_node(n("h1"), "H100", clique=n("nvl-1"), tier0="leaf-1", tier1="spine-1", rdma=True, index=2),
-        gpu_node(n("h2"), "H100", clique=n("nvl-1"), tier0="leaf-1", tier1="spine-1", rdma=True, index=3),
-        gpu_node(n("h3"), "H100", clique=n("h3"), tier0="leaf-2", tier1="spine-1", rdma=True, index=4),
-        cpu_node(n("cpu-away"), zone="zone-b", labels=AWAY_LEAF, index=5),
-        gpu_node(n("a1"), "H100", zone="zone-b", clique=n("a1"), tier0="leaf-9", tier1="spine-9", index=6),
-        gpu_node(n("a2"), "H100", zone="zone-b", clique=n("a2"), tier0="leaf-9", tier1="spine-9", index=7),
-    ])
+    cluster.add_nodes(
+        [
+            cpu_node(n("cpu-home"), labels=HOME_LEAF, annotations={ANN + "hourly-cost": "0.10"}, index=1),
+            gpu_node(n("h1"), "H100", clique=n("nvl-1"), tier0="leaf-1", tier1="spine-1", rdma=True, index=2),
+            gpu_node(n("h2"), "H100", clique=n("nvl-1"), tier0="leaf-1", tier1="spine-1", rdma=True, index=3),
+            gpu_node(n("h3"), "H100", clique=n("h3"), tier0="leaf-2", tier1="spine-1", rdma=True, index=4),
+            cpu_node(n("cpu-away"), zone="zone-b", labels=AWAY_LEAF, index=5),
+            gpu_node(
+                n("a1"), "H100", zone="zone-b", clique=n("a1"), tier0="leaf-9", tier1="spine-9", index=6
+            ),
+            gpu_node(
+                n("a2"), "H100", zone="zone-b", clique=n("a2"), tier0="leaf-9", tier1="spine-9", index=7
+            ),
+        ]
+    )
     return {s: n(s) for s in short}
 
 
@@ -102,8 +108,11 @@ def _finish(cp: ControlPlane, cluster: ClusterScope, name: str, namespace: str |
     cluster.core.patch_namespaced_pod_status(
         name, namespace or cluster.namespace, {"status": {"phase": "Succeeded"}}
     )
-    wait_until(lambda: (cp.metric_value("llm_placement_cache_pods") or 0.0) < before, 30,
-               f"the extender to see {name} finish")
+    wait_until(
+        lambda: (cp.metric_value("llm_placement_cache_pods") or 0.0) < before,
+        30,
+        f"the extender to see {name} finish",
+    )
 
 
 def _explain(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
@@ -114,7 +123,9 @@ def _explain(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
 
 
 def _edges(cp: ControlPlane, stage: str, distance: str) -> float:
-    return cp.metric_value("llm_placement_dependency_edges_total", {"stage": stage, "distance": distance}) or 0.0
+    return (
+        cp.metric_value("llm_placement_dependency_edges_total", {"stage": stage, "distance": distance}) or 0.0
+    )
 
 
 def test_five_stage_pipeline_follows_its_data(
@@ -126,22 +137,29 @@ def test_five_stage_pipeline_follows_its_data(
 ) -> None:
     cp, ns = control_plane, cluster.namespace
     home_gpus = {nodes["h1"], nodes["h2"], nodes["h3"]}
-    nvlink = {nodes["h1"]: {nodes["h1"], nodes["h2"]}, nodes["h2"]: {nodes["h1"], nodes["h2"]},
-              nodes["h3"]: {nodes["h3"]}}
+    nvlink = {
+        nodes["h1"]: {nodes["h1"], nodes["h2"]},
+        nodes["h2"]: {nodes["h1"], nodes["h2"]},
+        nodes["h3"]: {nodes["h3"]},
+    }
     # The corpus comes from another team's namespace: a cross-namespace edge.
     data_ns = f"{ns}-data"
     ensure_namespace(cluster.core, data_ns)
     prep, pretrain, sft, quant, serve = (unique(s) for s in ("prep", "pretrain", "sft", "quantize", "serve"))
-    edges_before = {s: _edges(cp, s, "fabric") + _edges(cp, s, "node") + _edges(cp, s, "nvlink")
-                    for s in ("pretraining", "alignment", "deployment", "serving")}
+    edges_before = {
+        s: _edges(cp, s, "fabric") + _edges(cp, s, "node") + _edges(cp, s, "nvlink")
+        for s in ("pretraining", "alignment", "deployment", "serving")
+    }
     try:
         at = _run(cluster, _pod(prep, "data-prep", pin=nodes["cpu-home"], cpu="1", memory="1Gi"), data_ns)
         assert at == nodes["cpu-home"]
         _finish(cp, cluster, prep, data_ns)
 
         # CPU -> GPU: a box sharing zone-a's fabric with the corpus, never the other zone.
-        at = _run(cluster, _pod(pretrain, "pretraining", depends=f"{data_ns}/{prep}", gb=280, gpus=8,
-                                model_params="7B"))
+        at = _run(
+            cluster,
+            _pod(pretrain, "pretraining", depends=f"{data_ns}/{prep}", gb=280, gpus=8, model_params="7B"),
+        )
         assert at in home_gpus, f"pretraining left the corpus's fabric for {at}"
         pretrain_node = at
         _finish(cp, cluster, pretrain)
@@ -153,14 +171,16 @@ def test_five_stage_pipeline_follows_its_data(
         _finish(cp, cluster, sft)
 
         # GPU -> CPU: the CPU node of the same fabric, although cpu-away is cheaper.
-        at = _run(cluster, _pod(quant, "deployment", depends=sft, gb=14, model_params="7B", cpu="4",
-                                memory="32Gi"))
+        at = _run(
+            cluster, _pod(quant, "deployment", depends=sft, gb=14, model_params="7B", cpu="4", memory="32Gi")
+        )
         assert at == nodes["cpu-home"], f"quantisation left the checkpoint's fabric for {at}"
         _finish(cp, cluster, quant)
 
         # CPU -> GPU again: serving stays in zone-a's fabric (a1/a2 are the same hardware and price).
-        at = _run(cluster, _pod(serve, "serving", depends=quant, gb=7, gpus=1, model_params="7B",
-                                precision="int8"))
+        at = _run(
+            cluster, _pod(serve, "serving", depends=quant, gb=7, gpus=1, model_params="7B", precision="int8")
+        )
         assert at in home_gpus, f"serving went to {at}, away from its quantised weights"
 
         # Explain shows the edge, where the producer ran and the cost per node.
@@ -190,7 +210,9 @@ def test_consumer_falls_back_one_tier_at_a_time(
 ) -> None:
     trainer, first, filler, second = (unique(s) for s in ("trainer", "eval", "filler", "eval8"))
     # The producer keeps running on h1 and holds all 8 GPUs.
-    assert _run(cluster, _pod(trainer, "alignment", pin=nodes["h1"], gpus=8, model_params="7B")) == nodes["h1"]
+    assert (
+        _run(cluster, _pod(trainer, "alignment", pin=nodes["h1"], gpus=8, model_params="7B")) == nodes["h1"]
+    )
 
     # Node full -> the next tier: h2, h1's NVLink domain, not h3 (same spine) nor the other zone.
     at = _run(cluster, _pod(first, "alignment", depends=trainer, gb=100, gpus=4, model_params="7B"))
@@ -235,8 +257,19 @@ def test_required_colocation_waits_for_its_producer_then_follows_it(
 ) -> None:
     ns = cluster.namespace
     consumer, producer = unique("follower"), unique("leader")
-    create_pod(cluster.core, ns, _pod(consumer, "alignment", depends=producer, gb=20, gpus=4, model_params="7B",
-                                      annotations={ANN + "colocation": "nvlink"}))
+    create_pod(
+        cluster.core,
+        ns,
+        _pod(
+            consumer,
+            "alignment",
+            depends=producer,
+            gb=20,
+            gpus=4,
+            model_params="7B",
+            annotations={ANN + "colocation": "nvlink"},
+        ),
+    )
     deadline = time.monotonic() + 60
     want = f"producer {ns}/{producer} not found; colocation required"
     while not any(want in m for m in scheduling_messages(cluster.core, ns, consumer)):
@@ -245,6 +278,8 @@ def test_required_colocation_waits_for_its_producer_then_follows_it(
     assert not cluster.core.read_namespaced_pod(consumer, ns).spec.node_name
 
     # The producer appears on h3; the consumer may only join it in h3's NVLink domain (h3 itself).
-    assert _run(cluster, _pod(producer, "alignment", pin=nodes["h3"], gpus=4, model_params="7B")) == nodes["h3"]
+    assert (
+        _run(cluster, _pod(producer, "alignment", pin=nodes["h3"], gpus=4, model_params="7B")) == nodes["h3"]
+    )
     at = wait_for_node_name(cluster.core, ns, consumer, timeout=120)
     assert at == nodes["h3"]
