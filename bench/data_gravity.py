@@ -74,7 +74,7 @@ from app.core.gravity import GravityModel
 from app.core.nodes import node_facts
 from app.core.placer import Placer
 from app.core.snapshot import ClusterSnapshot
-from app.core.workload import WorkloadError, WorkloadSpec, parse_workload
+from app.core.workload import WorkloadError, WorkloadSpec, parse_workload, pod_resources
 from app.sim.baseline import DefaultScheduler
 from app.sim.fleet import expand_cluster, pod_object
 from app.sim.scheduler import Placement, SimScheduler, in_tree_fits
@@ -89,6 +89,7 @@ EDGE_NAMES = {
     "serving": "deploy->serve",
 }
 EDGE_ORDER = list(EDGE_NAMES.values())
+GPU_RESOURCES = ("nvidia.com/gpu",)
 console = Console(width=110)
 
 
@@ -309,16 +310,18 @@ def simulate(name: str, pipelines: list[Pipeline], settings: Settings, seed: int
         candidates = sorted(n for n in near if in_tree_fits(snap, spec, n))
         return bool(candidates) and bool(probe.filter(manifest, candidates).passed)
 
-    def same_class(spec: WorkloadSpec) -> bool:
-        # GPU pods run on GPU nodes and CPU-only LLM stages on CPU nodes (DESIGN §4 hard rules).
-        sites = [snap.nodes[s.node] for e in gravity.resolve(spec) for s in e.sites if s.node in snap.nodes]
-        return any(f.has_gpus == (spec.gpus > 0) for f in sites)
+    def same_class(plan: PodPlan, spec: WorkloadSpec, k: int) -> bool:
+        # Under the stage rules (DESIGN §4) GPU pods run on GPU nodes and CPU-only LLM stages on CPU
+        # nodes, so a consumer can share its producer's node only if both request GPUs or neither
+        # does. Judged from the pods, not from where a run put them, so both runs count the same edges.
+        producer = pipelines[plan.pipeline].stages[k - 1][0]
+        return (spec.gpus > 0) == (pod_resources(producer.manifest, GPU_RESOURCES)[0] > 0)
 
     def attempt(items: list[tuple[PodPlan, WorkloadSpec, int]]) -> list[tuple[PodPlan, WorkloadSpec, int]]:
         left = []
         for plan, spec, k in items:
             allowed = colocatable(spec, plan.manifest) if spec.depends_on else False
-            same = same_class(spec) if spec.depends_on else False
+            same = same_class(plan, spec, k) if spec.depends_on and k > 0 else False
             placed = sched.schedule(plan.manifest)
             if placed.node is None:
                 left.append((plan, spec, k))
