@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from app.core.gravity import MISSING, Distance
+from app.core.workload import Stage
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 SOLVER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -135,3 +138,24 @@ class Metrics:
             "Estimated $/hour of the pods running now (their share of each node's price), by stage.",
             ["stage"], registry=r,
         )
+        self._initialise_closed_label_sets()
+
+    def _initialise_closed_label_sets(self) -> None:
+        """Export 0 for label values known in advance (stages, outcomes, edge distances).
+
+        A labelled series is born at its first increment, and rate()/increase() never see that first
+        step (there is no earlier sample): the first bind of a stage, the first data-gravity edge, would
+        be missing from every panel and alert. Pre-created series start at 0, so they count.
+        """
+        stages = [*(s.value for s in Stage), "none"]
+        for stage in stages:
+            for outcome in ("bound", "unschedulable", "invalid", "bind_failed"):
+                self.decisions.labels(stage, outcome)
+            self.cross_node_gb.labels(stage)
+            for distance in [*(d.label for d in Distance), MISSING]:
+                self.dependency_edges.labels(stage, distance)
+        # Only serving pods get a latency prediction; only sized GPU stages a memory fit.
+        self.bandwidth_fit.labels(Stage.SERVING.value)
+        self.slo_ratio.labels(Stage.SERVING.value)
+        for stage in (Stage.SERVING, Stage.PRETRAINING, Stage.ALIGNMENT):
+            self.memory_fit.labels(stage.value)

@@ -153,7 +153,7 @@ def test_explain_after_bind_names_the_bound_node(svc: ExtenderService, binder: M
     assert ex is not None
     assert ex["bound_node"] == best
     assert ex["summary"] == f"bound to {best}"
-    # The Placed event's top terms are the explain breakdown's strongest weighted terms.
+    # The user-facing event agrees with explain about where the pod went.
     placed = [m for key, reason, m in binder.events if reason == "Placed"]
     assert placed and placed[0].startswith(f"llm-placement: placed on {best}")
 
