@@ -45,11 +45,13 @@ def _default_weights() -> dict[str, StageWeights]:
         "data-prep": StageWeights(
             memory_fit=0, bandwidth=0, cost=1, separation=0.5, packing=0.5, node_class=3, gravity=2
         ),
+        # Gravity 3 for training: measured in bench/data_gravity.py, 2 let small SFT jobs drift to
+        # cheap GPUs far from their checkpoint; 3 co-locates every edge capacity allows.
         "pretraining": StageWeights(
-            memory_fit=1, bandwidth=0.5, cost=0.5, separation=1, packing=2, node_class=0, gravity=2
+            memory_fit=1, bandwidth=0.5, cost=0.5, separation=1, packing=2, node_class=0, gravity=3
         ),
         "alignment": StageWeights(
-            memory_fit=2, bandwidth=0.5, cost=1, separation=1, packing=1.5, node_class=0, gravity=2
+            memory_fit=2, bandwidth=0.5, cost=1, separation=1, packing=1.5, node_class=0, gravity=3
         ),
         "deployment": StageWeights(
             memory_fit=1, bandwidth=0, cost=1.5, separation=0.5, packing=0.5, node_class=3, gravity=2

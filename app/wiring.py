@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 
 from app.cluster.binder import Binder
 from app.cluster.cache import ClusterCache
@@ -85,6 +86,10 @@ def build_live(
         # filter call. Freezing moves the long-lived cache out of the collector's sight.
         if changes % 5000 == 0:
             gc.freeze()
+        if changes % 1000 == 0:
+            # Finished producers only matter for data gravity within producer_memory_seconds.
+            with service.lock:
+                service.snapshot.forget_finished_before(time.time() - settings.producer_memory_seconds)
         if cache.synced and not service.ready.is_set():
             gc.freeze()
             service.ready.set()
