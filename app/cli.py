@@ -144,6 +144,13 @@ def explain(
 def render_explain(data: dict[str, Any]) -> None:
     console.print(f"[bold]{data['pod']}[/bold]  stage={data.get('stage')}  gpus={data.get('gpus')}")
     console.print(f"[bold]{data['summary']}[/bold]")
+    gravity = data.get("gravity")
+    if gravity:
+        for edge in gravity.get("edges", []):
+            where = ", ".join(f"{s['node']} ({s['state']})" for s in edge.get("sites", [])) or "not found"
+            console.print(f"depends on [bold]{edge['producer']}[/bold] ({edge['gb']} GB): {where}")
+        for note in gravity.get("notes", []):
+            console.print(f"[yellow]{note}[/yellow]")
     table = Table()
     for col in ("node", "feasible", "score", "detail"):
         table.add_column(col)
@@ -151,6 +158,9 @@ def render_explain(data: dict[str, Any]) -> None:
     for e in rows:
         if e["feasible"]:
             terms = ", ".join(f"{k} {v:.2f}" for k, v in e["terms"].items() if e["weights"].get(k))
+            if g := e.get("gravity"):
+                dist = "/".join(sorted({x["distance"] for x in g.get("edges", [])}))
+                terms += f"; data {dist}, {g['seconds']:.1f} s transfer"
             table.add_row(e["node"], "[green]yes[/green]", str(e["score"]), terms)
         else:
             table.add_row(e["node"], "[red]no[/red]", "", e["reason"])

@@ -48,3 +48,46 @@ def test_bad_config_exits_with_named_key(tmp_path) -> None:
     f.write_text("port: -1\n")
     res = CliRunner().invoke(cli, ["demo", "--config", str(f)])
     assert res.exit_code == 2 and "port" in res.output
+
+
+def test_explain_cli_renders_a_live_extender(monkeypatch, tmp_path) -> None:
+    """`llm-placement explain` against a real HTTP server running the service."""
+    import threading
+
+    import uvicorn
+
+    from app.api.app import create_app
+    from app.core.catalog import GpuCatalog
+    from app.sim.fleet import expand_cluster, expand_workload, load_yaml
+    from app.wiring import build_core
+
+    service = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
+    for n in expand_cluster(load_yaml(None, "cluster.yaml")):
+        service.absorb_node(n)
+    pods = expand_workload(load_yaml(None, "workload.yaml"))
+    chat = next(p for p in pods if p["metadata"]["name"] == "chat-70b")
+    service.snapshot.track_spec(service.placer.parse(chat))
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="error"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    import time
+
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        res = CliRunner().invoke(cli, ["explain", "default/chat-70b", "--url", f"http://127.0.0.1:{port}", "--json"])
+        assert res.exit_code == 0, res.output
+        data = json.loads(res.output)
+        assert data["chosen"].startswith("h100-")  # cheapest node that meets 30 ms/token
+        reasons = {e["reason"] for e in data["nodes"] if not e["feasible"]}
+        assert any("ms/token" in r for r in reasons)
+        res = CliRunner().invoke(cli, ["explain", "default/chat-70b", "--url", f"http://127.0.0.1:{port}"])
+        assert res.exit_code == 0 and "best node h100-" in res.output
+        res = CliRunner().invoke(cli, ["explain", "default/missing", "--url", f"http://127.0.0.1:{port}"])
+        assert res.exit_code == 1 and "404" in res.output
+    finally:
+        server.should_exit = True
+        t.join(5)
