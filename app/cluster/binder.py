@@ -66,7 +66,11 @@ class Binder:
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         try:
-            self.core.create_namespaced_binding(namespace, body, _preload_content=False, _request_timeout=5)
+            # The pods/{name}/binding subresource: the RBAC grants pods/binding, not the bindings
+            # resource that POST namespaces/{ns}/bindings (create_namespaced_binding) would need.
+            self.core.create_namespaced_pod_binding(
+                name, namespace, body, _preload_content=False, _request_timeout=5
+            )
         except ApiException as exc:
             if exc.status == 409:
                 # Lost a race with ourselves (a retried bind): success only if it landed here.
