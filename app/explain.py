@@ -20,6 +20,8 @@ def _find_spec(service: ExtenderService, namespace: str, name: str) -> WorkloadS
         for spec in service.snapshot.specs.values():
             if spec.key == key:
                 return spec
+    if (remembered := service.remembered_by_key(key)) is not None:
+        return remembered
     if service.binder is not None:
         pod = service.binder.read_pod(namespace, name)
         if pod is not None:

@@ -367,6 +367,14 @@ class ExtenderService:
     def remembered(self, uid: str) -> Remembered | None:
         return self._memory.get(uid)
 
+    def remembered_by_key(self, key: str) -> WorkloadSpec | None:
+        """The newest spec filtered under ``ns/name`` (for pods only ever seen in requests)."""
+        with self.lock:
+            for r in reversed(self._memory.values()):
+                if r.spec.key == key:
+                    return r.spec
+        return None
+
 
 def _rule_of(reason: str) -> str:
     """A bounded label for a rejection reason (its rule, not its numbers)."""

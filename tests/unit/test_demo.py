@@ -91,3 +91,21 @@ def test_explain_cli_renders_a_live_extender(monkeypatch, tmp_path) -> None:
     finally:
         server.should_exit = True
         t.join(5)
+
+
+def test_explain_finds_pods_seen_only_in_filter_requests() -> None:
+    import orjson
+
+    from app.core.catalog import GpuCatalog
+    from app.explain import explain_pod
+    from app.sim.fleet import node_object, pod_object
+    from app.wiring import build_core
+
+    service = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
+    nodes = [node_object("t4", gpus=4, product="Tesla-T4"), node_object("h100", gpus=8, product="NVIDIA-H100-80GB-HBM3")]
+    pod = pod_object("chat", namespace="ml", stage="serving", gpus=1, annotations={"llm-placement.io/model-params": "13B"})
+    assert explain_pod(service, "ml", "chat") is None
+    service.filter(orjson.dumps({"Pod": pod, "Nodes": {"items": nodes}, "NodeNames": None}))
+    out = explain_pod(service, "ml", "chat")
+    assert out is not None and out["chosen"] == "h100"
+    assert "GPU memory too small" in next(e["reason"] for e in out["nodes"] if e["node"] == "t4")
