@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 
 RESERVED_ELSEWHERE = P + "reserved for gang plan on another node"
 EVENT_INTERVAL = 30.0  # seconds between "cannot place" events for one gang (same reason)
+# kube-scheduler's podMaxBackoffSeconds (default 10): a pod re-filtered now may wait this long in
+# backoff before it can be scheduled again, so a regroup wakes members only after it has passed.
+SCHEDULER_MAX_BACKOFF = 10.0
+REGROUP_MAX = 60.0  # a member that never comes back (gated, stuck in-tree) cannot stall the gang longer
 
 
 @dataclass(slots=True)
@@ -63,6 +67,12 @@ class GangState:
     last_event: float = -math.inf
     last_reason: str = ""
     last_result: PlanResult | None = None
+    last_offered: Sequence[str] = ()  # the nodes kube-scheduler offered at the last member filter
+    # After a barrier timeout: members are parked (rejected) until all are back, then woken at once.
+    regroup: bool = False
+    parked: set[str] = field(default_factory=set)
+    wake_timer: threading.Timer | None = None
+    wakes: int = 0
 
 
 @dataclass(slots=True)
@@ -113,11 +123,16 @@ class GangCoordinator:
         self._swept: tuple[int, int] = (-1, -1)
         self._next_expiry = math.inf
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gang-bind")
+        self.regroup_delay = SCHEDULER_MAX_BACKOFF + 1.0
+        self.regroup_max = REGROUP_MAX
 
     # --- GangHook: reservations ---------------------------------------------------------------
     def reserved_gpus(self, node: str, exclude_gang: str | None) -> int:
-        # Called for every node of every filter: the sweep only runs when something changed.
-        if self._sweep_key() != self._swept or self.clock() >= self._next_expiry:
+        # Called for every node of every filter (5,000 times per call on a big cluster), so the
+        # common path is two integer compares and a dict lookup; the sweep runs only on change.
+        snap = self.snapshot
+        if (snap.generation != self._swept[0] or len(snap.specs) != self._swept[1]
+                or (self.ledger.plans and self.clock() >= self._next_expiry)):
             with self.lock:
                 self._sweep(self.clock())
         return self.ledger.reserved_gpus(node, exclude_gang)
@@ -147,22 +162,29 @@ class GangCoordinator:
             members = self._members(key, spec)
             if len(members) < size:
                 return _reject_all(node_names, P + f"waiting for gang members {len(members)}/{size}")
+            state.last_offered = node_names
             current = self.ledger.get(key)
+            node = None
             if current is not None and not current.stale:
                 mp = current.members.get(uid)
                 if mp is not None and mp.node in fits:
-                    return _only(mp.node, fits, rejections)
-                if mp is not None:
-                    state.excluded.add(mp.node)  # the planned node no longer takes this member
-                current.stale = True
-            self._admit_older(key, state, node_names, now)
-            got = self._plan(key, members, spec, fits, node_names, state, now)
-            if isinstance(got, str):
-                return _reject_gang(fits, rejections, P + got)
-            mp = got.members.get(uid)
-            if mp is None or mp.node not in fits:
-                return _reject_gang(fits, rejections, P + "gang plan does not include this pod")
-            return _only(mp.node, fits, rejections)
+                    node = mp.node
+                else:
+                    if mp is not None:
+                        state.excluded.add(mp.node)  # the planned node no longer takes this member
+                    current.stale = True
+            if node is None:
+                self._admit_older(key, state, node_names, now)
+                got = self._plan(key, members, spec, fits, node_names, state, now)
+                if isinstance(got, str):
+                    return _reject_gang(fits, rejections, P + got)
+                mp = got.members.get(uid)
+                if mp is None or mp.node not in fits:
+                    return _reject_gang(fits, rejections, P + "gang plan does not include this pod")
+                node = mp.node
+            if state.regroup:
+                return self._park(key, uid, state, now, fits, rejections)
+            return _only(node, fits, rejections)
 
     def _members(self, key: str, spec: WorkloadSpec) -> list[WorkloadSpec]:
         members = self.snapshot.gang_members(key)
@@ -305,9 +327,16 @@ class GangCoordinator:
             barrier.waiters[uid] = _Waiter(spec, node, future)
             complete = all(m.uid in barrier.waiters for m in current.unbound)
             if complete and not barrier.binding:
-                barrier.binding = True
-                if barrier.timer is not None:
-                    barrier.timer.cancel()
+                gone = sorted({w.node for w in barrier.waiters.values() if not self._schedulable(w.node)})
+                if gone:
+                    # A planned node was cordoned (or removed) while members gathered: binding now
+                    # would put part of the gang on a node being drained. Nobody binds; replan.
+                    self._abort(key, current, barrier, gone)
+                    complete = False
+                else:
+                    barrier.binding = True
+                    if barrier.timer is not None:
+                        barrier.timer.cancel()
         if complete:
             await self._bind_all(barrier, service)
         try:
@@ -352,6 +381,24 @@ class GangCoordinator:
             if not w.future.done():
                 w.future.set_result(errors.get(uid, ""))
 
+    def _schedulable(self, node: str) -> bool:
+        facts = self.snapshot.nodes.get(node)
+        return facts is not None and not facts.unschedulable
+
+    def _abort(self, key: str, current: GangPlan, barrier: _Barrier, gone: list[str]) -> None:
+        msg = (P + f"gang {key}: planned node {gone[0]} became unschedulable before bind"
+               + (f" (and {len(gone) - 1} more)" if len(gone) > 1 else "") + "; none bound, replanning")
+        state = self.gangs.get(key)
+        if state is not None:
+            state.excluded |= set(gone)
+            state.regroup, state.parked = True, set()
+            self._schedule_wake(key, state, self.regroup_max)
+        current.stale = True
+        self.metrics.gangs_bound.labels("failed").inc()
+        self._fail_barrier(key, msg)
+        for uid, w in barrier.waiters.items():
+            self._event(w.spec.key, uid, "GangBindAborted", msg, warning=True)
+
     def _partial(self, key: str, current: GangPlan | None, waiters: list[tuple[str, _Waiter]],
                  errors: dict[str, str], now: float) -> None:
         """Some binds failed after others succeeded: say so, and replan the rest around the node."""
@@ -381,12 +428,60 @@ class GangCoordinator:
             needed = len(current.unbound) if current else len(barrier.waiters)
             msg = (P + f"gang {key}: only {len(barrier.waiters)}/{needed} members reached bind within "
                    f"{self.settings.gang_bind_timeout_seconds:g}s; none bound (all-or-nothing), retrying")
-            if current is not None and current.epoch == epoch:
-                current.stale = True  # drop and replan at the next member filter (capacity stays held)
             self.metrics.gangs_bound.labels("failed").inc()
             self._fail_barrier(key, msg)
             for uid, w in barrier.waiters.items():
                 self._event(w.spec.key, uid, "GangBindTimeout", msg, warning=True)
+            state = self.gangs.get(key)
+            if state is not None and current is not None:
+                # Members reached bind in different backoff phases of kube-scheduler; retrying as
+                # they come would miss each other again. Park them all, then wake them together.
+                state.regroup = True
+                state.parked = set()
+                self._schedule_wake(key, state, self.regroup_max)
+
+    def _park(self, key: str, uid: str, state: GangState, now: float, fits: dict[str, NodeFit],
+              rejections: dict[str, Rejection]) -> tuple[dict[str, NodeFit], dict[str, Rejection]]:
+        """Regroup: reject the member (it waits in kube-scheduler's unschedulable pool) until every
+        unbound member is back; the wake-up comes one full backoff after the last one arrived, so a
+        single pod update moves them all to the active queue at the same time."""
+        current = self.ledger.get(key)
+        waiting = {m.uid for m in current.unbound} if current else set()
+        state.parked.add(uid)
+        back = len(waiting & state.parked)
+        if waiting <= state.parked:
+            self._schedule_wake(key, state, self.regroup_delay)
+        return _reject_gang(fits, rejections, P + f"gang {key} regrouping after an incomplete bind: "
+                            f"{back}/{len(waiting)} members back")
+
+    def _schedule_wake(self, key: str, state: GangState, delay: float) -> None:
+        if state.wake_timer is not None:
+            state.wake_timer.cancel()
+        state.wakes += 1
+        timer = threading.Timer(delay, self._wake, (key, state.wakes))
+        timer.daemon = True
+        state.wake_timer = timer
+        timer.start()
+
+    def _wake(self, key: str, token: int) -> None:
+        """End a regroup: replan (dropping the old plan, keeping members where they fit) and write
+        the new plan on every member, which is the pod update that requeues them together."""
+        with self.lock:
+            state = self.gangs.get(key)
+            if state is None or state.wakes != token or not state.regroup:
+                return
+            state.regroup = False
+            state.parked = set()
+            state.wake_timer = None
+            current = self.ledger.get(key)
+            members = self.snapshot.gang_members(key)
+            pending = [m for m in members if not self.snapshot.pods.get(m.uid or m.key) and not m.node_name]
+            if current is None or not pending:
+                return
+            current.stale = True
+            got = self._plan(key, members, pending[0], None, state.last_offered or list(current.nodes()),
+                             state, self.clock())
+            log.info("gang %s: regroup over, %s", key, "replanned" if not isinstance(got, str) else got)
 
     def _fail_barrier(self, key: str, msg: str) -> None:
         barrier = self.barriers.pop(key, None)

@@ -28,9 +28,12 @@ Table = npt.NDArray[np.int64]
 
 @dataclass(slots=True)
 class DpResult:
+    """The best plan found and bounds, in the CP-SAT model's objective units (no bound members)."""
+
     assignment: Assignment
-    value: int  # in the weighted-sum units of :func:`app.gang.problem.weights`, mixing excluded
-    exact: bool  # True: also optimal for the full objective
+    value: int  # objective of ``assignment``
+    lower: int | None  # no plan can do better (None: unknown, e.g. preferred domain that never fits)
+    exact: bool  # value == lower: optimal for the full objective
 
 
 @dataclass(slots=True)
@@ -70,16 +73,98 @@ def tree_dp(index: Index, allowed: set[int], w: Weights) -> DpResult | None:
     else:
         for i in pool:
             cells[(index.classes[i].first.required, None)].append(i)
-    best: tuple[int, Assignment] | None = None
-    for key in sorted(cells, key=lambda k: (k[0] or "", k[1] or "")):
-        got = _solve_cell(index, cells[key], shape.key, pods, w)
-        if got is not None and (best is None or got[0] < best[0]):
-            best = got
-    if best is None:
+
+    def solve(pool_cells: dict[tuple[str | None, str | None], list[int]]) -> tuple[int, Assignment] | None:
+        """Best plan over the cells: each cell split at the innermost tier holding the whole gang,
+        pieces solved in order of a lower bound until no piece left can beat the best found."""
+        pieces = []
+        for key in sorted(pool_cells, key=lambda k: (k[0] or "", k[1] or "")):
+            if pool_cells[key]:
+                pieces += _split(index, pool_cells[key], shape.key, pods, w)
+        pieces.sort(key=lambda lp: lp[0])
+        best: tuple[int, Assignment] | None = None
+        for lb, members in pieces:
+            if best is not None and lb >= best[0]:
+                break  # bounds only grow from here: nothing left can be better
+            got = _solve_cell(index, members, shape.key, pods, w)
+            if got is not None and (best is None or got[0] < best[0]):
+                best = got
+        return best
+
+    relaxed = solve(cells)
+    if relaxed is None:
         return None
-    value, assignment = best
-    models = {index.by_name[n].gpu_model for n in assignment if index.by_name[n].gpu_model}
-    return DpResult(assignment, value + pref_const, exact and len(models) <= 1)
+
+    def models_of(a: Assignment) -> set[str]:
+        return {index.by_name[n].gpu_model for n in a if index.by_name[n].gpu_model}
+
+    # Mixing GPU models is the one term the tree cannot see: the relaxation bounds it from below,
+    # and one DP per model gives the best single-model plans.
+    used = len(models_of(relaxed[1]))
+    value, assignment = relaxed[0] + pref_const + w.models * used, relaxed[1]
+    lower = relaxed[0] + pref_const + w.models * min(used, 1)
+    if used > 1:
+        lower = relaxed[0] + pref_const + 2 * w.models
+        for model in sorted({index.classes[i].first.gpu_model for i in pool}):
+            only = {k: [i for i in v if index.classes[i].first.gpu_model == model] for k, v in cells.items()}
+            got = solve(only)
+            if got is None:
+                continue
+            lower = min(lower, got[0] + pref_const + w.models)
+            if got[0] + pref_const + w.models < value:
+                value, assignment = got[0] + pref_const + w.models, got[1]
+    return DpResult(assignment, value, lower if exact else None, exact and value == lower)
+
+
+def _kcover(caps: list[int], need: int) -> int:
+    """Fewest of these capacities that add up to ``need`` (largest first); len+1 if impossible."""
+    total = 0
+    for k, c in enumerate(sorted(caps, reverse=True)):
+        total += c
+        if total >= need:
+            return k + 1
+    return len(caps) + 1
+
+
+def _split(
+    index: Index, members: list[int], shape: str, pods: int, w: Weights
+) -> list[tuple[int, list[int]]]:
+    """Pieces of a cell that can hold the whole gang on their own, each with a lower bound.
+
+    The pieces are the domains of the innermost tier where one domain holds the gang (the optimum
+    lies inside one of them, see ``problem.prune``). The bound counts the outer domains exactly and
+    the inner ones by knapsack cover (fewest children whose capacity covers the gang); it ignores
+    the bottom terms, so it never exceeds the piece's true optimum.
+    """
+    classes = index.classes
+    depth = len(index.tiers) - 1
+    level = None
+    groups: dict[str, list[int]] = {}
+    for ti in range(depth - 1, -1, -1):
+        by: dict[str, list[int]] = defaultdict(list)
+        for i in members:
+            by[classes[i].domains[ti]].append(i)
+        fitting = {d: v for d, v in by.items() if _fits(index, v, shape, pods)}
+        if fitting:
+            level, groups = ti, fitting
+            break
+    if level is None:
+        return [(0, members)]
+    out = []
+    for idx in groups.values():
+        first = classes[idx[0]]
+        lb = 0
+        for ti in range(level + 1):  # one domain at this tier and every outer one: exact
+            lb += w.tiers[ti] + index.domain_bottom(index.tiers[ti], first.domains[ti])
+        for ti in range(level + 1, depth):
+            caps: dict[str, int] = defaultdict(int)
+            for i in idx:
+                caps[classes[i].domains[ti]] += classes[i].capacity(shape)
+            lb += w.tiers[ti] * _kcover(list(caps.values()), pods)
+        node_caps = [classes[i].caps[shape] for i in idx for _ in range(min(classes[i].k, pods))]
+        lb += w.tiers[-1] * _kcover(node_caps, pods)
+        out.append((lb, idx))
+    return out
 
 
 def _fits(index: Index, members: list[int], shape: str, pods: int) -> bool:
@@ -165,18 +250,26 @@ def _build(index: Index, members: list[int], shape: str, pods: int, w: Weights) 
 def _minplus(a: Table, b: Table, limit: int) -> tuple[Table, npt.NDArray[np.int32]]:
     """c[k] = min_j a[k-j] + b[j] for k < limit, and the j chosen for every k (ties: smallest j).
 
-    One vectorised pass: row k of a sliding window over ``a`` (padded with INF) holds a[k-j] for
+    One vectorised pass: row k of a strided view over ``a`` (padded with INF) holds a[k-j] for
     every j, so the whole convolution is an (n x len(b)) add and a row-wise argmin.
     """
     n = min(len(a) + len(b) - 1, limit)
-    lb = min(len(b), n)
-    pad = np.full(lb - 1, INF, dtype=np.int64)
-    padded = np.concatenate([pad, a[:n], np.full(max(0, n - len(a)), INF, dtype=np.int64)])
-    window = np.lib.stride_tricks.sliding_window_view(padded, lb)[:n, ::-1]
-    total = window + b[:lb]
-    arg = total.argmin(axis=1).astype(np.int32)
+    m = min(len(b), n)
+    if m == 1:
+        out = np.full(n, INF, dtype=np.int64)
+        k = min(len(a), n)
+        out[:k] = np.minimum(a[:k] + b[0], INF)
+        return out, np.zeros(n, dtype=np.int32)
+    padded = np.full(n + m - 1, INF, dtype=np.int64)
+    k = min(len(a), n)
+    padded[m - 1:m - 1 + k] = a[:k]
+    step = padded.strides[0]
+    window = np.lib.stride_tricks.as_strided(padded[m - 1:], shape=(n, m), strides=(step, -step),
+                                             writeable=False)
+    total = window + b[:m]
+    arg = total.argmin(axis=1)
     out = np.minimum(total[np.arange(n), arg], INF)
-    return out, arg
+    return out, arg.astype(np.int32)
 
 
 def _trace(n: _Node, j: int, per_class: dict[int, int]) -> None:

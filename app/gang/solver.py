@@ -121,16 +121,18 @@ def plan(
         if got.feasible and (base_assessment is None or got.key <= base_assessment.key):
             start, start_method, start_assessment = dp.assignment, "dp", got
 
-    if dp is not None and dp.exact and start_method == "dp":
-        # The DP plan is optimal for the relaxation and the relaxation lost nothing here: CP-SAT
-        # only checks it against the full model (every variable fixed to the plan, objective
-        # bounded below by its value), milliseconds instead of a search.
-        got_fixed = _solve(index, allowed, w, start, dp, workers, deadline, prefer, stats, fix=True)
+    if dp is not None and dp.exact and start_method == "dp" and start is not None:
+        # The DP plan is optimal (its value meets the DP's lower bound). CP-SAT cross-checks it:
+        # the model restricted to the classes the plan uses, every variable fixed to the plan and
+        # the objective bounded below by that bound. It must come back OPTIMAL; anything else
+        # means the DP and the model disagree, and CP-SAT searches the full model instead.
+        used = {i for i in allowed if any(n.name in start for n in index.classes[i].nodes)}
+        got_fixed = _solve(index, used, w, start, dp, workers, max(deadline, time.perf_counter() + 0.25),
+                           prefer, stats, fix=True)
         if got_fixed.status == "optimal":
             return _done(_take(result, index, got_fixed, start, start_assessment, start_method), t0, stats)
         stats["certify_failed"] = 1.0  # never expected: search rather than trust the DP
-    outcome = _solve(index, allowed, w, start, dp if start_method == "dp" else None, workers, deadline,
-                     prefer, stats, fix=False)
+    outcome = _solve(index, allowed, w, start, dp, workers, deadline, prefer, stats, fix=False)
     return _done(_take(result, index, outcome, start, start_assessment, start_method), t0, stats)
 
 
@@ -153,17 +155,14 @@ def _solve(
     out = _Outcome("unknown")
     if start is not None and not model.covers(start):
         start = greedy(index, allowed)  # the baseline left the pruned set: a hint inside it
-        dp = None
     if start is not None:
-        values = model.hint(start)
-        out.start_objective = upper = model.objective_of(values)
-        if dp is not None:
-            # The relaxation's optimum bounds the full objective from below (mixing only adds).
-            used = {index.by_name[n].gpu_model for n in start if index.by_name[n].gpu_model}
-            out.lower = lower = upper - w.models * max(len(used) - 1, 0)
-            model.bound_below(lower)
+        out.start_objective = model.objective_of(model.hint(start))
     elif fix:
         return out
+    if dp is not None and dp.lower is not None:
+        # The DP's bound (exact tree relaxation, one DP per GPU model) holds for the full model.
+        out.lower = dp.lower
+        model.bound_below(dp.lower)
     stats["certify_model" if fix else "model"] = time.perf_counter() - t
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.005, deadline - time.perf_counter())

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 from app.config import Settings
 from app.core.workload import WorkloadSpec, parse_workload
+from app.gang.persist import ANNOTATION
 from tests.unit.test_gang_coordinator import Cluster, FakeBinder
 
 
@@ -60,19 +63,56 @@ def test_timeout_fails_every_waiting_member_and_binds_none() -> None:
     assert all("only 3/4 members reached bind within 0.3s; none bound" in e for e in errors)
     assert c.binder.bound == {}
     assert c.service.metrics.gangs_bound.labels("failed")._value.get() == 1
-    plan = c.gangs.ledger.plans["ml/g"]
-    assert plan.stale and c.gangs.ledger.total_reserved() == 32  # capacity still held for the retry
+    assert c.gangs.ledger.total_reserved() == 32  # capacity still held for the retry
     c.flush()
     assert sum(1 for _, r, _ in c.binder.events if r == "GangBindTimeout") == 3
-    # The next filter replans (same nodes: nothing failed) and a complete retry binds everyone.
-    again = planned(c, [c.pods[f"g-{i}"] for i in range(4)])
-    assert c.gangs.ledger.plans["ml/g"].epoch == 2
-    assert {n for _, n in again} == {n for _, n in members}
+    # Regroup: members coming back are parked (rejected) until all four are back ...
+    c.gangs.regroup_delay = 0.1
+    pods = [c.pods[f"g-{i}"] for i in range(4)]
+    for i, p in enumerate(pods):
+        d = c.filter(p)
+        assert d.passed == []
+        assert f"regrouping after an incomplete bind: {i + 1}/4 members back" in next(iter(d.rejections.values()))
+    # ... then, one kube-scheduler backoff later, one replan and one update of every member wakes
+    # them together (the annotation write is the pod update that requeues them).
+    epoch = c.gangs.ledger.plans["ml/g"].epoch
+    assert _wait(lambda: c.gangs.ledger.plans["ml/g"].epoch == epoch + 1)
+    c.flush()
+    assert all('"epoch":' + str(epoch + 1) in c.binder.annotations[f"ml/g-{i}"][ANNOTATION] for i in range(4))
+    again = planned(c, pods)
+    assert {n for _, n in again} == {n for _, n in members}  # nothing failed: same nodes
 
     async def retry() -> list[str]:
         return list(await asyncio.gather(*(bind(c, s, n) for s, n in again)))
 
     assert asyncio.run(retry()) == [""] * 4 and len(c.binder.bound) == 4
+
+
+def _wait(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def test_regroup_gives_up_waiting_for_a_member_that_never_returns() -> None:
+    c = Cluster(fast(timeout=0.2))
+    c.nodes("n", 4, "leaf-1")
+    members = planned(c, c.gang("g", 3))
+    c.gangs.regroup_max = 0.3
+
+    async def run() -> list[str]:
+        return list(await asyncio.gather(*(bind(c, s, n) for s, n in members[:2])))
+
+    assert all("2/3 members reached bind" in e for e in asyncio.run(run()))
+    assert c.filter(c.pods["g-0"]).passed == []  # parked; g-2 never comes back
+    epoch = c.gangs.ledger.plans["ml/g"].epoch
+    assert _wait(lambda: c.gangs.ledger.plans["ml/g"].epoch == epoch + 1)
+    with c.service.lock:
+        assert not c.gangs.gangs["ml/g"].regroup
+    assert len(c.filter(c.pods["g-0"]).passed) == 1
 
 
 def test_a_failed_bind_after_others_is_reported_and_the_rest_replanned() -> None:
@@ -165,3 +205,21 @@ def test_retried_bind_of_a_bound_member_succeeds() -> None:
 
     assert asyncio.run(twice()) == ("", "")
     assert len(c.binder.bound) == 1
+
+
+def test_a_node_cordoned_while_members_gather_aborts_the_bind() -> None:
+    c = Cluster(fast(timeout=5.0))
+    c.nodes("n", 4, "leaf-1")
+    members = planned(c, c.gang("g", 2))
+    node = members[0][1]
+    with c.service.lock:
+        facts = c.service.snapshot.nodes[node]
+        c.service.snapshot.upsert_node(facts.model_copy(update={"unschedulable": True}))
+
+    async def run() -> list[str]:
+        return list(await asyncio.gather(*(bind(c, s, n) for s, n in members)))
+
+    results = asyncio.run(run())
+    assert all(f"planned node {node} became unschedulable before bind; none bound" in r for r in results)
+    assert c.binder.bound == {}
+    assert node in c.gangs.gangs["ml/g"].excluded and c.gangs.ledger.plans["ml/g"].stale

@@ -1,0 +1,260 @@
+"""Gangs through the real kube-scheduler: planned whole, bound all-or-nothing, restart-safe.
+
+Cluster (one per module): three fabric blocks (topograph tier-0 leaves) under one spine, H100 boxes
+with RDMA: leaf-a 6 nodes, leaf-b 8 nodes, leaf-c 10 nodes. Every test deletes its pods, so each one
+starts from the empty cluster. Invariants checked throughout (DESIGN §5): no GPU over-committed, no
+gang partially bound, no two gangs deadlocked, nobody waiting while capacity exists.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .conftest import ClusterScope
+from .harness import (
+    ControlPlane,
+    assert_stays_unbound,
+    create_pods,
+    get_pod,
+    gpu_node,
+    gpus_requested,
+    list_nodes,
+    list_pods,
+    llm_pod,
+    node_gpus,
+    pod_events,
+    scheduling_messages,
+    wait_for_node_names,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+ANN = "llm-placement.io/"
+PLAN = ANN + "gang-plan"
+TIER0 = "fabric.topograph.run/tier-0"
+BLOCKS = {"leaf-a": 6, "leaf-b": 8, "leaf-c": 10}
+
+
+@pytest.fixture(scope="module")
+def blocks(cluster: ClusterScope) -> dict[str, str]:
+    """Create the three blocks; return node name -> tier-0 block."""
+    manifests = []
+    index = 0
+    for leaf, count in BLOCKS.items():
+        for i in range(count):
+            index += 1
+            manifests.append(gpu_node(cluster.node_name(f"{leaf}-{i}"), "H100", gpus=8, tier0=leaf,
+                                      tier1="spine-1", rdma=True, index=index))
+    cluster.add_nodes(manifests)
+    return {
+        n["metadata"]["name"]: n["metadata"]["labels"][TIER0]
+        for n in list_nodes(cluster.core) if n["metadata"]["name"].startswith(cluster.node_name(""))
+    }
+
+
+@pytest.fixture
+def run(cluster: ClusterScope, unique: Callable[[str], str]) -> Iterator[str]:
+    """A label value for this test's pods; they are all deleted afterwards."""
+    value = unique("gang")
+    yield value
+    delete_run(cluster, value)
+
+
+def delete_run(cluster: ClusterScope, run: str, timeout: float = 60) -> None:
+    core, ns = cluster.core, cluster.namespace
+    core.delete_collection_namespaced_pod(ns, label_selector=f"run={run}", grace_period_seconds=0,
+                                          _preload_content=False)
+    wait_until(lambda: not list_pods(core, ns, f"run={run}"), timeout, f"pods of {run} to be deleted")
+
+
+def gang(run: str, name: str, size: int, gpus: int = 8, annotations: dict[str, str] | None = None,
+         gated: set[int] | None = None) -> list[dict[str, Any]]:
+    """Members of one gang the way a PodGroup-based controller creates them (label + size)."""
+    pods = []
+    for i in range(size):
+        pod = llm_pod(
+            f"{run}-{name}-{i}", stage="pretraining", gpus=gpus,
+            annotations={ANN + "gang-size": str(size), **(annotations or {})},
+            labels={"run": run, "scheduling.x-k8s.io/pod-group": f"{run}-{name}"},
+        )
+        if gated and i in gated:
+            pod["spec"]["schedulingGates"] = [{"name": "llm-placement.io/test-hold"}]
+        pods.append(pod)
+    return pods
+
+
+def names(pods: list[dict[str, Any]]) -> list[str]:
+    return [p["metadata"]["name"] for p in pods]
+
+
+def bound_count(cluster: ClusterScope, pod_names: list[str]) -> int:
+    want = set(pod_names)
+    return sum(1 for p in list_pods(cluster.core, cluster.namespace)
+               if p["metadata"]["name"] in want and p["spec"].get("nodeName"))
+
+
+def assert_no_gpu_overcommit(cluster: ClusterScope) -> None:
+    capacity = {n["metadata"]["name"]: node_gpus(n) for n in list_nodes(cluster.core)}
+    used: dict[str, int] = defaultdict(int)
+    for p in list_pods(cluster.core, cluster.namespace):
+        node = p["spec"].get("nodeName")
+        if node:
+            used[node] += gpus_requested(p)
+    over = {n: (u, capacity.get(n, 0)) for n, u in used.items() if u > capacity.get(n, 0)}
+    assert not over, f"GPUs over-committed (used, capacity): {over}"
+
+
+def events_of(cluster: ClusterScope, pod_names: list[str], reason: str) -> list[str]:
+    out = []
+    for name in pod_names:
+        out += [str(e.get("message") or "") for e in pod_events(cluster.core, cluster.namespace, name)
+                if e.get("reason") == reason]
+    return out
+
+
+def plan_of(cluster: ClusterScope, name: str) -> dict[str, Any] | None:
+    raw = (get_pod(cluster.core, cluster.namespace, name)["metadata"].get("annotations") or {}).get(PLAN)
+    return json.loads(raw) if raw else None
+
+
+def test_eight_by_eight_gang_lands_inside_one_fabric_block(
+    cluster: ClusterScope, blocks: dict[str, str], run: str
+) -> None:
+    pods = gang(run, "pt", 8)
+    create_pods(cluster.core, cluster.namespace, pods)
+    placed = wait_for_node_names(cluster.core, cluster.namespace, names(pods), timeout=120)
+    assert len(set(placed.values())) == 8, placed
+    used_blocks = {blocks[n] for n in placed.values()}
+    # leaf-a is too small, leaf-c would be left with a hole: leaf-b holds the gang exactly.
+    assert used_blocks == {"leaf-b"}, placed
+    for name, node in placed.items():
+        plan = plan_of(cluster, name)
+        assert plan is not None and plan["node"] == node and plan["gang"].endswith(f"{run}-pt")
+    placed_events = events_of(cluster, names(pods)[:1], "GangPlanned")
+    assert placed_events and "leaf-b" in placed_events[0]
+    assert_no_gpu_overcommit(cluster)
+
+
+def test_gang_that_does_not_fit_binds_no_member_and_says_why(
+    cluster: ClusterScope, blocks: dict[str, str], run: str
+) -> None:
+    # 12 x 8 GPUs inside one tier-0 block: the largest block has 10 free nodes.
+    pods = gang(run, "big", 12, annotations={ANN + "topology-required-placement": TIER0})
+    create_pods(cluster.core, cluster.namespace, pods)
+    ns = cluster.namespace
+
+    def explained() -> bool:
+        return bool(events_of(cluster, names(pods), "GangUnschedulable"))
+
+    wait_until(explained, 60, "a GangUnschedulable event on a member")
+    detail = events_of(cluster, names(pods), "GangUnschedulable")[0]
+    assert f"needs 96 GPUs (12 pods x 8 GPUs) inside one {TIER0} domain" in detail, detail
+    assert "leaf-c 80" in detail and "leaf-b 64" in detail and "leaf-a 48" in detail, detail
+    def reported() -> bool:
+        return any("gang cannot be placed" in m for n in names(pods)
+                   for m in scheduling_messages(cluster.core, ns, n))
+
+    wait_until(reported, 60, "FailedScheduling naming the gang reason")
+    for name in names(pods):
+        assert_stays_unbound(cluster.core, ns, name, 0.5)
+    assert bound_count(cluster, names(pods)) == 0
+
+
+def test_two_gangs_competing_for_one_block_complete_one_after_the_other(
+    cluster: ClusterScope, blocks: dict[str, str], run: str
+) -> None:
+    # Both need a whole 10-node block and only leaf-c has one: one completes, the other waits with
+    # nothing held (no deadlock), then completes once the first one's pods are gone.
+    required = {ANN + "topology-required-placement": TIER0}
+    first, second = gang(run, "x", 10, annotations=required), gang(run, "y", 10, annotations=required)
+    create_pods(cluster.core, cluster.namespace, first + second)
+
+    def one_complete() -> bool:
+        return bound_count(cluster, names(first)) == 10 or bound_count(cluster, names(second)) == 10
+
+    wait_until(one_complete, 180, "one of the two gangs to bind completely")
+    winner, loser = (first, second) if bound_count(cluster, names(first)) == 10 else (second, first)
+    placed = wait_for_node_names(cluster.core, cluster.namespace, names(winner), timeout=5)
+    assert {blocks[n] for n in placed.values()} == {"leaf-c"}
+    time.sleep(5)
+    assert bound_count(cluster, names(loser)) == 0  # all-or-nothing: none of it is half bound
+    assert_no_gpu_overcommit(cluster)
+    group = winner[0]["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"]
+    cluster.core.delete_collection_namespaced_pod(
+        cluster.namespace, label_selector=f"scheduling.x-k8s.io/pod-group={group}",
+        grace_period_seconds=0, _preload_content=False,
+    )
+    placed = wait_for_node_names(cluster.core, cluster.namespace, names(loser), timeout=180)
+    assert {blocks[n] for n in placed.values()} == {"leaf-c"}
+    assert_no_gpu_overcommit(cluster)
+
+
+def _bind(cluster: ClusterScope, pod: str, node: str) -> None:
+    body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    cluster.core.create_namespaced_binding(cluster.namespace, body, _preload_content=False)
+
+
+def test_extender_killed_mid_gang_resumes_without_overcommit(
+    cluster: ClusterScope, control_plane: ControlPlane, blocks: dict[str, str], run: str
+) -> None:
+    core, ns = cluster.core, cluster.namespace
+    # Member 7 is held back by a scheduling gate: the gang is planned (all 8 exist) but cannot
+    # complete, so the extender dies with a plan in flight.
+    pods = gang(run, "pt", 8, gated={7})
+    create_pods(core, ns, pods)
+    member = names(pods)
+    wait_until(lambda: all(plan_of(cluster, m) for m in member), 90,
+               "the gang plan persisted on every member")
+    planned = {m: str((plan_of(cluster, m) or {})["node"]) for m in member}
+    assert {blocks[n] for n in planned.values()} == {"leaf-b"}
+    assert bound_count(cluster, member) == 0  # all-or-nothing: member 7 never reached bind
+    # The extender binds member 0 and dies (SIGKILL) before the others: the worst moment.
+    _bind(cluster, member[0], planned[member[0]])
+    control_plane.restart_extender(crash=True)
+    cluster.wait_extender_sees_nodes()
+    # A pod that may only run in leaf-b must not get the GPUs reserved for the gang.
+    intruder = llm_pod(f"{run}-intruder", stage="pretraining", gpus=8, labels={"run": run})
+    intruder["spec"]["nodeSelector"] = {TIER0: "leaf-b"}
+    create_pods(core, ns, [intruder])
+    assert_stays_unbound(core, ns, intruder["metadata"]["name"], 8)
+    # Release member 7: the whole gang completes on the persisted plan.
+    core.patch_namespaced_pod(member[7], ns, {"spec": {"schedulingGates": None}},
+                              _content_type="application/merge-patch+json", _preload_content=False)
+    placed = wait_for_node_names(core, ns, member, timeout=240)
+    assert placed == planned, {m: (placed[m], planned[m]) for m in member if placed[m] != planned[m]}
+    assert {blocks[n] for n in placed.values()} == {"leaf-b"}
+    assert not get_pod(core, ns, intruder["metadata"]["name"])["spec"].get("nodeName")
+    assert_no_gpu_overcommit(cluster)
+
+
+def test_planned_node_cordoned_before_bind_is_replanned(
+    cluster: ClusterScope, blocks: dict[str, str], run: str
+) -> None:
+    core, ns = cluster.core, cluster.namespace
+    pods = gang(run, "small", 4, gated={3})
+    create_pods(core, ns, pods)
+    member = names(pods)
+    wait_until(lambda: all(plan_of(cluster, m) for m in member), 90,
+               "the gang plan persisted on every member")
+    planned = {m: str((plan_of(cluster, m) or {})["node"]) for m in member}
+    cordoned = planned[member[0]]
+    core.patch_node(cordoned, {"spec": {"unschedulable": True}}, _preload_content=False)
+    try:
+        core.patch_namespaced_pod(member[3], ns, {"spec": {"schedulingGates": None}},
+                                  _content_type="application/merge-patch+json", _preload_content=False)
+        placed = wait_for_node_names(core, ns, member, timeout=240)
+        assert cordoned not in placed.values()
+        assert len({blocks[n] for n in placed.values()}) == 1, placed
+        # Members whose planned node still fitted kept it (a replan moves as little as it can).
+        assert sum(placed[m] == planned[m] for m in member[1:]) == 3
+        assert_no_gpu_overcommit(cluster)
+    finally:
+        core.patch_node(cordoned, {"spec": {"unschedulable": None}}, _preload_content=False)
