@@ -36,7 +36,13 @@ from .harness import (
 from .harness.procs import tail
 
 # State shared between the fixtures and the reporting hooks of this conftest.
-_STATE: dict[str, Any] = {"cp": None, "workdir": None, "build_error": None, "build_output": None}
+_STATE: dict[str, Any] = {
+    "cp": None,
+    "workdir": None,
+    "build_error": None,
+    "build_output": None,
+    "startup": None,
+}
 
 
 def _has_integration_items(items: list[pytest.Item]) -> bool:
@@ -77,10 +83,8 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     cp = ControlPlane(workdir, find_binaries(build=False))
     cp.start()
     _STATE["cp"] = cp
-    sys.stderr.write(
-        "integration: control plane up in {:.1f}s ({})\n".format(
-            cp.timings["total"], ", ".join(f"{k} {v:.1f}s" for k, v in cp.timings.items() if k != "total")
-        )
+    _STATE["startup"] = "control plane up in {:.1f}s ({})".format(
+        cp.timings["total"], ", ".join(f"{k} {v:.1f}s" for k, v in cp.timings.items() if k != "total")
     )
     try:
         yield cp
@@ -112,6 +116,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _STATE.get("startup"):
+        terminalreporter.write_line(f"integration: {_STATE['startup']}")
     workdir = _STATE["workdir"]
     if workdir is not None and Path(workdir).exists():
         terminalreporter.write_line(f"integration: component logs kept in {Path(workdir) / 'logs'}")

@@ -21,6 +21,7 @@ from .harness import (
     gpu_node,
     list_nodes,
     llm_pod,
+    prefer_gpus,
     wait_for_event,
     wait_for_node_name,
 )
@@ -69,13 +70,24 @@ def test_placement_in_both_modes(
 ) -> None:
     core, ns = cluster.core, cluster.namespace
     big, small, prep = unique("big"), unique("small"), unique("prep")
-    # 25 ms/token for 70B bf16 on 4 GPUs: only H100 has the bandwidth (see test_placement).
+    # 25 ms/token for 70B bf16 on 4 GPUs: only H100 has the bandwidth (see test_placement); the soft
+    # preference for A100 is what kube-scheduler alone would follow.
+    pod = llm_pod(
+        big,
+        stage="serving",
+        model_params="70B",
+        precision="bf16",
+        max_ms_per_token=25,
+        gpus=4,
+        affinity=prefer_gpus("A100"),
+    )
+    create_pod(core, ns, pod)
+    # Realistic CPU/memory requests make kube-scheduler's own scores prefer the big H100/A100 boxes.
     create_pod(
         core,
         ns,
-        llm_pod(big, stage="serving", model_params="70B", precision="bf16", max_ms_per_token=25, gpus=4),
+        llm_pod(small, stage="serving", model_params="7B", precision="int8", gpus=1, cpu="8", memory="32Gi"),
     )
-    create_pod(core, ns, llm_pod(small, stage="serving", model_params="7B", precision="int8", gpus=1))
     create_pod(core, ns, llm_pod(prep, stage="data-prep", cpu="2", memory="8Gi"))
     assert _key(nodes[wait_for_node_name(core, ns, big)]) == "H100"
     assert _key(nodes[wait_for_node_name(core, ns, small)]) in {"L4", "T4"}

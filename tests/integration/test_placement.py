@@ -21,6 +21,7 @@ from .harness import (
     gpu_node,
     list_nodes,
     llm_pod,
+    prefer_gpus,
     wait_for_event,
     wait_for_node_name,
 )
@@ -69,50 +70,70 @@ def test_serving_70b_lands_on_a_big_hbm_node(
     cluster: ClusterScope, mixed: dict[str, dict[str, Any]], unique: Callable[[str], str]
 ) -> None:
     # 70B at bf16 = 140 GB of weights over 4 GPUs: only 80 GB-class GPUs hold it (4 x L4 = 96 GB,
-    # 4 x T4 = 64 GB would have to offload), and 30 ms/token needs HBM-class bandwidth.
-    name = unique("serve-70b")
-    create_pod(
-        cluster.core,
-        cluster.namespace,
-        llm_pod(name, stage="serving", model_params="70B", precision="bf16", max_ms_per_token=30, gpus=4),
-    )
-    node = mixed[wait_for_node_name(cluster.core, cluster.namespace, name)]
-    assert _gpu_key(node) in {"H100", "A100"}, (
-        f"70B bf16 landed on {node['metadata']['name']} ({_gpu_key(node)})"
-    )
-    per_gpu_gb = int(node["metadata"]["labels"]["nvidia.com/gpu.memory"]) * 1.048576e-3  # MiB -> GB
-    assert 4 * per_gpu_gb >= 140, "the node's 4 GPUs cannot hold 140 GB of weights"
+    # 4 x T4 = 64 GB would have to offload), and 30 ms/token needs HBM-class bandwidth. The L4/T4
+    # nodes have exactly 4 GPUs, so they pass every in-tree filter, and the pods *prefer* them (a soft
+    # node affinity, as a cost-minded user might write): kube-scheduler alone would put them there.
+    # A hard rule of the extender must win over a soft preference.
+    names = [unique("serve-70b") for _ in range(2)]
+    for name in names:
+        pod = llm_pod(
+            name,
+            stage="serving",
+            model_params="70B",
+            precision="bf16",
+            max_ms_per_token=30,
+            gpus=4,
+            affinity=prefer_gpus("L4", "T4"),
+        )
+        create_pod(cluster.core, cluster.namespace, pod)
+    for name in names:
+        node = mixed[wait_for_node_name(cluster.core, cluster.namespace, name)]
+        assert _gpu_key(node) in {"H100", "A100"}, (
+            f"70B bf16 landed on {node['metadata']['name']} ({_gpu_key(node)})"
+        )
+        per_gpu_gb = int(node["metadata"]["labels"]["nvidia.com/gpu.memory"]) * 1.048576e-3  # MiB -> GB
+        assert 4 * per_gpu_gb >= 140, "the node's 4 GPUs cannot hold 140 GB of weights"
 
 
 def test_serving_latency_slo_excludes_slower_hbm(
     cluster: ClusterScope, mixed: dict[str, dict[str, Any]], unique: Callable[[str], str]
 ) -> None:
     # 25 ms/token: the weights alone take 140 GB / (4 x 2.04 TB/s x 0.6) = 28.6 ms on A100 and
-    # 17.4 ms on H100, so of this cluster only the H100 boxes meet the SLO; A100 is cheaper per hour,
-    # so without the bandwidth filter the cost term could pick it.
-    name = unique("serve-70b-slo")
-    create_pod(
-        cluster.core,
-        cluster.namespace,
-        llm_pod(name, stage="serving", model_params="70B", precision="bf16", max_ms_per_token=25, gpus=4),
-    )
-    node = mixed[wait_for_node_name(cluster.core, cluster.namespace, name)]
-    assert _gpu_key(node) == "H100", (
-        f"25 ms/token SLO placed on {node['metadata']['name']} ({_gpu_key(node)})"
-    )
+    # 17.4 ms on H100, so of this cluster only the H100 boxes meet the SLO. The pods prefer the
+    # cheaper A100 (soft affinity): only the bandwidth filter keeps them off it.
+    names = [unique("serve-70b-slo") for _ in range(2)]
+    for name in names:
+        pod = llm_pod(
+            name,
+            stage="serving",
+            model_params="70B",
+            precision="bf16",
+            max_ms_per_token=25,
+            gpus=4,
+            affinity=prefer_gpus("A100"),
+        )
+        create_pod(cluster.core, cluster.namespace, pod)
+    for name in names:
+        node = mixed[wait_for_node_name(cluster.core, cluster.namespace, name)]
+        assert _gpu_key(node) == "H100", (
+            f"25 ms/token SLO placed on {node['metadata']['name']} ({_gpu_key(node)})"
+        )
 
 
 def test_serving_7b_int8_lands_on_the_cheapest_adequate_gpu(
     cluster: ClusterScope, mixed: dict[str, dict[str, Any]], unique: Callable[[str], str]
 ) -> None:
     # 7B at int8 is ~7 GB of weights: a 16-24 GB inference GPU serves it; an 80 GB training-class GPU
-    # would be waste ("don't squeeze a watermelon into a thimble" applies the other way round too).
-    names = [unique("serve-7b") for _ in range(2)]
+    # would be waste. The pods request what a real server does (8 CPUs, 32 GiB), so kube-scheduler's
+    # own LeastAllocated score prefers the big H100/A100 boxes: landing on L4/T4 is the extender's doing.
+    names = [unique("serve-7b") for _ in range(3)]
     for name in names:
         create_pod(
             cluster.core,
             cluster.namespace,
-            llm_pod(name, stage="serving", model_params="7B", precision="int8", gpus=1),
+            llm_pod(
+                name, stage="serving", model_params="7B", precision="int8", gpus=1, cpu="8", memory="32Gi"
+            ),
         )
     for name in names:
         node = mixed[wait_for_node_name(cluster.core, cluster.namespace, name)]

@@ -141,6 +141,7 @@ class ControlPlane:
         extender_argv: list[str] | None = None,
         extender_extra_env: dict[str, str] | None = None,
         scheduler_verbosity: int = 2,
+        scheduler_client_connection: dict[str, Any] | None = None,
     ) -> None:
         self.workdir = workdir
         self.bins = binaries
@@ -154,6 +155,8 @@ class ControlPlane:
         self.extender_argv = extender_argv or extender_command()
         self.extender_extra_env = extender_extra_env or {}
         self.scheduler_verbosity = scheduler_verbosity
+        # Benchmark exploration only (e.g. {"qps": 200, "burst": 400}); the tests run the chart's values.
+        self.scheduler_client_connection = scheduler_client_connection
         self.pki: PKI | None = None
         self.timings: dict[str, float] = {}
         self.etcd: Component | None = None
@@ -463,6 +466,7 @@ class ControlPlane:
             extender_port=self.ports.extender,
             node_cache_capable=node_cache_capable,
             with_extender=with_extender,
+            client_connection=self.scheduler_client_connection,
         )
 
     def start_scheduler(self, *, with_extender: bool = True, node_cache_capable: bool | None = None) -> None:
@@ -480,6 +484,9 @@ class ControlPlane:
             f"--config={cfg}",
             "--bind-address=127.0.0.1",
             f"--secure-port={self.ports.scheduler}",
+            # No authn/authz kubeconfigs (notes §6), so only these paths are served; /metrics lets the
+            # benchmark read kube-scheduler's own view of each scheduling cycle.
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
             f"-v={self.scheduler_verbosity}",
         ]
         if self.scheduler is None:

@@ -219,6 +219,7 @@ def llm_pod(
     annotations: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
     scheduler_name: str = SCHEDULER_NAME,
+    affinity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A pod for the llm-placement profile, annotated the way DESIGN §2 documents."""
     ann: dict[str, str] = {}
@@ -248,6 +249,7 @@ def llm_pod(
             "schedulerName": scheduler_name,
             "terminationGracePeriodSeconds": 0,
             "automountServiceAccountToken": False,
+            **({"affinity": affinity} if affinity else {}),
             "containers": [
                 {
                     "name": "main",
@@ -256,6 +258,32 @@ def llm_pod(
                 }
             ],
         },
+    }
+
+
+def prefer_gpus(*keys: str, weight: int = 100) -> dict[str, Any]:
+    """A *preferred* node affinity for GPU models (keys of GPUS), as a user might write one.
+
+    Tests use it to pull kube-scheduler's in-tree scoring towards a wrong answer: only the extender's
+    hard rules can then explain a pod landing elsewhere.
+    """
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": weight,
+                    "preference": {
+                        "matchExpressions": [
+                            {
+                                "key": "nvidia.com/gpu.product",
+                                "operator": "In",
+                                "values": [GPUS[k].product for k in keys],
+                            }
+                        ]
+                    },
+                }
+            ]
+        }
     }
 
 

@@ -78,14 +78,16 @@ def local_scheduler_config(
     extender_port: int,
     node_cache_capable: bool | None = None,
     with_extender: bool = True,
+    client_connection: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The chart's config with the local overrides applied (the input is not modified).
 
     ``with_extender=False`` gives the same profile with no extenders at all: the baseline of the
-    throughput benchmark.
+    throughput benchmark. ``client_connection`` (e.g. qps/burst) is for benchmark exploration only.
     """
     cfg = copy.deepcopy(chart)
-    cfg.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
+    cfg.setdefault("clientConnection", {}).update(client_connection or {})
+    cfg["clientConnection"]["kubeconfig"] = str(kubeconfig)
     cfg.setdefault("leaderElection", {})["leaderElect"] = False
     if with_extender:
         for ext in cfg["extenders"]:

@@ -1,0 +1,485 @@
+"""Pods/s scheduled by the real kube-scheduler with our extender vs the same profile without it.
+
+    python bench/scheduler_throughput.py                  # 500 and 5,000 nodes, 2,000 pods (~15 min)
+    python bench/scheduler_throughput.py --quick          # 100 nodes, 200 pods (~1 min)
+    python bench/scheduler_throughput.py --nodes 500 --pods 2000 --json out.json
+
+One control plane (etcd, kube-apiserver, our extender) for the whole run, started by the integration
+suite's harness (tests/integration/harness), so the binaries, certificates, RBAC and the scheduler
+configuration are exactly those of the tests: the Helm chart's KubeSchedulerConfiguration with local
+overrides only. For each node count the same nodes serve both variants:
+
+* ``no-extender``: the chart's profile with the ``extenders`` entry removed (in-tree plugins only,
+  kube-scheduler binds);
+* ``extender``: the chart's profile as shipped (filter + prioritize + bind through the extender).
+
+Method ("backlog", as in shared/reference/control-plane-notes.md §8): kube-scheduler is stopped, the
+pods are created, kube-scheduler is started, and the clock runs from its exec until the last pod has
+``spec.nodeName`` (seen on a watch, so the end time is exact). ``steady`` excludes start-up: binds
+after the first one divided by the time from the first to the last bind. Between variants the pods
+are deleted and the extender's cache is waited on until it holds none of them.
+
+Per-verb latency comes from the extender's own histogram ``llm_placement_request_duration_seconds``
+(delta over the extender run); p50/p99 are interpolated inside its buckets (as PromQL's
+histogram_quantile does), so they are only as fine as the buckets; the mean is exact (sum/count).
+
+Pod mix (same manifests for both variants): 80% serving 7B int8 on 1 GPU, 10% serving 70B bf16 on 4
+GPUs, 10% data-prep with no GPU. Node mix: 20% H100, 20% A100, 35% L4, 20% T4 (8 GPUs each), 5% CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import httpx  # noqa: E402
+from kubernetes.client import CoreV1Api  # noqa: E402
+from kubernetes.watch.watch import iter_resp_lines  # noqa: E402
+
+from tests.integration.harness import (  # noqa: E402
+    ControlPlane,
+    cpu_node,
+    create_nodes,
+    create_pods,
+    delete_all_pods,
+    delete_nodes,
+    ensure_namespace,
+    find_binaries,
+    gpu_node,
+    llm_pod,
+    wait_until,
+)
+from tests.integration.harness.controlplane import metric_value  # noqa: E402
+
+LATENCY_METRIC = "llm_placement_request_duration_seconds"
+SCHED_ALGO_METRIC = "scheduler_scheduling_algorithm_duration_seconds"
+VERBS = ("filter", "prioritize", "bind", "preempt")
+
+
+# ----- workload ----------------------------------------------------------------------------------
+def bench_nodes(count: int, prefix: str) -> list[dict[str, Any]]:
+    """A deterministic mix; GPU types interleaved so no type clusters at one end of the node order."""
+    pattern = [
+        "H100",
+        "L4",
+        "A100",
+        "T4",
+        "L4",
+        "H100",
+        "L4",
+        "A100",
+        "T4",
+        "L4",
+        "H100",
+        "L4",
+        "A100",
+        "T4",
+        "L4",
+        "H100",
+        "L4",
+        "A100",
+        "T4",
+        "CPU",
+    ]  # 20 slots = 5% CPU
+    out = []
+    for i in range(count):
+        kind = pattern[i % len(pattern)]
+        name = f"{prefix}-{i:05d}"
+        zone = f"zone-{'abc'[i % 3]}"
+        if kind == "CPU":
+            out.append(cpu_node(name, "cpu", zone=zone, index=i))
+        else:
+            out.append(gpu_node(name, kind, gpus=8, zone=zone, tier0=f"leaf-{i // 32}", index=i))
+    return out
+
+
+def bench_pods(count: int) -> list[dict[str, Any]]:
+    out = []
+    for i in range(count):
+        name = f"p-{i:05d}"
+        slot = i % 10
+        if slot == 0:
+            out.append(llm_pod(name, stage="serving", model_params="70B", precision="bf16", gpus=4))
+        elif slot == 1:
+            out.append(llm_pod(name, stage="data-prep", cpu="2", memory="4Gi"))
+        else:
+            out.append(llm_pod(name, stage="serving", model_params="7B", precision="int8", gpus=1))
+    return out
+
+
+# ----- measurement -------------------------------------------------------------------------------
+class BindWatcher(threading.Thread):
+    """Records the time each pod of a namespace first shows ``spec.nodeName`` (list, then watch)."""
+
+    def __init__(self, core: CoreV1Api, namespace: str, total: int) -> None:
+        super().__init__(daemon=True, name=f"watch-{namespace}")
+        self.core, self.namespace, self.total = core, namespace, total
+        self.bound: dict[str, float] = {}
+        self.done = threading.Event()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def _see(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        if pod["spec"].get("nodeName") and name not in self.bound:
+            self.bound[name] = time.monotonic()
+            if len(self.bound) >= self.total:
+                self.done.set()
+
+    def run(self) -> None:
+        try:
+            data = json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)
+            for p in data["items"]:
+                self._see(p)
+            rv = data["metadata"]["resourceVersion"]
+            while not self.stop.is_set() and not self.done.is_set():
+                # Short server-side timeouts so a stop request is noticed within seconds.
+                resp = self.core.list_namespaced_pod(
+                    self.namespace,
+                    watch=True,
+                    resource_version=rv,
+                    timeout_seconds=5,
+                    allow_watch_bookmarks=True,
+                    _preload_content=False,
+                    _request_timeout=(10, 30),
+                )
+                try:
+                    for line in iter_resp_lines(resp):
+                        ev = json.loads(line)
+                        obj = ev.get("object") or {}
+                        if ev.get("type") == "ERROR":
+                            raise RuntimeError(f"watch error: {obj.get('message')}")
+                        rv = obj.get("metadata", {}).get("resourceVersion") or rv
+                        if ev.get("type") in ("ADDED", "MODIFIED"):
+                            self._see(obj)
+                        if self.done.is_set() or self.stop.is_set():
+                            break
+                finally:
+                    resp.release_conn()
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+            self.done.set()
+
+
+@dataclass
+class VerbLatency:
+    verb: str
+    count: int
+    mean_ms: float
+    p50_ms: float | None
+    p99_ms: float | None
+
+
+def scheduler_cycle(cp: ControlPlane) -> VerbLatency | None:
+    """kube-scheduler's own view: the scheduling algorithm (filter + score, extender calls included)."""
+    text = httpx.get(f"https://127.0.0.1:{cp.ports.scheduler}/metrics", verify=False, timeout=10).text
+    b, total, n = histogram(text, SCHED_ALGO_METRIC, {})
+    if n <= 0:
+        return None
+    p50, p99 = quantile(0.5, b), quantile(0.99, b)
+    return VerbLatency(
+        "algorithm",
+        int(n),
+        total / n * 1e3,
+        None if p50 is None else p50 * 1e3,
+        None if p99 is None else p99 * 1e3,
+    )
+
+
+@dataclass
+class RunResult:
+    nodes: int
+    pods: int
+    variant: str
+    bound: int
+    seconds: float  # scheduler exec -> last bind
+    pods_per_s: float
+    steady_pods_per_s: float
+    verbs: list[VerbLatency] = field(default_factory=list)
+    cycle: VerbLatency | None = None  # kube-scheduler's scheduling_algorithm_duration
+
+
+def histogram(text: str, name: str, labels: dict[str, str]) -> tuple[dict[float, float], float, float]:
+    """Cumulative buckets (le -> count), sum and count of the series of ``name`` matching ``labels``
+    (summed over any other labels)."""
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(name + "_bucket{"):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line[line.index("{") : line.rindex("}")]))
+        if any(found.get(k) != v for k, v in labels.items()):
+            continue
+        le = found["le"]
+        key = math.inf if le == "+Inf" else float(le)
+        buckets[key] = buckets.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    total = metric_value(text, name + "_sum", labels) or 0.0
+    count = metric_value(text, name + "_count", labels) or 0.0
+    return buckets, total, count
+
+
+def quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """histogram_quantile over cumulative buckets (linear inside the bucket); seconds."""
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le in bounds:
+        c = buckets[le]
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le  # beyond the last finite bucket: report its bound (a lower bound)
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def verb_latencies(before: str, after: str) -> list[VerbLatency]:
+    out = []
+    for verb in VERBS:
+        b0, s0, c0 = histogram(before, LATENCY_METRIC, {"verb": verb})
+        b1, s1, c1 = histogram(after, LATENCY_METRIC, {"verb": verb})
+        n = c1 - c0
+        if n <= 0:
+            continue
+        delta = {le: b1[le] - b0.get(le, 0.0) for le in b1}
+        p50, p99 = quantile(0.5, delta), quantile(0.99, delta)
+        out.append(
+            VerbLatency(
+                verb,
+                int(n),
+                (s1 - s0) / n * 1e3,
+                None if p50 is None else p50 * 1e3,
+                None if p99 is None else p99 * 1e3,
+            )
+        )
+    return out
+
+
+# ----- one run -----------------------------------------------------------------------------------
+def run_variant(
+    cp: ControlPlane,
+    n_nodes: int,
+    pods: list[dict[str, Any]],
+    variant: str,
+    node_cache_capable: bool | None,
+    stall: float,
+) -> RunResult:
+    core = cp.core
+    ns = f"bench-{n_nodes}-{variant}"
+    ensure_namespace(core, ns)
+    cp.stop_scheduler()
+    t = time.monotonic()
+    create_pods(core, ns, pods, workers=16)
+    print(
+        f"  {variant}: created {len(pods)} pods in {time.monotonic() - t:.1f}s; starting kube-scheduler",
+        flush=True,
+    )
+    metrics_before = cp.extender_metrics()
+    watcher = BindWatcher(core, ns, len(pods))
+    watcher.start()
+    t_exec = time.monotonic()
+    cp.start_scheduler(with_extender=variant == "extender", node_cache_capable=node_cache_capable)
+    last_progress, seen = time.monotonic(), 0
+    while not watcher.done.wait(1.0):
+        cp.check_alive()
+        if len(watcher.bound) != seen:
+            seen, last_progress = len(watcher.bound), time.monotonic()
+        elif time.monotonic() - last_progress > stall:
+            print(f"  {variant}: no bind for {stall:.0f}s, stopping at {seen}/{len(pods)}", flush=True)
+            break
+    watcher.stop.set()
+    if watcher.error:
+        raise watcher.error
+    times = sorted(watcher.bound.values())
+    metrics_after = cp.extender_metrics()
+    cycle = scheduler_cycle(cp)
+    cp.stop_scheduler()
+    bound = len(times)
+    seconds = (times[-1] - t_exec) if times else float("nan")
+    steady = (bound - 1) / (times[-1] - times[0]) if bound > 1 and times[-1] > times[0] else float("nan")
+    result = RunResult(n_nodes, len(pods), variant, bound, seconds, bound / seconds if times else 0.0, steady)
+    result.cycle = cycle
+    if variant == "extender":
+        result.verbs = verb_latencies(metrics_before, metrics_after)
+    # Leave nothing behind that would hold capacity in the next run (scheduler or extender cache).
+    delete_all_pods(core, ns, timeout=300)
+    wait_until(
+        lambda: (cp.metric_value("llm_placement_cache_pods") or 0) == 0,
+        120,
+        "the extender's cache to drop the deleted pods",
+        interval=0.5,
+    )
+    print(
+        f"  {variant}: {bound}/{len(pods)} bound in {seconds:.2f}s -> {result.pods_per_s:.1f} pods/s "
+        f"(steady {steady:.1f})",
+        flush=True,
+    )
+    return result
+
+
+def fmt(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def report(results: list[RunResult], args: argparse.Namespace, cp: ControlPlane) -> None:
+    cfg = cp.scheduler_config()
+    conn = cfg.get("clientConnection") or {}
+    ext = cfg["extenders"][0]
+    print()
+    print(
+        f"kube-scheduler {cp.bins.kube_scheduler.parent.name}, config (chart + local overrides): "
+        f"percentageOfNodesToScore={cfg.get('percentageOfNodesToScore')}, "
+        f"clientConnection qps={conn.get('qps', '50 (default)')} burst={conn.get('burst', '100 (default)')}, "
+        f"extender weight={ext.get('weight')} nodeCacheCapable="
+        f"{ext.get('nodeCacheCapable') if args.node_cache_capable is None else args.node_cache_capable}"
+    )
+    print()
+    print("| nodes | pods | variant | bound | seconds | pods/s | steady pods/s | ratio (ext / no-ext) |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    by_nodes: dict[int, dict[str, list[RunResult]]] = {}
+    for r in results:
+        by_nodes.setdefault(r.nodes, {}).setdefault(r.variant, []).append(r)
+    for n, variants in by_nodes.items():
+        base = (
+            statistics.median(r.pods_per_s for r in variants.get("no-extender", []))
+            if variants.get("no-extender")
+            else float("nan")
+        )
+        for variant in ("no-extender", "extender"):
+            for r in variants.get(variant, []):
+                ratio = fmt(r.pods_per_s / base, 2) if variant == "extender" and base > 0 else ""
+                print(
+                    f"| {n} | {r.pods} | {variant} | {r.bound} | {fmt(r.seconds, 2)} | {fmt(r.pods_per_s)} "
+                    f"| {fmt(r.steady_pods_per_s)} | {ratio} |"
+                )
+    print()
+    print(
+        f"Extender latency per verb, from its own histogram {LATENCY_METRIC} "
+        "(p50/p99 interpolated in its buckets; mean exact):"
+    )
+    print()
+    print("| nodes | verb | calls | mean ms | p50 ms | p99 ms |")
+    print("|---:|---|---:|---:|---:|---:|")
+    any_verbs = False
+    for r in results:
+        for v in r.verbs:
+            any_verbs = True
+            print(
+                f"| {r.nodes} | {v.verb} | {v.count} | {fmt(v.mean_ms, 2)} | {fmt(v.p50_ms, 2)} "
+                f"| {fmt(v.p99_ms, 2)} |"
+            )
+    if not any_verbs:
+        print(
+            f"(no {LATENCY_METRIC} samples: the extender does not export the metric; the table below is "
+            "the client side, kube-scheduler's own measurement of each cycle)"
+        )
+    print()
+    print(f"kube-scheduler's own view, {SCHED_ALGO_METRIC} per scheduling cycle (filter + score,")
+    print("extender round trips included; its buckets double from 1 ms, so p50/p99 are coarse):")
+    print()
+    print("| nodes | variant | cycles | mean ms | p50 ms | p99 ms |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for r in results:
+        if r.cycle:
+            c = r.cycle
+            print(
+                f"| {r.nodes} | {r.variant} | {c.count} | {fmt(c.mean_ms, 2)} | {fmt(c.p50_ms, 2)} "
+                f"| {fmt(c.p99_ms, 2)} |"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--nodes", type=int, nargs="+", default=[500, 5000], help="node counts (default 500 5000)"
+    )
+    ap.add_argument("--pods", type=int, default=2000, help="pods per run (default 2000)")
+    ap.add_argument("--quick", action="store_true", help="100 nodes, 200 pods")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each variant per node count")
+    ap.add_argument(
+        "--node-cache-capable",
+        choices=["true", "false"],
+        default=None,
+        help="override the chart's nodeCacheCapable for the extender variant",
+    )
+    ap.add_argument(
+        "--stall", type=float, default=60.0, help="give up after this many seconds without a bind"
+    )
+    ap.add_argument(
+        "--client-qps",
+        type=float,
+        nargs=2,
+        metavar=("QPS", "BURST"),
+        help="override kube-scheduler's clientConnection qps/burst for BOTH variants (default: the chart's)",
+    )
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder (logs) even on success")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.nodes, args.pods = [100], 200
+    ncc = None if args.node_cache_capable is None else args.node_cache_capable == "true"
+    args.node_cache_capable = ncc
+
+    workdir = Path(tempfile.mkdtemp(prefix="llmp-bench-"))
+    print(f"work folder and component logs: {workdir}", flush=True)
+    # Scheduler at -v=1: per-pod log lines at -v=2 would cost both variants alike, but are noise here.
+    conn = {"qps": args.client_qps[0], "burst": int(args.client_qps[1])} if args.client_qps else None
+    cp = ControlPlane(
+        workdir, find_binaries(build=True), scheduler_verbosity=1, scheduler_client_connection=conn
+    )
+    ok = False
+    results: list[RunResult] = []
+    try:
+        t = time.monotonic()
+        cp.start(extender=True, scheduler=False)
+        print(f"control plane up in {time.monotonic() - t:.1f}s", flush=True)
+        pods = bench_pods(args.pods)
+        for n in args.nodes:
+            t = time.monotonic()
+            manifests = bench_nodes(n, f"bench-{n}")
+            names = create_nodes(cp.core, manifests, workers=16)
+            cp.wait_extender_cache_nodes(n, timeout=300)
+            print(f"{n} nodes created in {time.monotonic() - t:.1f}s", flush=True)
+            for rep in range(args.repeat):
+                # Alternate the order between repeats so neither variant always runs on a warmer server.
+                order = ("no-extender", "extender") if rep % 2 == 0 else ("extender", "no-extender")
+                for variant in order:
+                    results.append(run_variant(cp, n, pods, variant, ncc, args.stall))
+            delete_nodes(cp.core, names, workers=16, timeout=300)
+            cp.wait_extender_cache_nodes(0, timeout=120)
+        report(results, args, cp)
+        if args.json:
+            args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+        ok = True
+    finally:
+        cp.stop()
+        if ok and not args.keep:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"logs kept in {workdir / 'logs'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
