@@ -27,7 +27,7 @@ import os
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from app.gang.problem import Assessment, Problem
+from app.gang.problem import Assessment, Problem, Shape
 from app.gang.solver import PlanResult, plan
 from app.gang.synth import FleetSpec, fleet, gang_problem
 
@@ -44,7 +44,7 @@ console = Console(width=240)
 GPUS_PER_POD = (8, 8, 8, 4, 2, 1)
 
 
-def instance(nodes: int, pods: int, seed: int) -> tuple[Problem, str]:
+def instance(nodes: int, pods: int, seed: int, launcher: bool = False) -> tuple[Problem, str]:
     rng = random.Random(seed * 7919 + nodes * 31 + pods)
     shape = rng.choice(["hgx", "hgx", "irregular", "nvl72"])
     models = ("H100",) if rng.random() < 0.7 else ("H100", "A100")
@@ -58,7 +58,13 @@ def instance(nodes: int, pods: int, seed: int) -> tuple[Problem, str]:
                            0.0, True, models),
     }[shape]
     gpus = min(rng.choice(GPUS_PER_POD), spec.gpus_per_node)
-    return gang_problem(fleet(spec, rng), pods, gpus), f"{shape}/{gpus}gpu"
+    problem = gang_problem(fleet(spec, rng), pods, gpus)
+    if launcher:
+        # Two shapes: one launcher with fewer GPUs, the rest workers (the DP no longer applies).
+        small = Shape("launcher", 1, max(gpus // 4, 1) if gpus > 1 else 0, 4000)
+        problem = replace(problem, shapes=(small, replace(problem.shapes[0], count=pods - 1)),
+                          nodes=tuple(replace(n, shapes=None) for n in problem.nodes))
+    return problem, f"{shape}/{gpus}gpu"
 
 
 @dataclass
@@ -96,9 +102,9 @@ def good(r: PlanResult) -> bool:
 
 
 def run_cell(cell: Cell, instances: int, time_limit: float, workers: int, cp_sat_alone: bool,
-             progress: Progress, task: Any) -> None:
+             launcher: bool, progress: Progress, task: Any) -> None:
     for seed in range(instances):
-        p, _label = instance(cell.nodes, cell.pods, seed)
+        p, _label = instance(cell.nodes, cell.pods, seed, launcher)
         cpu = time.process_time()
         ours = plan(p, time_limit=time_limit, workers=workers)  # the index is built inside: timed
         cell.cpu.append((time.process_time() - cpu) * 1000)
@@ -147,6 +153,7 @@ def main(
                                                    "solver_time_limit_seconds).")] = 0.5,
     workers: Annotated[int, typer.Option(help="CP-SAT workers.")] = 2,
     cp_sat_alone: Annotated[bool, typer.Option(help="Also run CP-SAT alone (greedy hint, no DP).")] = True,
+    launcher: Annotated[bool, typer.Option(help="Two member shapes: a smaller launcher + workers.")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the raw figures here.")] = None,
 ) -> None:
     cells = [Cell(int(p), int(n)) for n in nodes.split(",") for p in pods.split(",")]
@@ -155,8 +162,9 @@ def main(
         task = progress.add_task("planning", total=len(cells) * instances)
         for cell in cells:
             progress.update(task, description=f"{cell.pods} pods on {cell.nodes} nodes")
-            run_cell(cell, instances, time_limit, workers, cp_sat_alone, progress, task)
-    t = Table(title=f"Gang planning ({instances} instances per cell, time limit {time_limit:g}s, "
+            run_cell(cell, instances, time_limit, workers, cp_sat_alone, launcher, progress, task)
+    kind = " (launcher + workers)" if launcher else ""
+    t = Table(title=f"Gang planning{kind} ({instances} instances per cell, time limit {time_limit:g}s, "
                     f"{workers} CP-SAT workers, load avg {load:.1f} on {os.cpu_count()} CPUs)")
     for col in ("pods", "nodes", "feasible", "planner p50 / p99 ms", "planner CPU p50 / p99 ms",
                 "optimal or <=1%", "DP-exact",

@@ -262,7 +262,8 @@ class GangCoordinator:
             for s, node in zip(rest, slots, strict=True):
                 members[s.uid or s.key] = MemberPlan(s.uid or s.key, s.key, node, s.gpus)
         ms = result.seconds * 1000
-        summary = (f"{diagnose.describe(index, assignment)}; {result.method} {result.status} "
+        gap = "" if result.status == "optimal" or math.isinf(result.gap) else f", gap {result.gap:.2%}"
+        summary = (f"{diagnose.describe(index, assignment)}; {result.method} {result.status}{gap} "
                    f"in {ms:.0f} ms")
         new = GangPlan(key, members, now, now + self.ledger.ttl, state.epochs, summary=summary)
         self.ledger.put(new)
@@ -312,6 +313,11 @@ class GangCoordinator:
                 return P + f"no gang plan holds this pod (gang {key}); it will be replanned"
             if mp.node != node:
                 return P + f"gang {key} plans this pod on another node; retrying"
+            state = self.gangs.get(key)
+            if state is not None and state.regroup:
+                # Filtered before the last attempt failed: join the regroup instead of starting a
+                # barrier of one that would only time out and reset it.
+                return P + f"gang {key} is regrouping after an incomplete bind; retrying"
             barrier = self.barriers.get(key)
             if barrier is None or barrier.epoch != current.epoch:
                 if barrier is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from app.gang.problem import Assignment, Candidate, Index, NodeClass, Shape
+from app.gang.problem import Assignment, Candidate, Index, Shape
 
 
 def greedy(index: Index, allowed: set[int] | None = None) -> Assignment | None:
@@ -178,6 +178,10 @@ def _multi_shape(index: Index, pool: list[int]) -> Assignment | None:
                     got = _ffd(sorted(members, key=lambda n: (-n.free_gpus, n.name)), shapes)
                     if got is not None:
                         return got
+        if fixed <= {n.name for n in rdma}:  # no single domain holds it: across domains, fullest first
+            got = _ffd(sorted(rdma, key=lambda n: (-n.free_gpus, n.name)), shapes)
+            if got is not None:
+                return got
     return None
 
 
@@ -197,10 +201,3 @@ def _ffd(nodes: list[Candidate], shapes: list[Shape]) -> Assignment | None:
             out[spot.name][s.key] = out[spot.name].get(s.key, 0) + 1
     return dict(out)
 
-
-def class_of(index: Index) -> dict[str, int]:
-    """Node name -> class index (for turning node assignments into class counts)."""
-    return {n.name: i for i, c in enumerate(index.classes) for n in c.nodes}
-
-
-__all__ = ["NodeClass", "class_of", "greedy"]

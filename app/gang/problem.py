@@ -105,9 +105,10 @@ def capacity(node: Candidate, shape: Shape) -> int:
     cap = shape.count
     if shape.gpus:
         cap = min(cap, node.free_gpus // shape.gpus)
-    if shape.cpu_millis > 0:
+    # (inf // x is nan in Python: an unknown capacity simply does not limit)
+    if shape.cpu_millis > 0 and not math.isinf(node.free_cpu):
         cap = min(cap, int(node.free_cpu // shape.cpu_millis))
-    if shape.memory_bytes > 0:
+    if shape.memory_bytes > 0 and not math.isinf(node.free_memory):
         cap = min(cap, int(node.free_memory // shape.memory_bytes))
     return max(cap, 0)
 
@@ -268,7 +269,6 @@ class Index:
 
     def _classes(self) -> list[NodeClass]:
         shapes = self.problem.shapes
-        exact = len(shapes) > 1  # several shapes share a node: only single-node classes stay exact
         inner = self.tiers[:-1]
         groups: dict[tuple[object, ...], NodeClass] = {}
         for n in sorted(self.problem.nodes, key=lambda n: n.name):
@@ -276,7 +276,7 @@ class Index:
             if not any(caps.values()) and not n.fixed:
                 continue  # context only: counted in domain figures, hosts nothing
             doms = tuple(t.domain_of[n.name] for t in inner)
-            if exact or n.fixed:
+            if n.fixed:
                 key: tuple[object, ...] = ("node", n.name)
             else:
                 key = (doms, n.free_gpus, n.total_gpus, n.gpu_model, n.rdma, n.cost_rank, n.pref_rank,
@@ -428,41 +428,74 @@ def prune(index: Index, exact_weights: bool = True) -> set[int]:
     whole gang, the optimum uses one domain at tier t and above, and it is one of the tier-t domains
     that fit. So only the *innermost* tier with a fitting domain matters, and only its fitting
     domains (intersected with the required domain, when there is one) stay candidates. The same
-    argument applies first to the preferred-topology domains. Gangs with several shapes or with
-    members already bound are left alone: there, capacity is not a single number.
+    argument applies first to the preferred-topology domains. Members already bound pin the domain:
+    a candidate domain must contain every bound member's node. With several member shapes "fits"
+    is a relaxation (each shape's count and the total GPUs), which can only keep more domains.
     """
     problem = index.problem
-    everything = set(range(len(index.classes)))
-    if len(problem.shapes) != 1 or index.fixed or not exact_weights:
+    classes = index.classes
+    everything = set(range(len(classes)))
+    if not exact_weights:
         return everything
-    shape = problem.shapes[0].key
-    need = problem.shapes[0].count
-    pool = [i for i, c in enumerate(index.classes)
-            if c.caps[shape] > 0 and (problem.required_key is None or c.first.required is not None)]
+    shapes = problem.shapes
+    fixed = index.fixed
+    pool = [i for i, c in enumerate(classes)
+            if (any(c.caps.values()) or c.first.fixed)
+            and (problem.required_key is None or c.first.required is not None)]
+    if not pool:
+        return everything
+
+    def relaxed(members: list[int]) -> bool:
+        return (all(sum(classes[i].capacity(s.key) for i in members) >= s.count for s in shapes)
+                and sum(max(classes[i].first.free_gpus, 0) * classes[i].k for i in members) >= problem.gpus)
+
+    def one_node(c: NodeClass) -> bool:
+        if fixed and {n.name for n in fixed} != {c.first.name}:
+            return False
+        return fits_on(c.first, {s.key: s.count for s in shapes}, index.shapes)
 
     def fits(members: list[int]) -> bool:
-        rdma = sum(index.classes[i].capacity(shape) for i in members if index.classes[i].first.rdma)
-        return rdma >= need or max(index.classes[i].caps[shape] for i in members) >= need
+        if any(one_node(classes[i]) for i in members):
+            return True
+        if not all(n.rdma for n in fixed):
+            return False  # a bound member on a node without RDMA: the gang cannot span nodes
+        return relaxed([i for i in members if classes[i].first.rdma])
+
+    def holds_fixed(members: list[int], domain_of: dict[str, str] | None) -> bool:
+        if not fixed:
+            return True
+        first = classes[members[0]].first
+        if any(n.required != first.required for n in fixed):
+            return False
+        if domain_of is None:
+            return True
+        d = domain_of[first.name]
+        return all(domain_of[n.name] == d for n in fixed)
 
     if problem.preferred_key is not None:
         by_pref: dict[tuple[str | None, str], list[int]] = defaultdict(list)
         for i in pool:
-            first = index.classes[i].first
+            first = classes[i].first
             by_pref[(first.required, first.preferred or f"?{first.name}")].append(i)
-        keep = [i for members in by_pref.values() if fits(members) for i in members]
+        keep = [i for members in by_pref.values()
+                if fits(members) and all(n.preferred == classes[members[0]].first.preferred for n in fixed)
+                and holds_fixed(members, None)
+                for i in members]
         if not keep:
             return everything  # the preferred count decides first and no single domain fits
         pool = keep
     # Node tier first (one node holding everything), then tiers inner -> outer.
-    singles = [i for i in pool if index.classes[i].caps[shape] >= need]
+    singles = [i for i in pool if one_node(classes[i])]
     if singles:
         return set(singles)
     for ti in range(len(index.tiers) - 2, -1, -1):
+        tier = index.tiers[ti]
         cells: dict[tuple[str | None, str], list[int]] = defaultdict(list)
         for i in pool:
-            c = index.classes[i]
+            c = classes[i]
             cells[(c.first.required, c.domains[ti])].append(i)
-        keep = [i for members in cells.values() if fits(members) for i in members]
+        keep = [i for members in cells.values()
+                if holds_fixed(members, tier.domain_of) and fits(members) for i in members]
         if keep:
             return set(keep)
     return set(pool)

@@ -7,10 +7,19 @@ The model stays small whatever the cluster size:
   GPU model, RDMA, per-shape capacity, required/preferred domain) are one *class*: the variables
   are "members of shape s in class c" and "nodes used in class c" (:class:`app.gang.problem.Index`);
 * :func:`app.gang.problem.prune` first drops classes no optimal plan can use;
-* knapsack-cover cuts make the LP bound on "domains used" tight at every tier;
-* the warm start is the exact tree DP of the separable relaxation (:mod:`app.gang.dp`), whose value
-  is also a valid lower bound, else the greedy baseline; the better of CP-SAT's plan and the
-  warm start (by :func:`assess`) is returned, so the result is never worse than the greedy.
+* knapsack-cover cuts make the LP bound on "domains used" tight at every tier.
+
+Two paths, one answer:
+
+* the tree DP (:mod:`app.gang.dp`) solves the relaxation without the non-separable terms exactly
+  and bounds the full objective from below. When its plan meets that bound (one member shape, no
+  bound members, one GPU model, a preferred domain that fits: the common case) the plan is optimal
+  and CP-SAT only cross-checks it against the model (every variable fixed, objective >= bound);
+* otherwise CP-SAT searches the full model within the time limit, warm-started from the better of
+  the DP plan and the greedy plan, with the DP bound as a constraint, and reports its status and gap.
+
+The better of CP-SAT's plan and the warm start (by :func:`assess`) is returned, so the result is
+never worse than the greedy baseline, even when CP-SAT runs out of time.
 
 The objective is lexicographic (see ``problem``), encoded as one weighted sum whose weights come
 from per-instance bounds (:func:`app.gang.problem.weights`), so a better higher term always wins.
@@ -21,18 +30,20 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
-from app.gang.dp import DpResult, tree_dp
+from app.gang.dp import tree_dp
 from app.gang.greedy import greedy
 from app.gang.problem import (
     Assessment,
     Assignment,
     Candidate,
     Index,
+    NodeClass,
     Problem,
+    Shape,
     Weights,
     assess,
     prune,
@@ -116,10 +127,17 @@ def plan(
     dp = tree_dp(index, allowed, w) if use_dp else None
     stats["dp"] = time.perf_counter() - t1
     start, start_method, start_assessment = base, "greedy", base_assessment
+    candidates: list[tuple[Assignment, str]] = []
     if dp is not None:
-        got = assess(index, dp.assignment)
-        if got.feasible and (base_assessment is None or got.key <= base_assessment.key):
-            start, start_method, start_assessment = dp.assignment, "dp", got
+        candidates.append((dp.assignment, "dp"))
+    elif use_dp and len(problem.shapes) > 1 and not index.fixed:
+        slots = _uniform_hint(problem)
+        if slots is not None:
+            candidates.append((slots, "greedy"))
+    for plan_, method in candidates:
+        got = assess(index, plan_)
+        if got.feasible and (start_assessment is None or got.key <= start_assessment.key):
+            start, start_method, start_assessment = plan_, method, got
 
     if dp is not None and dp.exact and start_method == "dp" and start is not None:
         # The DP plan is optimal (its value meets the DP's lower bound). CP-SAT cross-checks it:
@@ -127,13 +145,56 @@ def plan(
         # the objective bounded below by that bound. It must come back OPTIMAL; anything else
         # means the DP and the model disagree, and CP-SAT searches the full model instead.
         used = {i for i in allowed if any(n.name in start for n in index.classes[i].nodes)}
-        got_fixed = _solve(index, used, w, start, dp, workers, max(deadline, time.perf_counter() + 0.25),
-                           prefer, stats, fix=True)
+        check_until = max(deadline, time.perf_counter() + 0.25)
+        got_fixed = _solve(index, used, w, start, dp.lower, workers, check_until, prefer, stats, fix=True)
         if got_fixed.status == "optimal":
             return _done(_take(result, index, got_fixed, start, start_assessment, start_method), t0, stats)
         stats["certify_failed"] = 1.0  # never expected: search rather than trust the DP
-    outcome = _solve(index, allowed, w, start, dp, workers, deadline, prefer, stats, fix=False)
+    lower = dp.lower if dp is not None else None
+    if lower is None and use_dp and len(problem.shapes) > 1 and not index.fixed:
+        lower = _dominant_bound(problem, w)
+    outcome = _solve(index, allowed, w, start, lower, workers, deadline, prefer, stats, fix=False)
     return _done(_take(result, index, outcome, start, start_assessment, start_method), t0, stats)
+
+
+def _uniform_hint(problem: Problem) -> Assignment | None:
+    """A warm start for several member shapes: the exact plan of a gang whose members all take the
+    largest of each resource (every slot then fits any real member), members packed into its slots
+    largest first. Topologically as compact as the real optimum can be, often its equal."""
+    shapes = problem.shapes
+    big = Shape("slot", problem.pods, max(s.gpus for s in shapes), max(s.cpu_millis for s in shapes),
+                max(s.memory_bytes for s in shapes))
+    nodes = tuple(
+        replace(n, shapes=frozenset() if n.shapes is not None and not all(s.key in n.shapes for s in shapes)
+                else None)
+        for n in problem.nodes
+    )
+    uniform = replace(problem, shapes=(big,), nodes=nodes)
+    index = Index(uniform)
+    w = weights(index)
+    got = tree_dp(index, prune(index, w.exact), w)
+    if got is None:
+        return None
+    out: Assignment = {}
+    members = [s.key for s in sorted(shapes, key=lambda s: (-s.gpus, s.key)) for _ in range(s.count)]
+    for node in sorted(got.assignment):
+        for _ in range(got.assignment[node]["slot"]):
+            key = members.pop()
+            out.setdefault(node, {})[key] = out.get(node, {}).get(key, 0) + 1
+    return out
+
+
+def _dominant_bound(problem: Problem, w: Weights) -> int | None:
+    """A lower bound for several shapes: the optimum of the gang without its smaller members.
+
+    Every objective term only grows when members are added, so placing the dominant shape alone
+    can never cost more than placing everyone; the DP gives that optimum exactly, in the full
+    problem's units (same nodes, so the same tiers, and the full problem's weights).
+    """
+    dominant = max(problem.shapes, key=lambda s: (s.count * s.gpus, s.count, s.key))
+    sub = Index(replace(problem, shapes=(dominant,)))
+    got = tree_dp(sub, prune(sub, w.exact), w)
+    return got.lower if got is not None else None
 
 
 @dataclass(slots=True)
@@ -147,7 +208,7 @@ class _Outcome:
 
 
 def _solve(
-    index: Index, allowed: set[int], w: Weights, start: Assignment | None, dp: DpResult | None,
+    index: Index, allowed: set[int], w: Weights, start: Assignment | None, lower: int | None,
     workers: int, deadline: float, prefer: set[str] | None, stats: dict[str, float], *, fix: bool,
 ) -> _Outcome:
     t = time.perf_counter()
@@ -159,10 +220,10 @@ def _solve(
         out.start_objective = model.objective_of(model.hint(start))
     elif fix:
         return out
-    if dp is not None and dp.lower is not None:
-        # The DP's bound (exact tree relaxation, one DP per GPU model) holds for the full model.
-        out.lower = dp.lower
-        model.bound_below(dp.lower)
+    if lower is not None:
+        # A valid lower bound (an exact relaxation, see the callers) tightens CP-SAT's own.
+        out.lower = lower
+        model.bound_below(lower)
     stats["certify_model" if fix else "model"] = time.perf_counter() - t
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.005, deadline - time.perf_counter())
@@ -176,6 +237,8 @@ def _solve(
         out.assignment = model.decode(solver, prefer or set())
         out.objective = solver.objective_value + model.constant
         out.bound = solver.best_objective_bound + model.constant
+        if out.assignment is None:
+            out.status = "unknown"  # the relaxed packing did not decode; the warm start stands
     if out.lower is not None:
         out.bound = max(out.bound, out.lower)
     return out
@@ -271,15 +334,21 @@ class _Model:
                 for s, v in xs:
                     m.add(v <= c.caps[s.key] * u)
             if xs and (multi or c.first.fixed):
-                # One node (such classes are single nodes): every resource, all shapes together.
+                # Several shapes (or bound members) share nodes: every resource, all shapes together,
+                # per used node of the class (aggregated over identical nodes; decode packs exactly).
                 n = c.first
                 vs = [v for _, v in xs]
-                m.add(_wsum(vs, [s.gpus for s, _ in xs]) <= max(n.free_gpus, 0))
+                per_node = self.u.get(i)
+                dims = [([s.gpus for s, _ in xs], max(n.free_gpus, 0))]
                 if not math.isinf(n.free_cpu):
-                    m.add(_wsum(vs, [math.ceil(s.cpu_millis) for s, _ in xs]) <= int(n.free_cpu))
+                    dims.append(([math.ceil(s.cpu_millis) for s, _ in xs], int(n.free_cpu)))
                 if not math.isinf(n.free_memory):
-                    m.add(_wsum(vs, [math.ceil(s.memory_bytes / MIB) for s, _ in xs])
-                          <= int(n.free_memory // MIB))
+                    dims.append(([math.ceil(s.memory_bytes / MIB) for s, _ in xs], int(n.free_memory // MIB)))
+                for coefs, cap in dims:
+                    if per_node is not None:
+                        m.add(_wsum([*vs, per_node], [*coefs, -cap]) <= 0)
+                    else:
+                        m.add(_wsum(vs, coefs) <= cap)
 
         # Node tier: nodes used (bound members' nodes are a constant).
         for i, u in self.u.items():
@@ -304,8 +373,8 @@ class _Model:
                     m.add(self.u[i] <= classes[i].k * y)
                 m.add(y <= _sum([self.u[i] for i in us]))
                 self._obj(y, w.tiers[ti] + index.domain_bottom(tier, d))
-        if self.cuts and len(shapes) == 1 and not fixed:
-            self._cover_cuts(shapes[0].key, shapes[0].count)
+        if self.cuts and not fixed and len(shapes) == 1:
+            self._cover_cuts()  # (in GPU units they cost several shapes more search than they save)
 
         # Per member: GPU type (preference rank, then price).
         for (key, i), var in self.x.items():
@@ -342,34 +411,55 @@ class _Model:
             self._preferred()
         m.minimize(_wsum(self.obj_vars, self.obj_coefs))
 
-    def _cover_cuts(self, shape: str, pods: int) -> None:
+    def _cover_cuts(self) -> None:
         """Knapsack-cover cuts: a domain holding ``x`` members uses at least as many children as the
         largest children would need. With child capacities c1 >= c2 >= ... and T_k = c1+..+ck,
         ``n >= k + (x - T_k) / c_{k+1}`` holds for every k (T is concave). These are the facets of
         "children used vs members held", so the LP bound on domains used is tight at every tier
-        instead of members / largest capacity.
+        instead of members / largest capacity. One shape counts members; several count GPUs.
         """
         m, classes, depth = self.m, self.index.classes, len(self.index.tiers) - 1
+        shapes = self.problem.shapes
+        if len(shapes) == 1:
+            need = shapes[0].count
+            unit = {shapes[0].key: 1}
+
+            def node_cap(c: NodeClass) -> int:
+                return c.caps[shapes[0].key]
+        else:
+            need = self.problem.gpus
+            unit = {s.key: s.gpus for s in shapes if s.gpus}
+
+            def node_cap(c: NodeClass) -> int:
+                return max(c.first.free_gpus, 0) if any(c.caps.values()) else 0
+        if need <= 0 or not unit:
+            return
+
+        def held_by(idx: list[int]) -> tuple[list[cp_model.IntVar], list[int]]:
+            pairs = [(self.x[(k, i)], w) for i in idx for k, w in unit.items() if (k, i) in self.x]
+            return [v for v, _ in pairs], [w for _, w in pairs]
 
         def cap_of(idx: list[int]) -> int:
-            return min(pods, sum(classes[i].capacity(shape) for i in idx))
+            return min(need, sum(node_cap(classes[i]) * classes[i].k for i in idx))
 
-        def cuts(count: list[cp_model.IntVar], held: list[cp_model.IntVar] | int, caps: list[int]) -> None:
+        def cuts(count: list[cp_model.IntVar], held: tuple[list[cp_model.IntVar], list[int]] | int,
+                 caps: list[int]) -> None:
             total = 0
             for k, c in enumerate(sorted((c for c in caps if c > 0), reverse=True)):
-                if total >= pods:
+                if total >= need:
                     break
                 # c * count - held >= c * k - T_k
                 if isinstance(held, int):
                     m.add(_wsum(count, [c] * len(count)) >= c * k - total + held)
                 else:
-                    m.add(_wsum(count + held, [c] * len(count) + [-1] * len(held)) >= c * k - total)
+                    m.add(_wsum(count + held[0], [c] * len(count) + [-w for w in held[1]]) >= c * k - total)
                 total += c
 
-        def walk(level: int, idx: list[int], held: list[cp_model.IntVar] | int) -> None:
+        def walk(level: int, idx: list[int], held: tuple[list[cp_model.IntVar], list[int]] | int) -> None:
             if level == depth:
                 cuts([self.u[i] for i in idx if i in self.u], held,
-                     [classes[i].caps[shape] for i in idx for _ in range(min(classes[i].k, pods))])
+                     [node_cap(classes[i]) for i in idx if i in self.u
+                      for _ in range(min(classes[i].k, need))])
                 return
             kids: dict[str, list[int]] = defaultdict(list)
             for i in idx:
@@ -377,9 +467,9 @@ class _Model:
             ys = [self.y[(level, d)] for d in sorted(kids) if (level, d) in self.y]
             cuts(ys, held, [cap_of(k) for k in kids.values()])
             for k in kids.values():
-                walk(level + 1, k, [self.x[(shape, i)] for i in k if (shape, i) in self.x])
+                walk(level + 1, k, held_by(k))
 
-        walk(0, [i for i in self.ids if (shape, i) in self.x], pods)
+        walk(0, [i for i in self.ids if any((k, i) in self.x for k in unit)], need)
 
     def _required(self) -> None:
         """The whole gang in one domain of the required label."""
@@ -474,27 +564,41 @@ class _Model:
         return self.constant + sum(c * values.get(v, 0) for v, c in zip(self.obj_vars, self.obj_coefs,
                                                                           strict=True))
 
-    def decode(self, solver: cp_model.CpSolver, prefer: set[str]) -> Assignment:
+    def decode(self, solver: cp_model.CpSolver, prefer: set[str]) -> Assignment | None:
+        """Members per node. Identical nodes of a class are filled in order (nodes a previous plan
+        used first, then by name); several shapes are packed first-fit decreasing. None when the
+        aggregated class capacity could not be packed (the caller falls back to the warm start)."""
         out: Assignment = {}
-        shapes = self.problem.shapes
+        shapes = sorted(self.problem.shapes, key=lambda s: (-s.gpus, -s.cpu_millis, -s.memory_bytes, s.key))
         for i in self.ids:
             c = self.index.classes[i]
             wanted = {s.key: solver.value(self.x[(s.key, i)]) for s in shapes if (s.key, i) in self.x}
             if not any(wanted.values()):
                 continue
-            # Identical nodes: favour the ones a previous plan used, then by name (deterministic).
             nodes = sorted(c.nodes, key=lambda n: (n.name not in prefer, n.name))
-            if len(wanted) > 1 or c.k == 1:
-                out[nodes[0].name] = {k: v for k, v in wanted.items() if v}
+            if len(wanted) == 1:
+                (key, cnt), = wanted.items()
+                for n in nodes:
+                    if cnt <= 0:
+                        break
+                    take = min(cnt, c.caps[key])
+                    out[n.name] = {key: take}
+                    cnt -= take
                 continue
-            (key, cnt), = wanted.items()
-            per_node = c.caps[key]
-            for n in nodes:
-                if cnt <= 0:
-                    break
-                take = min(cnt, per_node)
-                out[n.name] = {key: take}
-                cnt -= take
+            free = {n.name: [float(max(n.free_gpus, 0)), n.free_cpu, n.free_memory] for n in nodes}
+            for s in shapes:
+                for _ in range(wanted.get(s.key, 0)):
+                    spot = next((n for n in nodes if free[n.name][0] >= s.gpus
+                                 and free[n.name][1] >= s.cpu_millis and free[n.name][2] >= s.memory_bytes),
+                                None)
+                    if spot is None:
+                        return None
+                    f = free[spot.name]
+                    f[0] -= s.gpus
+                    f[1] -= s.cpu_millis
+                    f[2] -= s.memory_bytes
+                    per = out.setdefault(spot.name, {})
+                    per[s.key] = per.get(s.key, 0) + 1
         return out
 
 

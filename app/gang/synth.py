@@ -9,7 +9,7 @@ leaves taken by earlier training gangs, partly used nodes scattered by small job
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.gang.problem import Candidate, Problem, Shape
 
@@ -40,7 +40,7 @@ def fleet(spec: FleetSpec, rng: random.Random) -> list[Candidate]:
         size = min(rng.randint(*spec.leaf_size), spec.nodes - len(nodes))
         busy_leaf = rng.random() < spec.busy_leaf_share
         model = spec.models[zone % len(spec.models)]
-        for j in range(size):
+        for _ in range(size):
             name = f"n{len(nodes):05d}"
             total = spec.gpus_per_node
             r = rng.random()
@@ -60,7 +60,6 @@ def fleet(spec: FleetSpec, rng: random.Random) -> list[Candidate]:
                 rdma=rng.random() >= spec.non_rdma_share,
                 cost_rank=spec.models.index(model),
             ))
-            del j
         leaf += 1
         in_spine += 1
         if in_spine >= spec.leaves_per_spine:
@@ -73,16 +72,9 @@ def fleet(spec: FleetSpec, rng: random.Random) -> list[Candidate]:
     return nodes
 
 
-def gang_problem(
-    nodes: list[Candidate], pods: int, gpus: int, name: str = "bench/gang", cpu_limited: bool = False
-) -> Problem:
-    """A gang of ``pods`` identical members; nodes with no room for one member are context only."""
+def gang_problem(nodes: list[Candidate], pods: int, gpus: int, name: str = "bench/gang") -> Problem:
+    """A gang of ``pods`` identical members; nodes with no room for one member are context only
+    (their free/used GPUs still count in the domain figures), as the extender builds it."""
     empty: frozenset[str] = frozenset()
-    cands = tuple(n if n.free_gpus >= gpus else _context(n, empty) for n in nodes)
-    del cpu_limited
+    cands = tuple(n if n.free_gpus >= gpus else replace(n, shapes=empty) for n in nodes)
     return Problem(name, (Shape("member", pods, gpus),), cands, TIERS)
-
-
-def _context(n: Candidate, empty: frozenset[str]) -> Candidate:
-    return Candidate(n.name, n.path, n.free_gpus, n.total_gpus, n.free_cpu, n.free_memory, n.gpu_model,
-                     n.rdma, n.cost_rank, n.pref_rank, empty, n.required, n.preferred, n.fixed)

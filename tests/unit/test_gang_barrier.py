@@ -223,3 +223,17 @@ def test_a_node_cordoned_while_members_gather_aborts_the_bind() -> None:
     assert all(f"planned node {node} became unschedulable before bind; none bound" in r for r in results)
     assert c.binder.bound == {}
     assert node in c.gangs.gangs["ml/g"].excluded and c.gangs.ledger.plans["ml/g"].stale
+
+
+def test_a_late_bind_during_a_regroup_joins_it_instead_of_waiting() -> None:
+    c = Cluster(fast(timeout=0.2))
+    c.nodes("n", 4, "leaf-1")
+    members = planned(c, c.gang("g", 3))
+
+    async def run() -> list[str]:
+        return list(await asyncio.gather(*(bind(c, s, n) for s, n in members[:2])))
+
+    asyncio.run(run())
+    late = asyncio.run(bind(c, *members[2]))  # filtered before the failure, arrives after it
+    assert "regrouping after an incomplete bind" in late
+    assert "ml/g" not in c.gangs.barriers and c.binder.bound == {}

@@ -266,3 +266,25 @@ def test_greedy_alone_is_the_kueue_like_baseline() -> None:
     assert r.method == "greedy" and r.assignment is not None
     # Best fit: the smallest leaf that holds the gang.
     assert leaves_used(gang(nodes, 8), r.assignment) == {"B"}
+
+
+def test_several_shapes_on_a_fleet_get_a_compact_hint_and_a_real_bound() -> None:
+    # A launcher (2 GPUs) plus 47 whole-node workers: no DP applies to two shapes; the hint is the
+    # DP plan of 48 "largest" members and the bound is the DP optimum of the workers alone.
+    rng = random.Random(4)
+    nodes = fleet(FleetSpec(400), rng)
+    p = Problem("ns/g", (Shape("launcher", 1, 2), Shape("worker", 47, 8)), tuple(nodes), TIERS)
+    r = plan(p, time_limit=5.0)
+    assert r.assignment is not None and r.assessment is not None and r.assessment.feasible
+    assert r.bound > 0 and r.gap <= 0.01
+    base = greedy(Index(p))
+    assert base is None or r.assessment.key <= assess(Index(p), base).key
+
+
+def test_unknown_cpu_or_memory_does_not_limit_capacity() -> None:
+    from app.gang.problem import capacity
+
+    n = node("n", "A")  # free_cpu / free_memory unknown (inf)
+    assert capacity(n, Shape("s", 3, 0, cpu_millis=4000, memory_bytes=2**30)) == 3
+    limited = Candidate("m", ("m",), 8, 8, free_cpu=6000, free_memory=2**40)
+    assert capacity(limited, Shape("s", 3, 1, cpu_millis=4000)) == 1
