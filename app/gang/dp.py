@@ -46,18 +46,35 @@ class _Node:
 
 
 def tree_dp(index: Index, allowed: set[int], w: Weights) -> DpResult | None:
+    """Best plan of the separable relaxation and its bounds (one member shape only).
+
+    Members already bound (a replan) are fixed: their nodes and domains are open whatever happens,
+    so their costs are in every entry of their tables, not only in the entries that use them.
+    """
     problem = index.problem
-    if len(problem.shapes) != 1 or index.fixed:
+    if len(problem.shapes) != 1:
         return None
     shape = problem.shapes[0]
     pods = shape.count
-    pool = [i for i in sorted(allowed) if index.classes[i].caps[shape.key] > 0]
+    fixed = index.fixed
+    pool = [i for i in sorted(allowed)
+            if index.classes[i].caps[shape.key] > 0 or index.classes[i].first.fixed]
     if problem.required_key is not None:
         pool = [i for i in pool if index.classes[i].first.required is not None]
-    exact = w.exact
+        pinned = {n.required for n in fixed}
+        if len(pinned) > 1 or None in pinned:
+            return None  # bound members in no (or several) required domains: nothing is feasible
+        if pinned:
+            pool = [i for i in pool if index.classes[i].first.required in pinned]
+    if fixed and not all(n.rdma for n in fixed):
+        # A bound member on a node without RDMA: the gang cannot span nodes; that node or nothing.
+        if len(fixed) > 1:
+            return None
+        pool = [i for i in pool if index.classes[i].first.fixed]
+    exact = w.exact and not (fixed and problem.preferred_key is not None)
     cells: dict[tuple[str | None, str | None], list[int]] = defaultdict(list)
     pref_const = 0
-    if problem.preferred_key is not None:
+    if problem.preferred_key is not None and not fixed:
         for i in pool:
             f = index.classes[i].first
             cells[(f.required, f.preferred or f"?{f.name}")].append(i)
@@ -80,7 +97,8 @@ def tree_dp(index: Index, allowed: set[int], w: Weights) -> DpResult | None:
         pieces = []
         for key in sorted(pool_cells, key=lambda k: (k[0] or "", k[1] or "")):
             if pool_cells[key]:
-                pieces += _split(index, pool_cells[key], shape.key, pods, w)
+                cell = pool_cells[key]
+                pieces += _split(index, cell, shape.key, pods, w) if not fixed else [(0, cell)]
         pieces.sort(key=lambda lp: lp[0])
         best: tuple[int, Assignment] | None = None
         for lb, members in pieces:
@@ -95,18 +113,27 @@ def tree_dp(index: Index, allowed: set[int], w: Weights) -> DpResult | None:
     if relaxed is None:
         return None
 
+    fixed_models = {n.gpu_model for n in fixed if n.gpu_model}
+
     def models_of(a: Assignment) -> set[str]:
-        return {index.by_name[n].gpu_model for n in a if index.by_name[n].gpu_model}
+        return {index.by_name[n].gpu_model for n in a if index.by_name[n].gpu_model} | fixed_models
 
     # Mixing GPU models is the one term the tree cannot see: the relaxation bounds it from below,
     # and one DP per model gives the best single-model plans.
     used = len(models_of(relaxed[1]))
     value, assignment = relaxed[0] + pref_const + w.models * used, relaxed[1]
-    lower = relaxed[0] + pref_const + w.models * min(used, 1)
-    if used > 1:
-        lower = relaxed[0] + pref_const + 2 * w.models
-        for model in sorted({index.classes[i].first.gpu_model for i in pool}):
-            only = {k: [i for i in v if index.classes[i].first.gpu_model == model] for k, v in cells.items()}
+    least = max(min(used, 1), len(fixed_models))  # models any plan must use
+    lower = relaxed[0] + pref_const + w.models * least
+    if used > least and len(fixed_models) >= 2:
+        exact = False  # bound members already mix models: the relaxation is all we know
+    elif used > least:
+        # Any plan that mixes uses one model more; the best single-model plans come from one DP
+        # per model (the bound members' model, if any).
+        lower = relaxed[0] + pref_const + w.models * (least + 1)
+        models = sorted(fixed_models) or sorted({index.classes[i].first.gpu_model for i in pool})
+        for model in models:
+            only = {k: [i for i in v if index.classes[i].first.gpu_model == model
+                        or index.classes[i].first.fixed] for k, v in cells.items()}
             got = solve(only)
             if got is None:
                 continue
@@ -186,14 +213,16 @@ def _solve_cell(
     classes = index.classes
     gpus = index.shapes[shape].gpus
     best: tuple[int, Assignment] | None = None
-    # The whole gang on one node needs no RDMA.
-    for i in members:
+    fixed = bool(index.fixed)
+    # The whole gang on one node needs no RDMA (with bound members, only their node could be it:
+    # the tree below covers that case).
+    for i in members if not fixed else []:
         c = classes[i]
         if c.caps[shape] >= pods:
             cost = _open_cost(index, c, w) + pods * gpus * index.type_cost(c.first)
             if best is None or cost < best[0]:
                 best = (cost, {c.first.name: {shape: pods}})
-    rdma = [i for i in members if classes[i].first.rdma]
+    rdma = [i for i in members if classes[i].first.rdma or (fixed and classes[i].first.fixed)]
     if sum(classes[i].capacity(shape) for i in rdma) < pods:
         return best
     root = _build(index, rdma, shape, pods, w)
@@ -211,13 +240,19 @@ def _build(index: Index, members: list[int], shape: str, pods: int, w: Weights) 
     depth = len(index.tiers) - 1
     gpus = index.shapes[shape].gpus
 
+    fixed_domains = [{t.domain_of[n.name] for n in index.fixed} for t in index.tiers[:-1]]
+
     def leaf(i: int) -> Table:
         c = classes[i]
         m = c.caps[shape]
         n = min(pods, m * c.k)
         j = np.arange(n + 1, dtype=np.int64)
+        per_member = j * (gpus * index.type_cost(c.first))
+        node_cost = w.tiers[-1] + index.node_bottom(c.first)
+        if c.first.fixed:
+            return per_member + node_cost  # a bound member's node is used whatever we add to it
         opened = -(-j // m)  # ceil(j / m): fill nodes before opening another
-        return opened * (w.tiers[-1] + index.node_bottom(c.first)) + j * (gpus * index.type_cost(c.first))
+        return opened * node_cost + per_member
 
     def node(level: int, idx: list[int]) -> _Node:
         if level == depth:
@@ -240,7 +275,11 @@ def _build(index: Index, members: list[int], shape: str, pods: int, w: Weights) 
     def _domain(level: int, d: str, idx: list[int]) -> _Node:
         sub = node(level + 1, idx)
         table = sub.table.copy()
-        table[1:] += w.tiers[level] + index.domain_bottom(index.tiers[level], d)
+        opening = w.tiers[level] + index.domain_bottom(index.tiers[level], d)
+        if d in fixed_domains[level]:
+            table += opening  # holds bound members: open in every plan
+        else:
+            table[1:] += opening
         np.minimum(table, INF, out=table)  # keep "impossible" from creeping towards overflow
         return _Node(table, [sub], [])
 

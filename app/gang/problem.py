@@ -333,11 +333,13 @@ def weights(index: Index, allowed: set[int] | None = None) -> Weights:
     bound = min(pods, n_nodes) * max_node
     bound += problem.gpus * max((index.type_cost(c.first) for c in classes), default=0)
     models = {c.first.gpu_model for c in classes if c.first.gpu_model}
-    ranges: list[int] = []
+    ranges: list[int] = []  # per tier: how many values its domain count can take
     for ti, tier in enumerate(index.tiers[:-1]):
-        doms = {c.domains[ti] for c in classes}
+        pinned = {tier.domain_of[n.name] for n in index.fixed}
+        doms = {c.domains[ti] for c in classes} - pinned
         bound += min(pods, len(doms)) * max((index.domain_bottom(tier, d) for d in doms), default=0)
-        ranges.append(min(pods, len(doms)) + fixed)
+        # count in [max(1, |pinned|), |pinned| + min(pods, new domains)]
+        ranges.append(min(pods, len(doms)) + (1 if pinned else 0))
     best = max((c.caps[s.key] for c in classes for s in problem.shapes), default=1) or 1
     node_lb = fixed if fixed else math.ceil(pods / best)
     node_range = max(0, min(pods, n_nodes) + fixed - node_lb)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -288,3 +289,22 @@ def test_unknown_cpu_or_memory_does_not_limit_capacity() -> None:
     assert capacity(n, Shape("s", 3, 0, cpu_millis=4000, memory_bytes=2**30)) == 3
     limited = Candidate("m", ("m",), 8, 8, free_cpu=6000, free_memory=2**40)
     assert capacity(limited, Shape("s", 3, 1, cpu_millis=4000)) == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_replans_with_bound_members_are_optimal_on_tiny_clusters(seed: int) -> None:
+    rng = random.Random(1000 + seed)
+    nodes = []
+    for i in range(rng.randint(4, 7)):
+        free = rng.choice([0, 4, 8, 8])
+        nodes.append(node(f"n{i}", f"L{rng.randint(0, 2)}", spine=f"S{rng.randint(0, 1)}", free=free,
+                          rdma=rng.random() > 0.15, model=rng.choice(["H100", "H100", "A100"])))
+    for i in rng.sample(range(len(nodes)), rng.randint(1, 2)):  # members already bound there
+        nodes[i] = replace(nodes[i], fixed=1, free_gpus=max(nodes[i].free_gpus - 4, 0))
+    p = gang(nodes, rng.randint(1, 3), gpus=4)
+    best = brute_force(p)
+    r = plan(p, time_limit=2.0)
+    if best is None:
+        assert r.assignment is None
+    else:
+        assert r.assessment is not None and r.assessment.key == best, (r.assessment, best)
