@@ -142,6 +142,8 @@ class Settings(BaseSettings):
     default_interactive_ms_per_token: float = Field(50.0, gt=0)
     cpu_stages_may_use_gpu_nodes: bool = False
     default_cpu_hourly_cost: float = Field(0.05, ge=0)
+    # Per GPU-hour for GPUs missing from the catalog (conservative: priced like a large GPU).
+    unknown_gpu_hourly_cost: float = Field(4.0, ge=0)
 
     gang_reservation_ttl_seconds: float = Field(120.0, gt=0)
     gang_bind_timeout_seconds: float = Field(3.0, gt=0)

@@ -19,7 +19,7 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.feasibility import NodeFit, P, Rejection, evaluate
 from app.core.gravity import MISSING, GravityModel
-from app.core.nodes import node_facts
+from app.core.nodes import facts_for
 from app.core.placer import FilterDecision, GangHook, GravityHook, Placer
 from app.core.scoring import NodeScore
 from app.core.snapshot import ClusterSnapshot, NodeUsage
@@ -277,7 +277,7 @@ class ExtenderService:
     def absorb_node(self, node: dict[str, Any]) -> None:
         with self.lock:
             self.snapshot.upsert_node(
-                node_facts(node, self.catalog, self.settings.labels, self.settings.default_cpu_hourly_cost)
+                facts_for(node, self.catalog, self.settings)
             )
 
     def _absorb_nodes(self, args: wire.ExtenderArgs) -> None:
@@ -287,7 +287,7 @@ class ExtenderService:
             name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
             if name and (not rv or self._node_rv.get(name) != rv or name not in self.snapshot.nodes):
                 self.snapshot.upsert_node(
-                    node_facts(n, self.catalog, self.settings.labels, self.settings.default_cpu_hourly_cost)
+                    facts_for(n, self.catalog, self.settings)
                 )
                 self._node_rv[name] = rv
 

@@ -47,6 +47,8 @@ console = Console()
 class Outcome:
     placed: int = 0
     gpu_failed: int = 0
+    gpus_failed: int = 0  # GPUs asked for by the pods that failed: an 8-GPU job lost is 8x a 1-GPU one
+    gpus_placed: int = 0
     cpu_failed: int = 0
     stranded_share: list[float] = field(default_factory=list)
     free_whole_nodes: list[int] = field(default_factory=list)
@@ -122,11 +124,14 @@ def replay(kind: str, nodes: list[dict[str, Any]], events: list[tuple[int, int, 
             continue
         seen += 1
         res = scheduler.schedule(pod)
+        gpus = int(pod["spec"]["containers"][0]["resources"]["requests"].get("nvidia.com/gpu", 0))
         if res.node is not None:
             out.placed += 1
+            out.gpus_placed += gpus
             placed_uids.add(uid)
-        elif int(pod["spec"]["containers"][0]["resources"]["requests"].get("nvidia.com/gpu", 0)):
+        elif gpus:
             out.gpu_failed += 1
+            out.gpus_failed += gpus
         else:
             out.cpu_failed += 1
         if seen % every == 0:
@@ -147,7 +152,8 @@ def main(
     nodes = load_nodes(data)
     title = f"openb trace replay on {len(nodes)} GPU nodes: ours vs default kube-scheduler scoring"
     table = Table(title=title)
-    for col in ("trace", "scheduler", "pods placed", "GPU pods failed", "stranded/free GPUs (mean)",
+    for col in ("trace", "scheduler", "pods placed", "GPU pods failed", "GPUs placed", "GPUs failed",
+                "stranded/free GPUs (mean)",
                 "free whole 8-GPU nodes (mean)", "seconds"):
         table.add_column(col, justify="right" if col not in ("trace", "scheduler") else "left")
     for t in trace:
@@ -157,7 +163,7 @@ def main(
             for kind in ("default", "ours"):
                 results[kind] = replay(kind, nodes, events, progress)
         for kind, o in results.items():
-            table.add_row(t, kind, str(o.placed), str(o.gpu_failed),
+            table.add_row(t, kind, str(o.placed), str(o.gpu_failed), str(o.gpus_placed), str(o.gpus_failed),
                           f"{statistics.mean(o.stranded_share or [0]):.3f}",
                           f"{statistics.mean(o.free_whole_nodes or [0]):.1f}", f"{o.seconds:.1f}")
         d, o = results["default"], results["ours"]

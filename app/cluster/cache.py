@@ -20,7 +20,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog
-from app.core.nodes import node_facts
+from app.core.nodes import facts_for
 from app.core.snapshot import TERMINAL_PHASES, ClusterSnapshot, PlacedPod
 from app.core.workload import WorkloadError, parse_workload, pod_resources
 from app.metrics import Metrics
@@ -47,7 +47,7 @@ class Gone(Exception):
 def apply_node(
     snapshot: ClusterSnapshot, catalog: GpuCatalog, settings: Settings, node: dict[str, Any]
 ) -> None:
-    snapshot.upsert_node(node_facts(node, catalog, settings.labels, settings.default_cpu_hourly_cost))
+    snapshot.upsert_node(facts_for(node, catalog, settings))
 
 
 def apply_pod(

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from app.config import NodeLabelKeys
+from app.config import NodeLabelKeys, Settings
 from app.core.catalog import GpuCatalog, GpuSpec
 from app.core.units import parse_bandwidth_tbs, parse_money, parse_quantity
 
@@ -76,7 +76,11 @@ def _first(labels: dict[str, str], keys: list[str]) -> str | None:
 
 
 def node_facts(
-    node: dict[str, Any], catalog: GpuCatalog, keys: NodeLabelKeys, cpu_hourly_cost: float = 0.05
+    node: dict[str, Any],
+    catalog: GpuCatalog,
+    keys: NodeLabelKeys,
+    cpu_hourly_cost: float = 0.05,
+    unknown_gpu_hourly_cost: float = 4.0,
 ) -> NodeFacts:
     """Build NodeFacts from a Node dict. Never raises on odd labels: problems become ``warnings``."""
     meta = node.get("metadata") or {}
@@ -128,7 +132,10 @@ def node_facts(
     if node_class is not NodeClass.GPU and gpu_count:
         node_class = NodeClass.GPU  # GPUs present outrank a stale annotation
 
-    cost = (gpu.hourly_cost_usd * gpu_count) if gpu else cpu_hourly_cost
+    # An unknown GPU is priced like a big one: pricing it like a CPU node would make it the cheapest
+    # node in the cluster and pull every CPU pod onto it, stranding its GPUs.
+    per_gpu = gpu.hourly_cost_usd if gpu else unknown_gpu_hourly_cost
+    cost = per_gpu * gpu_count if gpu_count else cpu_hourly_cost
     if (raw_cost := ann.get(ANN + "hourly-cost")) is not None:
         try:
             cost = parse_money(raw_cost)
@@ -161,3 +168,9 @@ def node_facts(
         labels=labels,
         warnings=tuple(warnings),
     )
+
+
+def facts_for(node: dict[str, Any], catalog: GpuCatalog, settings: Settings) -> NodeFacts:
+    """node_facts with every knob taken from the settings (the one call site shape everyone uses)."""
+    return node_facts(node, catalog, settings.labels, settings.default_cpu_hourly_cost,
+                      settings.unknown_gpu_hourly_cost)

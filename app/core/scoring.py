@@ -75,9 +75,22 @@ def _separation(spec: WorkloadSpec, usage: NodeUsage) -> float:
 
 
 def _packing(spec: WorkloadSpec, fit: NodeFit, usage: NodeUsage) -> float:
+    """Fill nodes so whole nodes stay free, without stranding GPUs behind exhausted CPUs.
+
+    GPUs are only usable with CPU beside them. A placement that leaves a node's free GPUs with less
+    than their proportional share of the free CPU strands them (the "Beware of Fragmentation" FGD
+    lesson); replaying the Alibaba openb trace showed pure GPU bin-packing losing pods to that.
+    """
     node = fit.node
-    if spec.gpus > 0 and node.gpu_count > 0:
-        return min(1.0, (usage.gpus + spec.gpus) / node.gpu_count)
+    if node.gpu_count > 0 and node.cpu_millis > 0:
+        cpu_per_gpu = node.cpu_millis / node.gpu_count
+        free_after = node.gpu_count - usage.gpus - spec.gpus
+        cpu_after = node.cpu_millis - usage.cpu_millis - spec.cpu_millis
+        balance = 1.0 if free_after <= 0 else min(1.0, max(0.0, cpu_after) / (free_after * cpu_per_gpu))
+        if spec.gpus > 0:
+            return min(1.0, (usage.gpus + spec.gpus) / node.gpu_count) * (0.5 + 0.5 * balance)
+        # CPU pods belong where the GPUs are already busy, then where CPU is plentiful per free GPU.
+        return 1.0 if free_after <= 0 else 0.5 * balance
     if node.cpu_millis > 0:
         return min(1.0, (usage.cpu_millis + spec.cpu_millis) / node.cpu_millis)
     return NEUTRAL
@@ -161,8 +174,7 @@ def score_nodes(
     out: list[NodeScore] = []
     for f, cost in zip(fits, costs, strict=True):
         u = usage(f.node.name)
-        load = u.gpus if gpu_pod else u.cpu_millis
-        key = (f.node.shape, f.sizing.precision, load, u.training > 0, u.interactive > 0)
+        key = (f.node.shape, f.sizing.precision, u.gpus, u.cpu_millis, u.training > 0, u.interactive > 0)
         hit = memo.get(key)
         if hit is None:
             terms = base_terms(f, cost, u)

@@ -151,3 +151,38 @@ def test_fp8_needs_fp8_hardware_and_falls_back(service: ExtenderService) -> None
     d = service.placer.filter(pod, NAMES)
     assert d.fits["a100-0"].sizing.precision.value == "int8"
     assert d.fits["h100-0"].sizing.precision.value == "fp8"
+
+
+def test_unknown_gpu_node_is_not_priced_like_a_cpu_node(service: ExtenderService) -> None:
+    from app.sim.fleet import node_object
+
+    service.absorb_node(node_object("mystery-1", gpus=8, product="G3"))
+    facts = service.snapshot.nodes["mystery-1"]
+    assert facts.hourly_cost == 8 * service.settings.unknown_gpu_hourly_cost
+    assert facts.hourly_cost > service.snapshot.nodes["cpu-0"].hourly_cost
+
+
+def test_cpu_pod_on_gpu_nodes_avoids_stranding_free_gpus(service: ExtenderService) -> None:
+    from app.sim.fleet import node_object
+
+    for name in ("busy", "idle"):
+        service.absorb_node(node_object(name, gpus=8, product="Tesla-T4", cpu="64", memory="256Gi"))
+    service.snapshot.place(PlacedPod("g", "ml/g", "busy", 8, 8000, 0, None, None, None))
+    plain = pod_object("cpu-job", cpu="16", memory="8Gi")  # no stage, no GPUs: may use GPU nodes
+    d = service.placer.filter(plain, ["busy", "idle"])
+    scores = {s.node: s for s in service.placer.score(d.spec, [d.fits[n] for n in d.passed])}
+    assert scores["busy"].terms["packing"] > scores["idle"].terms["packing"]
+
+
+def test_gpu_pod_packing_penalises_leaving_gpus_without_cpu(service: ExtenderService) -> None:
+    from app.sim.fleet import node_object
+
+    for name in ("starved", "roomy"):
+        service.absorb_node(node_object(name, gpus=8, product="Tesla-T4", cpu="64", memory="256Gi"))
+    # Same GPU use on both, but "starved" has given away almost all of its CPU.
+    service.snapshot.place(PlacedPod("a", "ml/a", "starved", 4, 60000, 0, None, None, None))
+    service.snapshot.place(PlacedPod("b", "ml/b", "roomy", 4, 8000, 0, None, None, None))
+    pod = pod_object("p", gpus=2, cpu="2")
+    d = service.placer.filter(pod, ["starved", "roomy"])
+    scores = {s.node: s for s in service.placer.score(d.spec, [d.fits[n] for n in d.passed])}
+    assert scores["roomy"].terms["packing"] > scores["starved"].terms["packing"]
