@@ -1,11 +1,13 @@
 """Fixtures of the integration suite: one real control plane per session, one namespace per module.
 
 Run with ``pytest -m integration tests/integration``. The first run builds kube-apiserver and
-kube-scheduler (scripts/build-controlplane.sh, ~5 min cold on 2 cores, cached afterwards).
+kube-scheduler (scripts/build-controlplane.sh: ~7 min on a fresh 2-core machine including the Go
+module download, seconds once Go's caches are warm, nothing once the binaries are cached).
 
-Logs: every component writes to ``<workdir>/logs/``. The workdir is printed at session start; it is
-deleted after a fully green session and kept otherwise (or always, with LLMP_KEEP_LOGS=1). A failing
-test also gets the tail of every component's log attached to its report.
+Logs: every component writes to ``<workdir>/logs/`` (workdir under $LLMP_TEST_WORKDIR, else the
+system temp dir). It is deleted after a fully green session and kept otherwise (or always, with
+LLMP_KEEP_LOGS=1); its path is printed in the terminal summary. A failing test also gets the tail of
+every component's log attached to its report.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
-    if not report.failed:
+    if not report.failed or item.get_closest_marker("integration") is None:
         return
     cp: ControlPlane | None = _STATE["cp"]
     if cp is None:

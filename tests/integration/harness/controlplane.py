@@ -251,13 +251,22 @@ class ControlPlane:
             raise
 
     def stop(self) -> None:
-        """Stop every component, consumers first, waiting for each PID to exit."""
+        """Stop every component, consumers first, waiting for each PID to exit.
+
+        Every component gets its stop even if an earlier one fails; the first failure is re-raised.
+        """
+        first: BaseException | None = None
         for c in (self.scheduler, self.extender, self.apiserver, self.etcd):
             if c is not None:
-                c.stop()
+                try:
+                    c.stop()
+                except BaseException as exc:
+                    first = first or exc
         if self._api is not None:
             self._api.close()
             self._api = None
+        if first is not None:
+            raise first
 
     def _write_kubeconfigs(self) -> None:
         assert self.pki is not None
