@@ -59,7 +59,9 @@ lint-docker: $(STAMP)
 	$(BIN)/hadolint Dockerfile
 
 bench: $(STAMP) controlplane
-	$(BIN)/python bench/gang_solver.py --quick
+	$(BIN)/python bench/gang_solver.py --instances 5
+	$(BIN)/python bench/extender_latency.py --runs 50
+	$(BIN)/python bench/trace_sim.py
 	$(BIN)/python bench/data_gravity.py
 	$(BIN)/python bench/scheduler_throughput.py --quick
 
