@@ -29,6 +29,7 @@ from app.quality import ClusterQuality, QualityPublisher, capture, compute
 
 log = logging.getLogger(__name__)
 DECISION_MEMORY = 20_000
+FILTER_REUSE_SECONDS = 2.0
 
 
 class BinderLike(Protocol):
@@ -116,7 +117,11 @@ class ExtenderService:
                 self._absorb_nodes(args)
                 uid = str((args.pod.get("metadata") or {}).get("uid") or "")
                 prior = self._memory.get(uid) if uid else None
-                known = prior.fits if prior and prior.generation == self.snapshot.generation else None
+                # Reuse this cycle's filter verdicts: prioritize follows filter within milliseconds,
+                # and on a busy cluster every bind bumps the snapshot generation in between, so
+                # an exact-generation check would recompute every node. Scores still read live usage.
+                fresh = prior is not None and time.time() - prior.at < FILTER_REUSE_SECONDS
+                known = prior.fits if prior is not None and fresh else None
                 scores = self.placer.prioritize(args.pod, args.names(), known)
                 self._remember_scores(args.pod, scores)
             return wire.priority_list([(s.node, s.score) for s in scores])

@@ -26,7 +26,7 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.snapshot import PlacedPod
 from app.core.workload import Stage
-from app.service import ExtenderService
+from app.wiring import build_core
 from app.sim.fleet import node_object, pod_object
 
 PRODUCTS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-L4", "Tesla-T4", "NVIDIA-H200"]
@@ -56,7 +56,8 @@ def main(nodes: int = 5000, pods: int = 100_000, runs: int = 200, heap: bool = F
     base_rss = rss_mb()
     if heap:
         tracemalloc.start()
-    svc = ExtenderService(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
+    # The service exactly as `serve` wires it: gang coordinator and data gravity attached.
+    svc = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
     for i in track(range(nodes), description="nodes", console=console):
         labels = {"nvidia.com/gpu.clique": f"c{i // 4}", "fabric.topograph.run/tier-0": f"leaf-{i // 32}"}
         svc.absorb_node(node_object(f"n{i:05d}", gpus=8, product=PRODUCTS[i % 5], labels=labels))

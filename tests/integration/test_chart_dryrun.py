@@ -41,8 +41,9 @@ FIELD_MANAGER = "llm-placement-chart-dryrun"
 def helm() -> Path:
     if shutil.which("go") is None:
         pytest.skip("helm cannot be built here: no Go toolchain on PATH")
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "build-helm.sh")], capture_output=True,
-                          text=True, timeout=1800)
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "build-helm.sh")], capture_output=True, text=True, timeout=1800
+    )
     if proc.returncode != 0:
         pytest.fail(f"scripts/build-helm.sh failed:\n{proc.stderr[-4000:]}", pytrace=False)
     return Path(proc.stdout.strip().splitlines()[-1])
@@ -56,8 +57,18 @@ def api(control_plane: ControlPlane) -> Iterator[ApiClient]:
 
 
 def render(helm: Path, *sets: str) -> list[dict[str, Any]]:
-    args = [str(helm), "template", "llm-placement", str(CHART), "--namespace", NAMESPACE,
-            "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true"]
+    args = [
+        str(helm),
+        "template",
+        "llm-placement",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+    ]
     for s in sets:
         args += ["--set", s]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
@@ -81,11 +92,17 @@ def dry_run_apply(api: ApiClient, doc: dict[str, Any]) -> dict[str, Any] | None:
     # The dynamic client has no fieldValidation parameter; the plain ApiClient call carries it, so an
     # unknown or misspelt field is an error here instead of a warning header nobody reads.
     request = api.param_serialize(
-        "PATCH", path,
-        query_params=[("dryRun", "All"), ("fieldManager", FIELD_MANAGER), ("fieldValidation", "Strict"),
-                      ("force", "true")],
+        "PATCH",
+        path,
+        query_params=[
+            ("dryRun", "All"),
+            ("fieldManager", FIELD_MANAGER),
+            ("fieldValidation", "Strict"),
+            ("force", "true"),
+        ],
         header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
-        body=doc, auth_settings=["BearerToken"],
+        body=doc,
+        auth_settings=["BearerToken"],
     )
     resp = api.call_api(*request, _request_timeout=30)
     body = resp.read()
@@ -117,9 +134,15 @@ def apply_all(api: ApiClient, docs: list[dict[str, Any]]) -> tuple[list[dict[str
     [
         [],
         ["mode=default-scheduler"],
-        ["replicas=3", "scheduler.name=gpu-placement", "scheduler.extender.weight=20",
-         "extender.port=9999", "pdb.minAvailable=2", "priorityClassName=system-cluster-critical",
-         "defaultScheduler.service.clusterIP=10.96.0.50"],
+        [
+            "replicas=3",
+            "scheduler.name=gpu-placement",
+            "scheduler.extender.weight=20",
+            "extender.port=9999",
+            "pdb.minAvailable=2",
+            "priorityClassName=system-cluster-critical",
+            "defaultScheduler.service.clusterIP=10.96.0.50",
+        ],
         ["mode=default-scheduler", "defaultScheduler.service.clusterIP=10.96.0.50"],
     ],
     ids=["scheduler", "default-scheduler", "scheduler-non-default", "default-scheduler-pinned-ip"],
@@ -129,18 +152,28 @@ def test_rendered_chart_passes_server_side_dry_run(api: ApiClient, helm: Path, s
     applied, skipped = apply_all(api, docs)
     # Only CRD-backed kinds may be skipped, and the test cluster has no Prometheus Operator CRDs.
     assert skipped <= CRD_KINDS
-    assert {d["kind"] for d in applied} >= {"ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                                            "ConfigMap", "Deployment", "PodDisruptionBudget", "Service"}
+    assert {d["kind"] for d in applied} >= {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
+    }
     [dep] = [d for d in applied if d["kind"] == "Deployment"]
     # Defaulting ran (the server filled in what the chart left out) and nothing was dropped.
     pod = dep["spec"]["template"]["spec"]
-    assert pod["containers"] and all(c["securityContext"]["readOnlyRootFilesystem"] for c in pod["containers"])
+    assert pod["containers"] and all(
+        c["securityContext"]["readOnlyRootFilesystem"] for c in pod["containers"]
+    )
     assert pod["dnsPolicy"] == "ClusterFirst"
     # Dry run means dry: nothing exists afterwards.
     dyn = DynamicClient(api)
     with pytest.raises(ApiException) as exc:
         dyn.resources.get(api_version="apps/v1", kind="Deployment").get(
-            name=dep["metadata"]["name"], namespace=NAMESPACE)
+            name=dep["metadata"]["name"], namespace=NAMESPACE
+        )
     assert exc.value.status == 404
 
 
@@ -160,10 +193,13 @@ def test_dry_run_really_validates(api: ApiClient, helm: Path) -> None:
     with pytest.raises(ApiException) as exc:
         dry_run_apply(api, bad)
     assert "readOnlyRootFilesysten" in str(exc.value.reason)
-    crb = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-           "metadata": {"name": "llmp-bad-roleref"},
-           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "x"},
-           "subjects": [{"kind": "ServiceAccount", "name": "x", "namespace": NAMESPACE}]}
+    crb = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "llmp-bad-roleref"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "x"},
+        "subjects": [{"kind": "ServiceAccount", "name": "x", "namespace": NAMESPACE}],
+    }
     with pytest.raises(ApiException):
         dry_run_apply(api, crb)  # a ClusterRoleBinding may only refer to a ClusterRole
 
@@ -177,9 +213,15 @@ def test_real_extender_serves_the_rendered_config_and_passes_the_rendered_probes
     port the app does not serve, a readiness that never turns ready.
     """
     port, metrics = free_port(), free_port()
-    docs = render(helm, f"extender.port={port}", f"extender.metricsPort={metrics}",
-                  f"extender.settings.kubeconfig={control_plane.extender_kubeconfig}")
-    [cm] = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-extender-config")]
+    docs = render(
+        helm,
+        f"extender.port={port}",
+        f"extender.metricsPort={metrics}",
+        f"extender.settings.kubeconfig={control_plane.extender_kubeconfig}",
+    )
+    [cm] = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-extender-config")
+    ]
     config = tmp_path / "config.yaml"
     config.write_text(cm["data"]["config.yaml"])
     [dep] = [d for d in docs if d["kind"] == "Deployment"]
