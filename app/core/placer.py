@@ -24,6 +24,8 @@ class GangHook(Protocol):
 
     def reserved_gpus(self, node: str, exclude_gang: str | None) -> int: ...
 
+    def reserved_map(self, exclude_gang: str | None) -> dict[str, int]: ...
+
     def filter_member(
         self,
         spec: WorkloadSpec,
@@ -87,7 +89,7 @@ class Placer:
         hard = self.gravity.hard_rejections(spec, node_names) if self.gravity else {}
         entries = self.snapshot.entries
         # CPU pods do not care about GPU reservations; skip the per-node ledger lookup for them.
-        reserved = self.gangs.reserved_gpus if self.gangs is not None and spec.gpus > 0 else None
+        reserved = self.gangs.reserved_map(gang_key) if self.gangs is not None and spec.gpus > 0 else {}
         need = spec.gpus
         # Verdicts depend only on the node's shape and two bits of live state; memoise per request.
         memo: dict[tuple[object, ...], NodeFit | Rejection] = {}
@@ -101,8 +103,8 @@ class Placer:
                 continue
             facts, usage = entry
             free = facts.gpu_count - usage.gpus
-            if reserved is not None and free > 0:
-                free -= reserved(name, gang_key)
+            if reserved and free > 0:
+                free -= reserved.get(name, 0)
             key = (facts.shape, free >= need, usage.training > 0)
             verdict = memo.get(key)
             if verdict is None:

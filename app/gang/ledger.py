@@ -65,6 +65,15 @@ class Ledger:
             total -= self._by_node.get(node, {}).get(exclude_gang, 0)
         return total
 
+    def reserved_map(self, exclude_gang: str | None = None) -> dict[str, int]:
+        """node -> GPUs reserved by other gangs, only for nodes holding a reservation (usually few)."""
+        out = {}
+        for node in self._total:
+            n = self.reserved_gpus(node, exclude_gang)
+            if n:
+                out[node] = n
+        return out
+
     def total_reserved(self) -> int:
         return sum(self._total.values())
 
