@@ -51,6 +51,7 @@ class NodeFacts(BaseModel):
     # Everything the hard rules read except the name: nodes with equal shapes get equal verdicts,
     # so a 5,000-node request evaluates each shape once (thousands of nodes, a dozen shapes).
     shape: tuple[object, ...] = ()
+    shape_id: int = -1  # a small int for ``shape``, assigned by the snapshot (cheap to hash)
 
     @property
     def has_gpus(self) -> bool:

@@ -92,7 +92,7 @@ class Placer:
         reserved = self.gangs.reserved_map(gang_key) if self.gangs is not None and spec.gpus > 0 else {}
         need = spec.gpus
         # Verdicts depend only on the node's shape and two bits of live state; memoise per request.
-        memo: dict[tuple[object, ...], NodeFit | Rejection] = {}
+        memo: dict[int, NodeFit | Rejection] = {}
         for name in node_names:
             entry = entries.get(name)
             if entry is None:
@@ -101,11 +101,11 @@ class Placer:
             if hard and name in hard:
                 rejections[name] = hard[name]
                 continue
-            facts, usage = entry
+            facts, usage, sid = entry
             free = facts.gpu_count - usage.gpus
             if reserved and free > 0:
                 free -= reserved.get(name, 0)
-            key = (facts.shape, free >= need, usage.training > 0)
+            key = sid * 4 + (2 if free >= need else 0) + (1 if usage.training else 0)
             verdict = memo.get(key)
             if verdict is None:
                 verdict = memo[key] = evaluate(spec, facts, usage, free, self.settings)
@@ -140,7 +140,7 @@ class Placer:
         term = None
         if self.gravity is not None and spec.depends_on:
             term = self.gravity.term(spec, [f.node.name for f in fits])
-        return score_nodes(spec, fits, self.usage, self.settings, term)
+        return score_nodes(spec, fits, self.snapshot.usage, self.settings, term)
 
     def prioritize(
         self,

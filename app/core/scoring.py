@@ -6,7 +6,7 @@ score says "how close to the best option here", not an absolute figure that drif
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from app.config import Settings, StageWeights
@@ -116,7 +116,7 @@ def _precision(spec: WorkloadSpec, fit: NodeFit) -> float:
 def score_nodes(
     spec: WorkloadSpec,
     fits: Sequence[NodeFit],
-    usage: Callable[[str], NodeUsage],
+    usage: Mapping[str, NodeUsage],
     settings: Settings,
     gravity: GravityFn | None = None,
 ) -> list[NodeScore]:
@@ -136,15 +136,18 @@ def score_nodes(
             return f.pod_hourly_cost * f.ms_per_token
         return f.pod_hourly_cost
 
-    costs = [unit_cost(f) for f in fits]
-    best_cost = min(costs)
-    ms_values = [f.ms_per_token for f in fits if f.ms_per_token]
+    # Relative terms need the best candidate; nodes of one shape and precision are all alike, so
+    # look at one representative of each instead of every node.
+    reps = list({(f.node.shape_id, f.sizing.precision): f for f in fits}.values())
+    best_cost = min(unit_cost(f) for f in reps)
+    ms_values = [f.ms_per_token for f in reps if f.ms_per_token]
     best_ms = min(ms_values) if ms_values else None
-    max_bw = max((f.node.gpu_bandwidth_tbs for f in fits), default=0.0)
+    max_bw = max((f.node.gpu_bandwidth_tbs for f in reps), default=0.0)
     total_w = sum(w[t] for t in TERMS)
     gpu_pod = spec.gpus > 0
 
-    def base_terms(f: NodeFit, cost: float, u: NodeUsage) -> dict[str, float]:
+    def base_terms(f: NodeFit, u: NodeUsage) -> dict[str, float]:
+        cost = unit_cost(f)
         terms: dict[str, float] = {
             "memory_fit": _memory_fit(spec, f, settings.memory_headroom),
             "cost": (best_cost / cost) if cost > 0 else 1.0,
@@ -172,16 +175,18 @@ def score_nodes(
 
     memo: dict[tuple[object, ...], tuple[dict[str, float], float]] = {}
     out: list[NodeScore] = []
-    for f, cost in zip(fits, costs, strict=True):
-        u = usage(f.node.name)
-        key = (f.node.shape, f.sizing.precision, u.gpus, u.cpu_millis, u.training > 0, u.interactive > 0)
+    empty = NodeUsage()
+    for f in fits:
+        name = f.node.name
+        u = usage.get(name) or empty
+        key = (f.node.shape_id, f.sizing.precision, u.gpus, u.cpu_millis, u.training > 0, u.interactive > 0)
         hit = memo.get(key)
         if hit is None:
-            terms = base_terms(f, cost, u)
+            terms = base_terms(f, u)
             hit = memo[key] = (terms, weighted(terms))
         terms, total = hit
         if gravity is not None and (g := gravity(f.node.name)) is not None:
             terms = {**terms, "gravity": g}
             total = weighted(terms)
-        out.append(NodeScore(f.node.name, round(10 * total), total, terms, w))
+        out.append(NodeScore(name, round(10 * total), total, terms, w))
     return out

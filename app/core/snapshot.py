@@ -52,8 +52,10 @@ class ClusterSnapshot:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeFacts] = {}
         self.usage: dict[str, NodeUsage] = {}
-        # name -> (facts, usage): one lookup per node on the filter hot path instead of two.
-        self.entries: dict[str, tuple[NodeFacts, NodeUsage]] = {}
+        # name -> (facts, usage, shape id): one lookup per node on the filter hot path, and a small
+        # int standing for the node's shape (hashing the shape tuple per node per request is slow).
+        self.entries: dict[str, tuple[NodeFacts, NodeUsage, int]] = {}
+        self._shape_ids: dict[tuple[object, ...], int] = {}
         self.pods: dict[str, PlacedPod] = {}  # uid -> running/bound pod
         self.by_key: dict[str, str] = {}  # ns/name -> uid
         self.finished: dict[str, PlacedPod] = {}  # ns/name -> finished producer (data gravity)
@@ -64,9 +66,12 @@ class ClusterSnapshot:
 
     # --- nodes ---------------------------------------------------------------------------------
     def upsert_node(self, facts: NodeFacts) -> None:
+        sid = self._shape_ids.setdefault(facts.shape, len(self._shape_ids))
+        if facts.shape_id != sid:
+            facts = facts.model_copy(update={"shape_id": sid})
         self.nodes[facts.name] = facts
         usage = self.usage.setdefault(facts.name, NodeUsage())
-        self.entries[facts.name] = (facts, usage)
+        self.entries[facts.name] = (facts, usage, sid)
         self.generation += 1
 
     def remove_node(self, name: str) -> None:
