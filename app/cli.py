@@ -46,6 +46,10 @@ def serve(
     settings = _settings(config, host=host, port=port)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Bind, watch and metrics threads share the GIL with the event loop that answers filter calls.
+    # With the default 5 ms switch interval a filter request can wait a full interval per handoff
+    # behind a bind thread; 0.5 ms keeps kube-scheduler's synchronous path short.
+    sys.setswitchinterval(settings.gil_switch_interval_seconds)
     service, cache = build_live(settings)
     if settings.metrics_port:
         # Metrics listen on all interfaces so Prometheus can scrape the pod; the verbs stay on host.

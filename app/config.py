@@ -124,6 +124,7 @@ class Settings(BaseSettings):
     scheduler_name: str = "llm-placement"
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    gil_switch_interval_seconds: float = Field(0.0005, gt=0, le=0.1)
 
     labels: NodeLabelKeys = NodeLabelKeys()
     weights: dict[str, StageWeights] = Field(default_factory=_default_weights)
