@@ -14,6 +14,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from app.cluster.client import raw
+
 log = logging.getLogger(__name__)
 COMPONENT = "llm-placement"
 
@@ -39,16 +41,13 @@ class Binder:
         # Raw JSON, not the client's models: deserialising a V1Pod costs milliseconds of CPU under
         # the GIL, on the same interpreter that answers kube-scheduler's filter calls.
         try:
-            resp: Any = self.core.read_namespaced_pod(
-                name, namespace, _preload_content=False, _request_timeout=5
-            )
+            data = json.loads(raw(self.core.read_namespaced_pod, name, namespace, _request_timeout=5))
         except ApiException as exc:
             if not raise_errors:
                 return None
             if exc.status == 404:
                 raise BindError(f"llm-placement: pod {namespace}/{name} no longer exists") from None
             raise BindError(f"llm-placement: cannot read pod {namespace}/{name}: {exc.reason}") from None
-        data = json.loads(resp.data)
         return data if isinstance(data, dict) else None
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
@@ -73,9 +72,7 @@ class Binder:
         try:
             # The pods/{name}/binding subresource: the RBAC grants pods/binding, not the bindings
             # resource that POST namespaces/{ns}/bindings (create_namespaced_binding) would need.
-            self.core.create_namespaced_pod_binding(
-                name, namespace, body, _preload_content=False, _request_timeout=5
-            )
+            raw(self.core.create_namespaced_pod_binding, name, namespace, body, _request_timeout=5)
         except ApiException as exc:
             if exc.status == 404:
                 raise BindError(f"llm-placement: pod {namespace}/{name} no longer exists") from None
@@ -114,6 +111,6 @@ class Binder:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(namespace, ev, _preload_content=False, _request_timeout=5)
+            raw(self.core.create_namespaced_event, namespace, ev, _request_timeout=5)
         except Exception as exc:
             log.warning("could not record event for %s/%s: %s", namespace, name, exc)

@@ -18,6 +18,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
+from app.cluster.client import raw
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.nodes import facts_for
@@ -140,10 +141,10 @@ class ClusterCache:
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"limit": 500, "_preload_content": False, "_request_timeout": 60}
+            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": 60}
             if token:
                 kwargs["_continue"] = token
-            data = json.loads(fn(**kwargs).data)
+            data = json.loads(raw(fn, **kwargs))
             items.extend(_slim(kind, i) for i in data.get("items") or [])
             meta = data.get("metadata") or {}
             token = meta.get("continue")

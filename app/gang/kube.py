@@ -15,6 +15,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from app.cluster.client import raw
 from app.core.snapshot import ClusterSnapshot
 from app.gang.persist import PlanRecord, records_from_pods
 
@@ -81,9 +82,8 @@ class PodGroupWatcher:
                 backoff = min(backoff * 2, 30.0)
 
     def _list(self) -> str:
-        resp: Any = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False,
-                                                          _request_timeout=30)
-        data = json.loads(resp.data)
+        data = json.loads(raw(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                              _request_timeout=30))
         sizes = min_members(data.get("items") or [])
         with self.lock:
             self.snapshot.podgroup_min_member.clear()
@@ -130,8 +130,8 @@ def load_plan_records(
     last: Exception | None = None
     for i in range(attempts):
         try:
-            resp: Any = core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=60)
-            return records_from_pods(json.loads(resp.data).get("items") or [], gpu_resources)
+            body = raw(core.list_pod_for_all_namespaces, _request_timeout=60)
+            return records_from_pods(json.loads(body).get("items") or [], gpu_resources)
         except Exception as exc:
             last = exc
             log.warning("cannot list pods to restore gang plans (%s); attempt %d/%d", exc, i + 1, attempts)
