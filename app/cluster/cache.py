@@ -181,9 +181,11 @@ class ClusterCache:
                     self.snapshot.remove_node(str((obj.get("metadata") or {}).get("name")))
                 else:
                     apply_node(self.snapshot, self.catalog, self.settings, obj)
+                self._update_gauges()
             else:
                 apply_pod(self.snapshot, self.settings, obj, deleted=etype == "DELETED")
-            self._update_gauges()
+                # Pod events cannot change the node gauges; keep the per-event work O(1).
+                self.metrics.cache_pods.set(len(self.snapshot.pods))
 
     def _update_gauges(self) -> None:
         self.metrics.cache_nodes.set(len(self.snapshot.nodes))
