@@ -53,8 +53,7 @@ class Remembered:
     fit: NodeFit | None
     scores: dict[str, NodeScore]
     at: float
-    fits: dict[str, NodeFit] | None = None  # filter verdicts, valid while the snapshot is unchanged
-    generation: int = -1
+    fits: dict[str, NodeFit] | None = None  # this cycle's filter verdicts, reused by prioritize
 
 
 def _invalid_key(problem: str) -> str:
@@ -304,7 +303,7 @@ class ExtenderService:
         prior = self._memory.get(spec.uid)
         scores = prior.scores if prior else {}
         self._memory[spec.uid] = Remembered(
-            spec, fit, scores, time.time(), decision.fits, self.snapshot.generation
+            spec, fit, scores, time.time(), decision.fits
         )
         self._memory.move_to_end(spec.uid)
         while len(self._memory) > DECISION_MEMORY:
