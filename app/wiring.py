@@ -5,15 +5,19 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from dataclasses import replace
+
+from kubernetes import client
 
 from app.cluster.binder import Binder
 from app.cluster.cache import ClusterCache
-from app.cluster.client import api_client
+from app.cluster.client import api_client, raw
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import GravityModel
 from app.core.snapshot import ClusterSnapshot
-from app.gang.coordinator import GangCoordinator
+from app.core.workload import WorkloadSpec
+from app.gang.coordinator import GangCoordinator, GangRuntime
 from app.gang.kube import PodGroupWatcher, load_plan_records
 from app.gang.persist import BackgroundWriter
 from app.metrics import Metrics
@@ -28,6 +32,8 @@ def build_core(
     catalog: GpuCatalog,
     metrics: Metrics | None = None,
     binder: BinderLike | None = None,
+    gang_runtime: GangRuntime | None = None,
+    gangs_follow_sync: bool = False,
 ) -> ExtenderService:
     snapshot = ClusterSnapshot()
     # Data gravity reads the same snapshot the placer does (producers' nodes, finished producers).
@@ -35,7 +41,11 @@ def build_core(
     service = ExtenderService(
         settings, catalog, snapshot=snapshot, metrics=metrics, binder=binder, gravity=gravity
     )
-    gangs = attach_gangs(service)
+    if gangs_follow_sync:
+        # Member deletions are only trusted once the watch has listed everything (after a restart
+        # the snapshot starts empty and every restored member would look deleted).
+        gang_runtime = replace(gang_runtime or GangRuntime(), synced=service.ready.is_set)
+    gangs = attach_gangs(service, gang_runtime)
 
     def planned(gang: str) -> list[str]:
         # A gang that holds a reservation but has no member bound yet: its output will be where the
@@ -47,10 +57,38 @@ def build_core(
     return service
 
 
-def attach_gangs(service: ExtenderService) -> GangCoordinator:
+class GangMetricsAdapter:
+    """The service's Prometheus metrics as app.gang's GangMetrics protocol."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def solved(self, status: str, seconds: float) -> None:
+        self.m.solver_duration.labels(status).observe(seconds)
+        self.m.solver_runs.labels(status).inc()
+
+    def outcome(self, outcome: str) -> None:
+        self.m.gangs_bound.labels(outcome).inc()
+
+    def waited(self, seconds: float) -> None:
+        self.m.gang_wait.observe(seconds)
+
+    def reservation_expired(self) -> None:
+        self.m.reservations_expired.inc()
+
+    def reserved(self, gpus: int) -> None:
+        self.m.reservations.set(gpus)
+
+
+def attach_gangs(service: ExtenderService, runtime: GangRuntime | None = None) -> GangCoordinator:
     """Gang planning (filter), reservations and the all-or-nothing bind barrier (app.gang)."""
     writer = BackgroundWriter(service.binder) if service.binder is not None else None
-    gangs = GangCoordinator(service.settings, service.snapshot, service.lock, service.metrics, writer)
+
+    def bind(spec: WorkloadSpec, node: str) -> str:
+        return service.bind_one(spec.namespace, spec.name, spec.uid, node, spec)
+
+    gangs = GangCoordinator(service.settings, service.snapshot, service.lock, bind,
+                            GangMetricsAdapter(service.metrics), writer, runtime)
     service.placer.gangs = gangs
     service.gang_binder = gangs
     return gangs
@@ -66,15 +104,17 @@ def build_live(
         start_quality_refresher(service)
         return service, None
     api = api_client(settings.kubeconfig)
-    service = build_core(settings, catalog, metrics, Binder(api))
+    service = build_core(settings, catalog, metrics, Binder(api), gangs_follow_sync=True)
     gangs = service.gang_binder
     if isinstance(gangs, GangCoordinator):
         # Plans persisted on pods are restored before we serve a single filter, so a restarted
         # extender never hands GPUs reserved for a gang to another pod.
-        restored = gangs.restore(load_plan_records(api, tuple(settings.labels.gpu_resource)))
+        core = client.CoreV1Api(api)
+        records = load_plan_records(lambda: raw(core.list_pod_for_all_namespaces, _request_timeout=60),
+                                    tuple(settings.labels.gpu_resource))
+        restored = gangs.restore(records)
         log.info("restored %d gang plan(s) from pod annotations", restored)
-        gangs.synced = service.ready.is_set
-        PodGroupWatcher(api, service.snapshot, service.lock).start()
+        PodGroupWatcher(client.CustomObjectsApi(api), raw, service.snapshot, service.lock).start()
     cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics)
 
     changes = 0

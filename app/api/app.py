@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
 
 from app import __version__
@@ -10,7 +13,14 @@ from app.service import ExtenderService
 
 
 def create_app(service: ExtenderService) -> FastAPI:
-    app = FastAPI(title="llm-placement", version=__version__, docs_url=None, redoc_url=None)
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if service.gang_binder is not None:
+            service.gang_binder.close()  # the gang planner's and binder's thread pools
+
+    app = FastAPI(title="llm-placement", version=__version__, docs_url=None, redoc_url=None,
+                  lifespan=lifespan)
     app.state.service = service
     app.include_router(extender_router(), prefix=service.settings.url_prefix)
     app.include_router(ops_router())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -120,10 +119,6 @@ class ClusterCache:
     @property
     def synced(self) -> bool:
         return all(e.is_set() for e in self._synced.values())
-
-    def wait_synced(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        return all(e.wait(max(0.0, deadline - time.monotonic())) for e in self._synced.values())
 
     def start(self) -> None:
         for kind in ("nodes", "pods"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from app.gang.problem import Assignment, Candidate, Index, Shape
+from app.gang.problem import Assignment, Candidate, Index, Shape, first_fit
 
 
 def greedy(index: Index, allowed: set[int] | None = None) -> Assignment | None:
@@ -159,7 +159,7 @@ def _multi_shape(index: Index, pool: list[int]) -> Assignment | None:
         nodes = [n for i in group for n in index.classes[i].nodes]
         for n in sorted(nodes, key=lambda n: (n.free_gpus, n.name)):  # the whole gang on one node
             if fixed <= {n.name}:
-                one = _ffd([n], shapes)
+                one = first_fit([n], shapes)
                 if one is not None:
                     return one
         if not all(n.rdma for n in index.fixed):
@@ -175,29 +175,11 @@ def _multi_shape(index: Index, pool: list[int]) -> Assignment | None:
                 names = {n.name for n in members}
                 anchored = all(tier.domain_of[f] in {tier.domain_of[m] for m in names} for f in fixed)
                 if anchored and sum(n.free_gpus for n in members) >= need:
-                    got = _ffd(sorted(members, key=lambda n: (-n.free_gpus, n.name)), shapes)
+                    got = first_fit(sorted(members, key=lambda n: (-n.free_gpus, n.name)), shapes)
                     if got is not None:
                         return got
         if fixed <= {n.name for n in rdma}:  # no single domain holds it: across domains, fullest first
-            got = _ffd(sorted(rdma, key=lambda n: (-n.free_gpus, n.name)), shapes)
+            got = first_fit(sorted(rdma, key=lambda n: (-n.free_gpus, n.name)), shapes)
             if got is not None:
                 return got
     return None
-
-
-def _ffd(nodes: list[Candidate], shapes: list[Shape]) -> Assignment | None:
-    free = {n.name: [float(n.free_gpus), n.free_cpu, n.free_memory] for n in nodes}
-    out: Assignment = defaultdict(dict)
-    for s in shapes:
-        for _ in range(s.count):
-            spot = next((n for n in nodes if n.allows(s.key) and free[n.name][0] >= s.gpus
-                         and free[n.name][1] >= s.cpu_millis and free[n.name][2] >= s.memory_bytes), None)
-            if spot is None:
-                return None
-            f = free[spot.name]
-            f[0] -= s.gpus
-            f[1] -= s.cpu_millis
-            f[2] -= s.memory_bytes
-            out[spot.name][s.key] = out[spot.name].get(s.key, 0) + 1
-    return dict(out)
-

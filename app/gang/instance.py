@@ -17,7 +17,7 @@ from app.core.feasibility import NodeFit, evaluate
 from app.core.nodes import NodeFacts
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import WorkloadSpec
-from app.gang.problem import Candidate, Problem, Shape
+from app.gang.problem import Assignment, Candidate, Problem, Shape, fits_on
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
@@ -88,14 +88,14 @@ def build(
         usable = {k for k, names in allowed.items() if name in names}
         if not usable and not fixed.get(name) and not (facts.has_gpus and wanted_gpus):
             continue  # neither a candidate nor context for GPU domain figures
-        usage = snapshot.usage.get(name) or NodeUsage()
+        free_gpus, free_cpu, free_memory = _free(snapshot, name, facts, reserved)
         nodes.append(Candidate(
             name=name,
             path=(facts.nvlink_domain, *facts.fabric),
-            free_gpus=snapshot.free_gpus(name) - reserved(name),
+            free_gpus=free_gpus,
             total_gpus=facts.gpu_count,
-            free_cpu=facts.cpu_millis - usage.cpu_millis if facts.cpu_millis else float("inf"),
-            free_memory=facts.memory_bytes - usage.memory_bytes if facts.memory_bytes else float("inf"),
+            free_cpu=free_cpu,
+            free_memory=free_memory,
             gpu_model=facts.gpu.name if facts.gpu else (facts.gpu_product or ""),
             rdma=facts.rdma,
             cost_rank=rank.get(_price(facts), 0),
@@ -108,6 +108,39 @@ def build(
     problem = Problem(gang, shapes, tuple(nodes), tier_names(settings),
                       first.topology_required, first.topology_preferred)
     return GangInstance(problem, dict(pending), bound)
+
+
+def unfit_nodes(
+    snapshot: ClusterSnapshot, problem: Problem, assignment: Assignment, reserved: Callable[[str], int],
+) -> list[str]:
+    """Nodes of ``assignment`` that can no longer take what it puts there (by today's snapshot).
+
+    A plan solved without the lock is checked with this before it is installed: pods bound or
+    gangs planned during the solve may have used the room it counted on.
+    """
+    shapes = {s.key: s for s in problem.shapes}
+    out = []
+    for name, placed in sorted(assignment.items()):
+        facts = snapshot.nodes.get(name)
+        if facts is None or facts.unschedulable:
+            out.append(name)
+            continue
+        gpus, cpu, memory = _free(snapshot, name, facts, reserved)
+        now = Candidate(name, (), gpus, facts.gpu_count, cpu, memory)
+        if not fits_on(now, placed, shapes):
+            out.append(name)
+    return out
+
+
+def _free(snapshot: ClusterSnapshot, name: str, facts: NodeFacts, reserved: Callable[[str], int]
+          ) -> tuple[int, float, float]:
+    """Free GPUs (net of other gangs' reservations), CPU and memory of a node; inf when unknown."""
+    usage = snapshot.usage.get(name) or NodeUsage()
+    return (
+        snapshot.free_gpus(name) - reserved(name),
+        facts.cpu_millis - usage.cpu_millis if facts.cpu_millis else float("inf"),
+        facts.memory_bytes - usage.memory_bytes if facts.memory_bytes else float("inf"),
+    )
 
 
 def _price(f: NodeFacts) -> float:

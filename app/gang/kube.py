@@ -9,13 +9,13 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from app.cluster.client import raw
 from app.core.snapshot import ClusterSnapshot
 from app.gang.persist import PlanRecord, records_from_pods
 
@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "scheduling.x-k8s.io", "v1alpha1", "podgroups"
 ABSENT_RETRY = 60.0  # the CRD may be installed later: look again this often
+# Call an API method and return the raw response body (the API adapter's connection-pool-safe
+# helper, handed in so this module does not depend on the cluster package).
+Raw = Callable[..., bytes]
 
 
 def min_members(items: list[dict[str, Any]]) -> dict[str, int]:
@@ -42,8 +45,10 @@ def min_members(items: list[dict[str, Any]]) -> dict[str, int]:
 class PodGroupWatcher:
     """Keeps ``snapshot.podgroup_min_member`` in step with PodGroups, when that CRD exists."""
 
-    def __init__(self, api: client.ApiClient, snapshot: ClusterSnapshot, lock: threading.RLock) -> None:
-        self.custom = client.CustomObjectsApi(api)
+    def __init__(self, custom: client.CustomObjectsApi, raw: Raw, snapshot: ClusterSnapshot,
+                 lock: threading.RLock) -> None:
+        self.custom = custom
+        self.raw = raw
         self.snapshot = snapshot
         self.lock = lock
         self._stop = threading.Event()
@@ -82,7 +87,7 @@ class PodGroupWatcher:
                 backoff = min(backoff * 2, 30.0)
 
     def _list(self) -> str:
-        data = json.loads(raw(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+        data = json.loads(self.raw(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
                               _request_timeout=30))
         sizes = min_members(data.get("items") or [])
         with self.lock:
@@ -119,18 +124,18 @@ class PodGroupWatcher:
 
 
 def load_plan_records(
-    api: client.ApiClient, gpu_resources: tuple[str, ...], attempts: int = 10, delay: float = 2.0
+    list_pods: Callable[[], bytes], gpu_resources: tuple[str, ...], attempts: int = 10, delay: float = 2.0
 ) -> list[PlanRecord]:
     """Every persisted gang plan of a pending pod (one list of all pods, retried a few times).
 
-    Raises the last error when the API server stays unreachable: serving without the plans could
-    hand reserved GPUs to someone else, so the caller decides (the service fails to start).
+    ``list_pods`` returns the raw PodList of every namespace. Raises the last error when the API
+    server stays unreachable: serving without the plans could hand reserved GPUs to someone else,
+    so the caller decides (the service fails to start).
     """
-    core = client.CoreV1Api(api)
     last: Exception | None = None
     for i in range(attempts):
         try:
-            body = raw(core.list_pod_for_all_namespaces, _request_timeout=60)
+            body = list_pods()
             return records_from_pods(json.loads(body).get("items") or [], gpu_resources)
         except Exception as exc:
             last = exc

@@ -99,6 +99,29 @@ def records_from_pods(pods: Iterable[dict[str, Any]], gpu_resources: tuple[str, 
     return out
 
 
+class PlanStore:
+    """Writes plans onto the member pods and clears them (no-op without an API connection)."""
+
+    def __init__(self, writer: PlanWriter | None) -> None:
+        self.writer = writer
+
+    def save(self, gang: str, members: Iterable[tuple[str, str]], planned_at: float, epoch: int) -> None:
+        """``members``: (ns/name, node) of every unbound member of the plan."""
+        if self.writer is None:
+            return
+        for pod, node in members:
+            ns, name = pod.split("/", 1)
+            self.writer.annotate(ns, name, {ANNOTATION: encode(gang, node, planned_at, epoch)})
+
+    def clear(self, pods: Iterable[str]) -> None:
+        """An empty value: "no plan" (the pods must still exist; patching a deleted pod fails)."""
+        if self.writer is None:
+            return
+        for pod in pods:
+            ns, name = pod.split("/", 1)
+            self.writer.annotate(ns, name, {ANNOTATION: ""})
+
+
 class BackgroundWriter:
     """Annotation patches and events off the request path, a few at a time, newest value wins."""
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -124,6 +124,27 @@ def fits_on(node: Candidate, placed: Mapping[str, int], shapes: Mapping[str, Sha
         cpu += s.cpu_millis * n
         mem += s.memory_bytes * n
     return gpus <= node.free_gpus and cpu <= node.free_cpu and mem <= node.free_memory
+
+
+def first_fit(nodes: Sequence[Candidate], shapes: Sequence[Shape], counts: Mapping[str, int] | None = None
+              ) -> Assignment | None:
+    """Pack pods onto ``nodes`` in order, each shape in order, first node with room for every
+    resource; ``counts``: pods per shape (default each shape's count). None when one does not fit."""
+    free = {n.name: [float(n.free_gpus), n.free_cpu, n.free_memory] for n in nodes}
+    out: Assignment = {}
+    for s in shapes:
+        for _ in range(s.count if counts is None else counts.get(s.key, 0)):
+            spot = next((n for n in nodes if n.allows(s.key) and free[n.name][0] >= s.gpus
+                         and free[n.name][1] >= s.cpu_millis and free[n.name][2] >= s.memory_bytes), None)
+            if spot is None:
+                return None
+            f = free[spot.name]
+            f[0] -= s.gpus
+            f[1] -= s.cpu_millis
+            f[2] -= s.memory_bytes
+            per = out.setdefault(spot.name, {})
+            per[s.key] = per.get(s.key, 0) + 1
+    return out
 
 
 # --- topology ---------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from app.gang.problem import (
     Shape,
     Weights,
     assess,
+    first_fit,
     prune,
     weights,
 )
@@ -585,20 +586,10 @@ class _Model:
                     out[n.name] = {key: take}
                     cnt -= take
                 continue
-            free = {n.name: [float(max(n.free_gpus, 0)), n.free_cpu, n.free_memory] for n in nodes}
-            for s in shapes:
-                for _ in range(wanted.get(s.key, 0)):
-                    spot = next((n for n in nodes if free[n.name][0] >= s.gpus
-                                 and free[n.name][1] >= s.cpu_millis and free[n.name][2] >= s.memory_bytes),
-                                None)
-                    if spot is None:
-                        return None
-                    f = free[spot.name]
-                    f[0] -= s.gpus
-                    f[1] -= s.cpu_millis
-                    f[2] -= s.memory_bytes
-                    per = out.setdefault(spot.name, {})
-                    per[s.key] = per.get(s.key, 0) + 1
+            packed = first_fit(nodes, shapes, wanted)
+            if packed is None:
+                return None
+            out.update(packed)
         return out
 
 

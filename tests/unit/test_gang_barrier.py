@@ -3,18 +3,37 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from app.config import Settings
 from app.core.workload import WorkloadSpec, parse_workload
 from app.gang.persist import ANNOTATION
+from app.gang.regroup import REGROUP_MAX, SCHEDULER_MAX_BACKOFF
 from tests.unit.test_gang_coordinator import Cluster, FakeBinder
+
+# Timeouts and regroup wake-ups are fake timers fired by the tests (Cluster.bind_timers and
+# Cluster.wake_timers), so nothing here depends on how fast a busy machine runs.
 
 
 def fast(timeout: float = 0.3) -> Settings:
     return Settings(cluster_source="none", metrics_port=0, gang_bind_timeout_seconds=timeout)
+
+
+async def settle(cond: Callable[[], bool]) -> None:
+    """Let the event loop run until ``cond`` holds (a bounded number of turns, no wall clock)."""
+    for _ in range(1000):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    assert cond()
+
+
+def waiting(c: Cluster, gang: str = "ml/g") -> int:
+    barrier = c.gangs.barrier.barriers.get(gang)
+    return len(barrier.waiters) if barrier is not None else 0
 
 
 def planned(c: Cluster, pods: list[dict[str, Any]]) -> list[tuple[WorkloadSpec, str]]:
@@ -27,28 +46,30 @@ def planned(c: Cluster, pods: list[dict[str, Any]]) -> list[tuple[WorkloadSpec, 
 
 
 async def bind(c: Cluster, spec: WorkloadSpec, node: str) -> str:
-    return await c.gangs.bind_member(spec, node, c.service)
+    return await c.gangs.bind_member(spec, node)
 
 
 def test_members_are_bound_only_once_all_have_arrived() -> None:
-    c = Cluster(fast(timeout=5.0))
+    clock = [1000.0]
+    c = Cluster(fast(timeout=5.0), clock=clock)
     c.nodes("n", 4, "leaf-1")
     members = planned(c, c.gang("g", 4))
 
     async def run() -> list[str]:
         early = [asyncio.create_task(bind(c, s, n)) for s, n in members[:3]]
-        done, _ = await asyncio.wait(early, timeout=0.3)
-        assert not done  # three of four arrived: all of them wait ...
+        await settle(lambda: waiting(c) == 3)
+        assert not any(t.done() for t in early)  # three of four arrived: all of them wait ...
         assert c.binder.bound == {}  # ... and nothing is bound yet
+        clock[0] += 0.3
         last = await bind(c, *members[3])
         return [last, *[await t for t in early]]
 
     assert asyncio.run(run()) == ["", "", "", ""]
     assert c.binder.bound == {s.key: n for s, n in members}
     assert c.gangs.ledger.total_reserved() == 0 and "ml/g" not in c.gangs.ledger.plans
-    m = c.service.metrics
-    assert m.gangs_bound.labels("bound")._value.get() == 1
-    assert m.gang_wait._sum.get() >= 0.3
+    assert c.metric("llm_placement_gangs_total", outcome="bound") == 1
+    assert c.metric("llm_placement_gang_wait_seconds_sum") == pytest.approx(0.3)
+    assert not c.bind_timers.pending()  # the timeout was cancelled when the last one arrived
 
 
 def test_timeout_fails_every_waiting_member_and_binds_none() -> None:
@@ -57,17 +78,21 @@ def test_timeout_fails_every_waiting_member_and_binds_none() -> None:
     members = planned(c, c.gang("g", 4))
 
     async def run() -> list[str]:
-        return list(await asyncio.gather(*(bind(c, s, n) for s, n in members[:3])))
+        tasks = [asyncio.create_task(bind(c, s, n)) for s, n in members[:3]]
+        await settle(lambda: waiting(c) == 3)
+        [timeout] = c.bind_timers.pending()
+        assert timeout.delay == 0.3
+        assert c.bind_timers.fire() == 1
+        return [await t for t in tasks]
 
     errors = asyncio.run(run())
     assert all("only 3/4 members reached bind within 0.3s; none bound" in e for e in errors)
     assert c.binder.bound == {}
-    assert c.service.metrics.gangs_bound.labels("failed")._value.get() == 1
+    assert c.metric("llm_placement_gangs_total", outcome="failed") == 1
     assert c.gangs.ledger.total_reserved() == 32  # capacity still held for the retry
     c.flush()
     assert sum(1 for _, r, _ in c.binder.events if r == "GangBindTimeout") == 3
     # Regroup: members coming back are parked (rejected) until all four are back ...
-    c.gangs.regroup_delay = 0.1
     pods = [c.pods[f"g-{i}"] for i in range(4)]
     for i, p in enumerate(pods):
         d = c.filter(p)
@@ -75,8 +100,11 @@ def test_timeout_fails_every_waiting_member_and_binds_none() -> None:
         assert f"regrouping after an incomplete bind: {i + 1}/4 members back" in next(iter(d.rejections.values()))
     # ... then, one kube-scheduler backoff later, one replan and one update of every member wakes
     # them together (the annotation write is the pod update that requeues them).
+    [wake] = c.wake_timers.pending()
+    assert wake.delay == SCHEDULER_MAX_BACKOFF + 1
     epoch = c.gangs.ledger.plans["ml/g"].epoch
-    assert _wait(lambda: c.gangs.ledger.plans["ml/g"].epoch == epoch + 1)
+    assert c.wake_timers.fire() == 1
+    assert c.gangs.ledger.plans["ml/g"].epoch == epoch + 1
     c.flush()
     assert all('"epoch":' + str(epoch + 1) in c.binder.annotations[f"ml/g-{i}"][ANNOTATION] for i in range(4))
     again = planned(c, pods)
@@ -88,30 +116,27 @@ def test_timeout_fails_every_waiting_member_and_binds_none() -> None:
     assert asyncio.run(retry()) == [""] * 4 and len(c.binder.bound) == 4
 
 
-def _wait(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
+async def _time_out(c: Cluster, members: list[tuple[WorkloadSpec, str]]) -> list[str]:
+    """These members reach bind, the others never do: the barrier's timeout fires."""
+    tasks = [asyncio.create_task(bind(c, s, n)) for s, n in members]
+    await settle(lambda: waiting(c) == len(members))
+    assert c.bind_timers.fire() == 1
+    return [await t for t in tasks]
 
 
 def test_regroup_gives_up_waiting_for_a_member_that_never_returns() -> None:
     c = Cluster(fast(timeout=0.2))
     c.nodes("n", 4, "leaf-1")
     members = planned(c, c.gang("g", 3))
-    c.gangs.regroup_max = 0.3
 
-    async def run() -> list[str]:
-        return list(await asyncio.gather(*(bind(c, s, n) for s, n in members[:2])))
-
-    assert all("2/3 members reached bind" in e for e in asyncio.run(run()))
+    assert all("2/3 members reached bind" in e for e in asyncio.run(_time_out(c, members[:2])))
     assert c.filter(c.pods["g-0"]).passed == []  # parked; g-2 never comes back
+    [wake] = c.wake_timers.pending()
+    assert wake.delay == REGROUP_MAX
     epoch = c.gangs.ledger.plans["ml/g"].epoch
-    assert _wait(lambda: c.gangs.ledger.plans["ml/g"].epoch == epoch + 1)
-    with c.service.lock:
-        assert not c.gangs.gangs["ml/g"].regroup
+    assert c.wake_timers.fire() == 1
+    assert c.gangs.ledger.plans["ml/g"].epoch == epoch + 1
+    assert not c.gangs.regroup.active("ml/g")
     assert len(c.filter(c.pods["g-0"]).passed) == 1
 
 
@@ -164,9 +189,9 @@ def test_a_repeated_bind_call_supersedes_the_earlier_one() -> None:
 
     async def run() -> tuple[str, str, str]:
         first = asyncio.create_task(bind(c, *members[0]))
-        await asyncio.sleep(0.05)
+        await settle(lambda: waiting(c) == 1)
         second = asyncio.create_task(bind(c, *members[0]))
-        await asyncio.sleep(0.05)
+        await settle(first.done)
         other = await bind(c, *members[1])
         return await first, await second, other
 
@@ -182,13 +207,13 @@ def test_a_cancelled_waiter_leaves_the_barrier() -> None:
 
     async def run() -> None:
         t = asyncio.create_task(bind(c, *members[0]))
-        await asyncio.sleep(0.05)
+        await settle(lambda: waiting(c) == 1)
         t.cancel()  # kube-scheduler gave up on this HTTP call
-        await asyncio.sleep(0.05)
-        assert c.gangs.barriers["ml/g"].waiters == {}
+        await settle(t.done)
+        await settle(lambda: waiting(c) == 0)
         # The other member arriving alone does not complete the gang.
         t2 = asyncio.create_task(bind(c, *members[1]))
-        await asyncio.sleep(0.1)
+        await settle(lambda: waiting(c) == 1)
         assert not t2.done() and c.binder.bound == {}
         t2.cancel()
 
@@ -222,7 +247,8 @@ def test_a_node_cordoned_while_members_gather_aborts_the_bind() -> None:
     results = asyncio.run(run())
     assert all(f"planned node {node} became unschedulable before bind; none bound" in r for r in results)
     assert c.binder.bound == {}
-    assert node in c.gangs.gangs["ml/g"].excluded and c.gangs.ledger.plans["ml/g"].stale
+    assert node in c.gangs.states["ml/g"].excluded and c.gangs.ledger.plans["ml/g"].stale
+    assert c.gangs.regroup.active("ml/g")  # members regroup before the replan
 
 
 def test_a_late_bind_during_a_regroup_joins_it_instead_of_waiting() -> None:
@@ -230,10 +256,7 @@ def test_a_late_bind_during_a_regroup_joins_it_instead_of_waiting() -> None:
     c.nodes("n", 4, "leaf-1")
     members = planned(c, c.gang("g", 3))
 
-    async def run() -> list[str]:
-        return list(await asyncio.gather(*(bind(c, s, n) for s, n in members[:2])))
-
-    asyncio.run(run())
+    asyncio.run(_time_out(c, members[:2]))
     late = asyncio.run(bind(c, *members[2]))  # filtered before the failure, arrives after it
     assert "regrouping after an incomplete bind" in late
-    assert "ml/g" not in c.gangs.barriers and c.binder.bound == {}
+    assert "ml/g" not in c.gangs.barrier.barriers and c.binder.bound == {}

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -12,8 +15,9 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.workload import parse_workload
 from app.demo.run import run_demo
-from app.gang.coordinator import RESERVED_ELSEWHERE, GangCoordinator
+from app.gang.coordinator import RESERVED_ELSEWHERE, GangCoordinator, GangRuntime
 from app.gang.persist import ANNOTATION, BackgroundWriter, decode
+from app.gang.planning import SolveFn
 from app.service import ExtenderService
 from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core
@@ -54,21 +58,61 @@ class FakeBinder:
         return None
 
 
+@dataclass
+class FakeTimer:
+    delay: float
+    fn: Callable[[], None]
+    cancelled: bool = False
+    fired: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeTimers:
+    """Timers that fire only when the test says so: no test waits on the wall clock."""
+
+    def __init__(self) -> None:
+        self.armed: list[FakeTimer] = []
+
+    def __call__(self, delay: float, fn: Callable[[], None]) -> FakeTimer:
+        timer = FakeTimer(delay, fn)
+        self.armed.append(timer)
+        return timer
+
+    def pending(self) -> list[FakeTimer]:
+        return [t for t in self.armed if not t.cancelled and not t.fired]
+
+    def fire(self) -> int:
+        """Fire every pending timer (in the order armed); how many fired."""
+        due = self.pending()
+        for t in due:
+            t.fired = True
+            t.fn()
+        return len(due)
+
+
 class Cluster:
     """A service with the gang coordinator wired as in production, fed like the watch would."""
 
     def __init__(self, settings: Settings | None = None, binder: FakeBinder | None = None,
-                 clock: list[float] | None = None) -> None:
+                 clock: list[float] | None = None, solve: SolveFn | None = None) -> None:
         self.binder = binder or FakeBinder()
+        self.bind_timers, self.wake_timers = FakeTimers(), FakeTimers()
+        runtime = GangRuntime(clock=(lambda: clock[0]) if clock is not None else time.time,
+                              bind_timers=self.bind_timers, wake_timers=self.wake_timers, solve=solve)
         self.service: ExtenderService = build_core(
-            settings or Settings(cluster_source="none", metrics_port=0), GpuCatalog.load(), binder=self.binder
+            settings or Settings(cluster_source="none", metrics_port=0), GpuCatalog.load(), binder=self.binder,
+            gang_runtime=runtime,
         )
         gangs = self.service.placer.gangs
         assert isinstance(gangs, GangCoordinator)
         self.gangs = gangs
-        if clock is not None:
-            self.gangs.clock = lambda: clock[0]
         self.pods: dict[str, dict[str, Any]] = {}
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample through the registry's public API (0 when never observed)."""
+        return self.service.metrics.registry.get_sample_value(name, labels) or 0.0
 
     def nodes(self, prefix: str, n: int, leaf: str, spine: str = "spine-1", free: int = 8,
               rdma: bool = True) -> list[str]:
@@ -179,7 +223,7 @@ def test_complete_gang_is_planned_whole_into_the_block_that_fits() -> None:
         assert data is not None and data["node"] == node and data["gang"] == "ml/g"
     planned = [m for _, r, m in c.binder.events if r == "GangPlanned"]
     assert len(planned) == 8 and "leaf-b" in planned[0]
-    assert c.service.metrics.solver_runs.labels("optimal")._value.get() == 1
+    assert c.metric("llm_placement_solver_runs_total", status="optimal") == 1
 
 
 def test_other_pods_see_reserved_gpus_as_taken() -> None:
@@ -202,7 +246,7 @@ def test_bound_members_release_their_reservation_and_the_gang_completes() -> Non
         c.place(p)
     c.filter(pods[0])  # any later filter sweeps: both members are bound, the gang is complete
     assert c.gangs.ledger.total_reserved() == 0 and "ml/g" not in c.gangs.ledger.plans
-    assert c.service.metrics.gangs_bound.labels("bound")._value.get() == 1
+    assert c.metric("llm_placement_gangs_total", outcome="bound") == 1
     # Usage counts each member once: nothing double counted.
     assert sum(u.gpus for u in c.service.snapshot.usage.values()) == 16
 
@@ -260,7 +304,7 @@ def test_planned_node_that_stops_fitting_is_replanned_without_it() -> None:
     d = c.filter(pods[0], offered)
     assert len(d.passed) == 1 and d.passed[0] != first
     assert c.gangs.ledger.plans["ml/g"].epoch == 2
-    assert c.service.metrics.gangs_bound.labels("replanned")._value.get() == 1
+    assert c.metric("llm_placement_gangs_total", outcome="replanned") == 1
     assert first not in c.gangs.ledger.plans["ml/g"].nodes()
 
 
@@ -290,8 +334,8 @@ def test_reservations_expire_after_the_ttl() -> None:
     assert c.gangs.ledger.total_reserved() == 16 and c.gangs.reserved_gpus("n-0", None) == 8
     clock[0] += 2
     assert c.gangs.reserved_gpus("n-0", None) == 0 and c.gangs.ledger.total_reserved() == 0
-    assert c.service.metrics.reservations_expired._value.get() == 1
-    assert c.service.metrics.reservations._value.get() == 0
+    assert c.metric("llm_placement_reservations_expired_total") == 1
+    assert c.metric("llm_placement_reserved_gpus") == 0
     assert len(c.filter(pods[1]).passed) == 1  # the next filter plans afresh
 
 
@@ -308,7 +352,7 @@ def test_required_topology_that_fits_nowhere_names_the_domains() -> None:
     c.flush()
     events = [m for _, r, m in c.binder.events if r == "GangUnschedulable"]
     assert events and "leaf-a 24" in events[0] and "leaf-b 16" in events[0]
-    assert c.service.metrics.solver_runs.labels("infeasible")._value.get() == 1
+    assert c.metric("llm_placement_solver_runs_total", status="infeasible") == 1
 
 
 def test_non_rdma_nodes_host_only_single_node_gangs() -> None:

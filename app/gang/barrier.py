@@ -1,0 +1,233 @@
+"""The all-or-nothing bind barrier (asyncio: a waiting member holds no thread).
+
+A member's bind waits until every unbound member of its plan has reached bind, then all are bound
+in threads and each call is answered. If they do not all arrive within the bind timeout (kept below
+kube-scheduler's ``httpTimeout``) every waiting member gets an error, nobody is bound and the gang
+regroups. A bind that fails after others succeeded is reported and the rest is replanned around
+the failed node. Binding itself is one capability handed in (:data:`BindFn`), not the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from app.core.feasibility import P
+from app.core.workload import WorkloadSpec
+from app.gang.book import GangBook
+from app.gang.ledger import GangPlan
+from app.gang.regroup import Cancellable, Timers
+from app.gang.report import Reporter
+
+log = logging.getLogger(__name__)
+
+# Bind one pod on one node (blocking); '' or the error message. The service's single-pod bind.
+BindFn = Callable[[WorkloadSpec, str], str]
+
+
+def loop_timers(delay: float, fn: Callable[[], None]) -> Cancellable:
+    return asyncio.get_running_loop().call_later(delay, fn)
+
+
+@dataclass(slots=True)
+class _Waiter:
+    spec: WorkloadSpec
+    node: str
+    future: asyncio.Future[str]
+
+
+@dataclass(slots=True)
+class Barrier:
+    gang: str
+    epoch: int
+    waiters: dict[str, _Waiter] = field(default_factory=dict)
+    timer: Cancellable | None = None
+    binding: bool = False
+
+
+class BindBarrier:
+    def __init__(
+        self,
+        book: GangBook,
+        lock: threading.RLock,
+        bind: BindFn,
+        reporter: Reporter,
+        timeout: float,
+        clock: Callable[[], float],
+        sweep: Callable[[float], None],
+        complete: Callable[[GangPlan, float], None],
+        regrouping: Callable[[str], bool],
+        regroup: Callable[[str], None],
+        timers: Timers = loop_timers,
+    ) -> None:
+        self.book = book
+        self.lock = lock
+        self.bind = bind
+        self.reporter = reporter
+        self.timeout = timeout
+        self.clock = clock
+        self.sweep = sweep  # follow the snapshot before judging a bind (lock held)
+        self.complete = complete  # every member bound (lock held)
+        self.regrouping = regrouping
+        self.regroup = regroup  # start a regroup of the gang (lock held)
+        self.timers = timers
+        self.barriers: dict[str, Barrier] = {}
+        self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gang-bind")
+
+    async def bind_member(self, spec: WorkloadSpec, node: str) -> str:
+        """All-or-nothing: answer once every unbound member of the plan reached bind (or fail all)."""
+        if spec.gang is None:
+            return await asyncio.to_thread(self.bind, spec, node)
+        key, uid = spec.gang.key, spec.uid or spec.key
+        loop = asyncio.get_running_loop()
+        with self.lock:
+            self.sweep(self.clock())
+            placed = self.book.snapshot.pods.get(uid)
+            if placed is not None and placed.node == node:
+                return ""  # a retried bind of a member already bound there
+            current = self.book.ledger.get(key)
+            mp = current.members.get(uid) if current else None
+            if current is None or mp is None:
+                return P + f"no gang plan holds this pod (gang {key}); it will be replanned"
+            if mp.node != node:
+                return P + f"gang {key} plans this pod on another node; retrying"
+            if self.regrouping(key):
+                # Filtered before the last attempt failed: join the regroup instead of starting a
+                # barrier of one that would only time out and reset it.
+                return P + f"gang {key} is regrouping after an incomplete bind; retrying"
+            barrier = self.barriers.get(key)
+            if barrier is None or barrier.epoch != current.epoch:
+                if barrier is not None:
+                    self.fail(key, P + f"gang {key} was replanned; retrying")
+                barrier = self.barriers[key] = Barrier(key, current.epoch)
+                epoch = current.epoch
+                barrier.timer = self.timers(self.timeout, lambda: self._on_timeout(key, epoch))
+            old = barrier.waiters.pop(uid, None)
+            if old is not None and not old.future.done():
+                old.future.set_result(P + "superseded by a newer bind call for this pod")
+            future: asyncio.Future[str] = loop.create_future()
+            barrier.waiters[uid] = _Waiter(spec, node, future)
+            complete = all(m.uid in barrier.waiters for m in current.unbound)
+            if complete and not barrier.binding:
+                gone = sorted({w.node for w in barrier.waiters.values() if not self._schedulable(w.node)})
+                if gone:
+                    # A planned node was cordoned (or removed) while members gathered: binding now
+                    # would put part of the gang on a node being drained. Nobody binds; replan.
+                    self._abort(key, current, barrier, gone)
+                    complete = False
+                else:
+                    barrier.binding = True
+                    if barrier.timer is not None:
+                        barrier.timer.cancel()
+        if complete:
+            await self._bind_all(barrier)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # kube-scheduler gave up on this call: this member is no longer waiting.
+            with self.lock:
+                b = self.barriers.get(key)
+                if b is barrier and not b.binding and b.waiters.get(uid) is not None:
+                    del b.waiters[uid]
+            raise
+
+    def fail(self, key: str, msg: str) -> None:
+        """Answer every waiting member with ``msg`` (binds already in flight finish on their own)."""
+        barrier = self.barriers.get(key)
+        if barrier is None or barrier.binding:
+            return
+        del self.barriers[key]
+        if barrier.timer is not None:
+            barrier.timer.cancel()
+        for w in barrier.waiters.values():
+            if not w.future.done():
+                w.future.set_result(msg)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _bind_all(self, barrier: Barrier) -> None:
+        loop = asyncio.get_running_loop()
+        waiters = list(barrier.waiters.items())
+        calls = [loop.run_in_executor(self._executor, self.bind, w.spec, w.node) for _, w in waiters]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        errors: dict[str, str] = {}
+        key = barrier.gang
+        ledger = self.book.ledger
+        with self.lock:
+            now = self.clock()
+            for (uid, w), res in zip(waiters, results, strict=True):
+                err = res if isinstance(res, str) else P + f"bind failed: {res}"
+                if err:
+                    errors[uid] = err
+                else:
+                    ledger.mark_bound(key, uid, w.node)
+            if self.barriers.get(key) is barrier:
+                del self.barriers[key]
+            current = ledger.get(key)
+            if not errors:
+                if current is not None and current.complete:
+                    self.complete(current, now)
+            else:
+                self._partial(key, current, waiters, errors)
+            self.reporter.metrics.reserved(ledger.total_reserved())
+        for uid, w in waiters:
+            if not w.future.done():
+                w.future.set_result(errors.get(uid, ""))
+
+    def _schedulable(self, node: str) -> bool:
+        facts = self.book.snapshot.nodes.get(node)
+        return facts is not None and not facts.unschedulable
+
+    def _abort(self, key: str, current: GangPlan, barrier: Barrier, gone: list[str]) -> None:
+        msg = (P + f"gang {key}: planned node {gone[0]} became unschedulable before bind"
+               + (f" (and {len(gone) - 1} more)" if len(gone) > 1 else "") + "; none bound, replanning")
+        state = self.book.states.get(key)
+        if state is not None:
+            state.excluded |= set(gone)
+            self.regroup(key)
+        current.stale = True
+        self.reporter.metrics.outcome("failed")
+        self.fail(key, msg)
+        for uid, w in barrier.waiters.items():
+            self.reporter.event(w.spec.key, uid, "GangBindAborted", msg, warning=True)
+
+    def _partial(self, key: str, current: GangPlan | None, waiters: list[tuple[str, _Waiter]],
+                 errors: dict[str, str]) -> None:
+        """Some binds failed after others succeeded: say so, and replan the rest around the node."""
+        state = self.book.states.get(key)
+        failed = {uid: w for uid, w in waiters if uid in errors}
+        if state is not None:
+            state.excluded |= {w.node for w in failed.values()}
+        if current is not None:
+            current.stale = True
+        bound = len(waiters) - len(failed)
+        first_uid, first = next(iter(failed.items()))
+        msg = (P + f"gang {key} partially bound: {bound}/{len(waiters)} members bound; "
+               f"{first.spec.key} failed on {first.node} ({errors[first_uid].removeprefix(P)})"
+               + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
+               + "; replanning the rest without that node")
+        log.warning("%s", msg)
+        self.reporter.metrics.outcome("replanned")
+        for uid, w in waiters:
+            self.reporter.event(w.spec.key, uid, "GangPartiallyBound", msg, warning=True)
+
+    def _on_timeout(self, key: str, epoch: int) -> None:
+        with self.lock:
+            barrier = self.barriers.get(key)
+            if barrier is None or barrier.epoch != epoch or barrier.binding:
+                return
+            current = self.book.ledger.get(key)
+            needed = len(current.unbound) if current else len(barrier.waiters)
+            msg = (P + f"gang {key}: only {len(barrier.waiters)}/{needed} members reached bind within "
+                   f"{self.timeout:g}s; none bound (all-or-nothing), retrying")
+            self.reporter.metrics.outcome("failed")
+            self.fail(key, msg)
+            for uid, w in barrier.waiters.items():
+                self.reporter.event(w.spec.key, uid, "GangBindTimeout", msg, warning=True)
+            if key in self.book.states and current is not None:
+                self.regroup(key)

@@ -1,0 +1,86 @@
+"""The gang table: each gang's wait state and the reservation ledger, kept in one place.
+
+Every method expects the caller to hold the service lock (the snapshot it reads is shared with the
+watch threads). The planner, the bind barrier and the lifecycle sweep all read and write gangs
+through this one object, so there is one owner per piece of state: the ledger and the per-gang
+states here, barriers in :mod:`app.gang.barrier`, regroups in :mod:`app.gang.regroup`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from app.core.snapshot import ClusterSnapshot
+from app.core.workload import WorkloadSpec
+from app.gang.instance import member_node
+from app.gang.ledger import Ledger
+
+
+@dataclass(slots=True)
+class GangState:
+    first_seen: float  # first filter of any member (gang wait time starts here)
+    priority: int = 0
+    waiting_since: float | None = None  # complete but not placeable: in the admission queue
+    excluded: set[str] = field(default_factory=set)  # nodes that failed this gang
+    epochs: int = 0
+    last_offered: Sequence[str] = ()  # the nodes kube-scheduler offered at the last member filter
+
+
+class GangBook:
+    def __init__(self, snapshot: ClusterSnapshot, ttl: float) -> None:
+        self.snapshot = snapshot
+        self.ledger = Ledger(ttl)
+        self.states: dict[str, GangState] = {}
+        # Gangs whose plan is being solved right now (with the lock released): another member's
+        # filter gets a "retry" instead of starting a second solve, and the sweep keeps their state.
+        self._planning: dict[str, int] = {}
+        self.next_expiry = math.inf
+
+    def state(self, key: str, now: float, priority: int = 0) -> GangState:
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = GangState(first_seen=now, priority=priority)
+        return state
+
+    def members(self, key: str, spec: WorkloadSpec | None = None) -> list[WorkloadSpec]:
+        members = self.snapshot.gang_members(key)
+        if spec is not None:
+            uid = spec.uid or spec.key
+            if all((m.uid or m.key) != uid for m in members):
+                members.append(spec)  # the watch may not have delivered the pod being filtered yet
+        return members
+
+    def pending(self, key: str) -> tuple[list[WorkloadSpec], list[WorkloadSpec]]:
+        """(all members, the unbound ones)."""
+        members = self.snapshot.gang_members(key)
+        return members, [m for m in members if not member_node(self.snapshot, m)]
+
+    def size(self, key: str, spec: WorkloadSpec) -> int | None:
+        gang = spec.gang
+        return (gang.size if gang is not None else None) or self.snapshot.podgroup_min_member.get(key)
+
+    def roster(self, members: Sequence[WorkloadSpec]) -> frozenset[tuple[str, str]]:
+        """Who is in the gang and where the bound ones are: a plan is only valid for this roster."""
+        return frozenset((m.uid or m.key, member_node(self.snapshot, m)) for m in members)
+
+    # --- plans in progress ------------------------------------------------------------------------
+    def planning(self, key: str) -> bool:
+        return key in self._planning
+
+    @contextmanager
+    def plan_in_progress(self, key: str) -> Iterator[None]:
+        self._planning[key] = self._planning.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._planning[key] - 1
+            if left:
+                self._planning[key] = left
+            else:
+                del self._planning[key]
+
+    def refresh_expiry(self) -> None:
+        self.next_expiry = min((p.expires_at for p in self.ledger), default=math.inf)

@@ -1,0 +1,250 @@
+"""Planning and admission: one gang's plan, made without holding the service lock.
+
+A plan is made in three steps so filter calls, prioritize calls and watch updates for other pods
+never wait for a solve (up to ``solver_time_limit_seconds``):
+
+1. **brief** (lock held): build the planning problem from the snapshot, capacities net of every
+   other gang's reservations. The problem is an immutable copy; nothing the solver reads changes.
+2. **solve** (lock released): the problem goes to a planner thread while the calling thread waits
+   on a :class:`threading.Condition` over the service lock, which releases it completely.
+3. **commit** (lock held again): if the roster changed or a planned node no longer has room
+   (someone was bound there meanwhile, another gang reserved it), plan again from a fresh brief;
+   otherwise install the plan in the ledger, persist it and report it.
+
+Admission order: plans only use capacity nobody else reserved, so gangs never hold partial capacity
+and cannot deadlock; among gangs waiting for capacity, older ones (priority, then first wait, then
+name) are planned first.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from app.config import Settings
+from app.core.feasibility import NodeFit, P
+from app.core.workload import WorkloadSpec
+from app.gang import diagnose
+from app.gang.book import GangBook, GangState
+from app.gang.instance import GangInstance, build, evaluator, shape_key, unfit_nodes
+from app.gang.ledger import GangPlan, MemberPlan
+from app.gang.persist import PlanStore
+from app.gang.problem import Assignment, Index, Problem
+from app.gang.report import Reporter
+from app.gang.solver import PlanResult
+
+log = logging.getLogger(__name__)
+
+# (problem, its index, nodes to favour among identical ones) -> the plan. Pure and thread-safe.
+SolveFn = Callable[[Problem, Index, set[str]], PlanResult]
+ATTEMPTS = 3  # solves per request when capacity keeps changing under the planner
+CHANGED = "gang capacity changed while it was being planned; retrying"
+
+
+@dataclass(frozen=True, slots=True)
+class Brief:
+    """What one solve needs, copied under the lock, and what the commit re-checks."""
+
+    key: str
+    spec: WorkloadSpec
+    inst: GangInstance
+    roster: frozenset[tuple[str, str]]
+    prefer: frozenset[str]
+
+
+class Planner:
+    def __init__(
+        self,
+        book: GangBook,
+        lock: threading.RLock,
+        settings: Settings,
+        solve: SolveFn,
+        reporter: Reporter,
+        store: PlanStore,
+        clock: Callable[[], float],
+        release: Callable[[GangPlan, str], None],
+        replanned: Callable[[str], None],
+        lookahead: int = 2,
+    ) -> None:
+        self.book = book
+        self.lock = lock
+        self.settings = settings
+        self.solve = solve
+        self.reporter = reporter
+        self.store = store
+        self.clock = clock
+        self.release = release  # drop a plan that can no longer be placed (lock held)
+        self.replanned = replanned  # a new plan replaced the gang's previous one (lock held)
+        self.lookahead = lookahead
+        # wait() on a Condition over an RLock releases every level the thread holds, so a filter
+        # that arrived with the service lock held still lets everyone else in during the solve.
+        self._solved = threading.Condition(lock)
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gang-plan")
+
+    def plan(
+        self,
+        key: str,
+        members: list[WorkloadSpec],
+        spec: WorkloadSpec,
+        fits: dict[str, NodeFit] | None,
+        offered: Sequence[str],
+        state: GangState,
+        now: float,
+    ) -> GangPlan | str:
+        """Plan (or replan) ``key`` (lock held); install the plan, or return why it cannot be."""
+        with self.book.plan_in_progress(key):
+            for attempt in range(ATTEMPTS):
+                brief = self._brief(key, members, spec, fits, offered, state)
+                if isinstance(brief, str):
+                    return brief
+                result, index = self._solve_unlocked(brief)
+                if self.book.states.get(key) is not state:
+                    return CHANGED  # completed or forgotten meanwhile
+                now = max(now, self.clock())
+                if result.assignment is None:
+                    return self._unplaceable(brief, index, state, now)
+                members = self.book.members(key, spec)
+                changed = self._changed(brief, result.assignment, members)
+                if not changed:
+                    return self._commit(brief, result, index, state, now)
+                log.info("gang %s: %s while planning (attempt %d); planning again", key, changed, attempt + 1)
+        return CHANGED
+
+    def admit_older(self, key: str, state: GangState, offered: Sequence[str], now: float) -> None:
+        """Gangs that waited longer for capacity are planned first (deterministic admission)."""
+        mine = (-state.priority, state.waiting_since if state.waiting_since is not None else now, key)
+        ledger, states = self.book.ledger, self.book.states
+        queue = sorted(
+            (-s.priority, s.waiting_since, k) for k, s in states.items()
+            if s.waiting_since is not None and k != key and k not in ledger.plans
+            and not self.book.planning(k)
+        )
+        for prio, since, other in queue[: self.lookahead]:
+            if (prio, since, other) >= mine:
+                break
+            members, pending = self.book.pending(other)
+            if not pending or pending[0].gang is None or other not in states:
+                continue
+            size = self.book.size(other, pending[0])
+            if size is None or len(members) < size:
+                continue
+            self.plan(other, members, pending[0], None, offered, states[other], now)
+
+    def replan(self, key: str) -> None:
+        """End of a regroup (lock held): replan, keeping members where they fit, and persist it."""
+        state = self.book.states.get(key)
+        current = self.book.ledger.get(key)
+        members, pending = self.book.pending(key)
+        if state is None or current is None or not pending or self.book.planning(key):
+            return
+        current.stale = True
+        got = self.plan(key, members, pending[0], None, state.last_offered or list(current.nodes()),
+                        state, self.clock())
+        log.info("gang %s: regroup over, %s", key, "replanned" if not isinstance(got, str) else got)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- the three steps --------------------------------------------------------------------------
+    def _brief(self, key: str, members: list[WorkloadSpec], spec: WorkloadSpec,
+               fits: dict[str, NodeFit] | None, offered: Sequence[str], state: GangState) -> Brief | str:
+        ledger, snapshot = self.book.ledger, self.book.snapshot
+        previous = ledger.get(key)
+
+        def reserved(node: str) -> int:
+            return ledger.reserved_gpus(node, key)
+
+        own_shape = shape_key(spec) if fits is not None else None
+        eligible = evaluator(snapshot, self.settings, fits, own_shape, reserved)
+        inst = build(snapshot, self.settings, key, members, eligible, offered, reserved, state.excluded)
+        if not inst.pending:
+            return "every gang member is already bound"
+        prefer = frozenset(previous.nodes()) if previous else frozenset()
+        return Brief(key, spec, inst, self.book.roster(members), prefer)
+
+    def _solve_unlocked(self, brief: Brief) -> tuple[PlanResult, Index]:
+        problem, prefer = brief.inst.problem, set(brief.prefer)
+
+        def run() -> tuple[PlanResult, Index]:
+            index = Index(problem)
+            return self.solve(problem, index, prefer), index
+
+        future: Future[tuple[PlanResult, Index]] = self._pool.submit(run)
+        future.add_done_callback(self._wake_waiters)
+        with self._solved:
+            self._solved.wait_for(future.done)
+        result, index = future.result()
+        self.reporter.metrics.solved(result.status, result.seconds)
+        return result, index
+
+    def _wake_waiters(self, _: Future[tuple[PlanResult, Index]]) -> None:
+        with self._solved:
+            self._solved.notify_all()
+
+    def _changed(self, brief: Brief, assignment: Assignment, members: list[WorkloadSpec]) -> str:
+        """Why the plan is no longer valid ('' when it is): roster or capacity changed meanwhile."""
+        if self.book.roster(members) != brief.roster:
+            return "members changed"
+        unfit = unfit_nodes(self.book.snapshot, brief.inst.problem, assignment,
+                            lambda n: self.book.ledger.reserved_gpus(n, brief.key))
+        return f"node {unfit[0]} no longer has room" if unfit else ""
+
+    def _unplaceable(self, brief: Brief, index: Index, state: GangState, now: float) -> str:
+        key, ledger = brief.key, self.book.ledger
+        previous = ledger.get(key)
+        if previous is not None:
+            self.release(previous, "replan found no placement")
+        if state.waiting_since is None:
+            state.waiting_since = now
+        others = sum(ledger.reserved_gpus(n.name, key) for n in brief.inst.problem.nodes)
+        diag = diagnose.why_not(index, others)
+        self.reporter.unplaceable(key, brief.spec, diag, now)
+        return "gang cannot be placed: " + diag.short
+
+    def _commit(self, brief: Brief, result: PlanResult, index: Index, state: GangState,
+                now: float) -> GangPlan:
+        key, ledger, snapshot = brief.key, self.book.ledger, self.book.snapshot
+        assert result.assignment is not None
+        assignment = result.assignment
+        previous = ledger.get(key)
+        state.waiting_since = None
+        state.epochs = max(state.epochs, previous.epoch if previous else 0) + 1
+        members: dict[str, MemberPlan] = {}
+        for uid, node in brief.inst.bound.items():
+            spec = snapshot.specs.get(uid)
+            members[uid] = MemberPlan(uid, spec.key if spec else uid, node, spec.gpus if spec else 0, True)
+        sticky = {m.uid: m.node for m in previous.members.values()} if previous else {}
+        for shape, specs in brief.inst.pending.items():
+            slots: list[str] = []
+            for node in sorted(assignment):
+                slots += [node] * assignment[node].get(shape, 0)
+            rest: list[WorkloadSpec] = []
+            for s in specs:  # keep members where the previous plan had them, when it still can
+                uid = s.uid or s.key
+                if sticky.get(uid) in slots:
+                    slots.remove(sticky[uid])
+                    members[uid] = MemberPlan(uid, s.key, sticky[uid], s.gpus)
+                else:
+                    rest.append(s)
+            for s, node in zip(rest, slots, strict=True):
+                members[s.uid or s.key] = MemberPlan(s.uid or s.key, s.key, node, s.gpus)
+        ms = result.seconds * 1000
+        gap = "" if result.status == "optimal" or math.isinf(result.gap) else f", gap {result.gap:.2%}"
+        summary = (f"{diagnose.describe(index, assignment)}; {result.method} {result.status}{gap} "
+                   f"in {ms:.0f} ms")
+        new = GangPlan(key, members, now, now + ledger.ttl, state.epochs, summary=summary)
+        ledger.put(new)
+        self.replanned(key)
+        self.book.refresh_expiry()
+        self.store.save(key, [(m.pod, m.node) for m in new.unbound], new.planned_at, new.epoch)
+        what = f"{len(new.unbound)} pods to bind"
+        for m in new.unbound:
+            self.reporter.event(m.pod, m.uid, "GangPlanned", P + f"gang {key} planned ({what}): "
+                                f"{summary}; this pod goes to {m.node}")
+        if previous is not None:
+            self.reporter.metrics.outcome("replanned")
+        return new
