@@ -44,7 +44,13 @@ class BinderLike(Protocol):
 
 
 class GangBindHook(Protocol):
-    async def bind_member(self, spec: WorkloadSpec, node: str, service: ExtenderService) -> str: ...
+    """The gang binder (app.gang): binds a member all-or-nothing with the bind it was built with."""
+
+    async def bind_member(self, spec: WorkloadSpec, node: str) -> str: ...
+
+    def close(self) -> None:
+        """Stop its threads (at shutdown)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -144,7 +150,7 @@ class ExtenderService:
                 return wire.binding_result(P + str(exc))
             spec = await asyncio.to_thread(self._spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
             if spec is not None and spec.gang is not None and self.gang_binder is not None:
-                err = await self.gang_binder.bind_member(spec, args.node, self)
+                err = await self.gang_binder.bind_member(spec, args.node)
             else:
                 err = await asyncio.to_thread(
                     self.bind_one, args.pod_namespace, args.pod_name, args.pod_uid, args.node, spec
