@@ -33,7 +33,7 @@ def build_core(
     metrics: Metrics | None = None,
     binder: BinderLike | None = None,
     gang_runtime: GangRuntime | None = None,
-    gangs_follow_sync: bool = False,
+    live_gangs: bool = False,
 ) -> ExtenderService:
     snapshot = ClusterSnapshot()
     # Data gravity reads the same snapshot the placer does (producers' nodes, finished producers).
@@ -41,10 +41,11 @@ def build_core(
     service = ExtenderService(
         settings, catalog, snapshot=snapshot, metrics=metrics, binder=binder, gravity=gravity
     )
-    if gangs_follow_sync:
+    if live_gangs:
         # Member deletions are only trusted once the watch has listed everything (after a restart
-        # the snapshot starts empty and every restored member would look deleted).
-        gang_runtime = replace(gang_runtime or GangRuntime(), synced=service.ready.is_set)
+        # the snapshot starts empty and every restored member would look deleted), and plans are
+        # made off the request path (filter runs on the server's event loop).
+        gang_runtime = replace(gang_runtime or GangRuntime(), synced=service.ready.is_set, background=True)
     gangs = attach_gangs(service, gang_runtime)
 
     def planned(gang: str) -> list[str]:
@@ -104,7 +105,7 @@ def build_live(
         start_quality_refresher(service)
         return service, None
     api = api_client(settings.kubeconfig)
-    service = build_core(settings, catalog, metrics, Binder(api), gangs_follow_sync=True)
+    service = build_core(settings, catalog, metrics, Binder(api), live_gangs=True)
     gangs = service.gang_binder
     if isinstance(gangs, GangCoordinator):
         # Plans persisted on pods are restored before we serve a single filter, so a restarted

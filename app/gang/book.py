@@ -27,6 +27,7 @@ class GangState:
     excluded: set[str] = field(default_factory=set)  # nodes that failed this gang
     epochs: int = 0
     last_offered: Sequence[str] = ()  # the nodes kube-scheduler offered at the last member filter
+    last_failure: str = ""  # why the last background plan found no placement ('' if it did)
 
 
 class GangBook:
@@ -72,15 +73,21 @@ class GangBook:
 
     @contextmanager
     def plan_in_progress(self, key: str) -> Iterator[None]:
-        self._planning[key] = self._planning.get(key, 0) + 1
+        self.begin_planning(key)
         try:
             yield
         finally:
-            left = self._planning[key] - 1
-            if left:
-                self._planning[key] = left
-            else:
-                del self._planning[key]
+            self.end_planning(key)
+
+    def begin_planning(self, key: str) -> None:
+        self._planning[key] = self._planning.get(key, 0) + 1
+
+    def end_planning(self, key: str) -> None:
+        left = self._planning[key] - 1
+        if left:
+            self._planning[key] = left
+        else:
+            del self._planning[key]
 
     def refresh_expiry(self) -> None:
         self.next_expiry = min((p.expires_at for p in self.ledger), default=math.inf)

@@ -54,6 +54,10 @@ class GangRuntime:
     wake_timers: Timers = thread_timers  # regroup wake-ups
     solve: SolveFn | None = None  # None: CP-SAT with the settings' time limit
     synced: Callable[[], bool] = lambda: True  # has the watch listed everything (deletions trusted)
+    # The HTTP server answers filter on its event loop: a filter that waited for a solve would hold
+    # up every other request, so the live service plans in the background and members retry.
+    # Off (demo, simulator, tests): the filter waits for the solve, with the service lock released.
+    background: bool = False
 
 
 class GangCoordinator:
@@ -74,6 +78,7 @@ class GangCoordinator:
         rt = runtime or GangRuntime()
         self.lock = lock
         self.clock = rt.clock
+        self.background = rt.background
         self.writer = writer
         self.book = GangBook(snapshot, settings.gang_reservation_ttl_seconds)
         self.reporter = Reporter(metrics or NoMetrics(), writer)
@@ -157,6 +162,11 @@ class GangCoordinator:
                     if mp is not None:
                         state.excluded.add(mp.node)  # the planned node no longer takes this member
                     current.stale = True
+            if node is None and self.background:
+                self.planner.start(key, spec, fits, node_names, state)
+                if state.last_failure:  # nothing changed for it yet, as far as we know: say why
+                    return _reject_gang(fits, rejections, P + state.last_failure)
+                return _retry(fits, rejections, P + f"gang {key} is being planned; retrying")
             if node is None:
                 with book.plan_in_progress(key):  # other members retry while older gangs plan
                     self.planner.admit_older(key, state, node_names, now)

@@ -83,7 +83,8 @@ class Planner:
         # wait() on a Condition over an RLock releases every level the thread holds, so a filter
         # that arrived with the service lock held still lets everyone else in during the solve.
         self._solved = threading.Condition(lock)
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gang-plan")
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gang-solve")
+        self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gang-plan")  # background plans
 
     def plan(
         self,
@@ -113,6 +114,33 @@ class Planner:
                     return self._commit(brief, result, index, state, now)
                 log.info("gang %s: %s while planning (attempt %d); planning again", key, changed, attempt + 1)
         return CHANGED
+
+    def start(self, key: str, spec: WorkloadSpec, fits: dict[str, NodeFit], offered: Sequence[str],
+              state: GangState) -> Future[None]:
+        """Plan ``key`` in the background (lock held): admission first, then this gang.
+
+        The caller answers its filter at once. A plan, once made, is written on every member, and
+        that pod update is what brings the members back to kube-scheduler; a gang that cannot be
+        placed waits for a cluster change anyway, and ``state.last_failure`` says why meanwhile.
+        """
+        self.book.begin_planning(key)
+
+        def job() -> None:
+            try:
+                with self.lock:
+                    if self.book.states.get(key) is not state:
+                        return
+                    now = self.clock()
+                    self.admit_older(key, state, offered, now)
+                    got = self.plan(key, self.book.members(key, spec), spec, fits, offered, state, now)
+                    state.last_failure = got if isinstance(got, str) and got != CHANGED else ""
+            except Exception:
+                log.exception("gang %s: background plan failed", key)
+            finally:
+                with self.lock:
+                    self.book.end_planning(key)
+
+        return self._jobs.submit(job)
 
     def admit_older(self, key: str, state: GangState, offered: Sequence[str], now: float) -> None:
         """Gangs that waited longer for capacity are planned first (deterministic admission)."""
@@ -146,7 +174,12 @@ class Planner:
                         state, self.clock())
         log.info("gang %s: regroup over, %s", key, "replanned" if not isinstance(got, str) else got)
 
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until every background plan started so far is done (one job thread: FIFO)."""
+        self._jobs.submit(lambda: None).result(timeout)
+
     def close(self) -> None:
+        self._jobs.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- the three steps --------------------------------------------------------------------------

@@ -96,11 +96,12 @@ class Cluster:
     """A service with the gang coordinator wired as in production, fed like the watch would."""
 
     def __init__(self, settings: Settings | None = None, binder: FakeBinder | None = None,
-                 clock: list[float] | None = None, solve: SolveFn | None = None) -> None:
+                 clock: list[float] | None = None, solve: SolveFn | None = None, background: bool = False) -> None:
         self.binder = binder or FakeBinder()
         self.bind_timers, self.wake_timers = FakeTimers(), FakeTimers()
         runtime = GangRuntime(clock=(lambda: clock[0]) if clock is not None else time.time,
-                              bind_timers=self.bind_timers, wake_timers=self.wake_timers, solve=solve)
+                              bind_timers=self.bind_timers, wake_timers=self.wake_timers, solve=solve,
+                              background=background)
         self.service: ExtenderService = build_core(
             settings or Settings(cluster_source="none", metrics_port=0), GpuCatalog.load(), binder=self.binder,
             gang_runtime=runtime,

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from app.core.workload import parse_workload
+from app.gang.persist import ANNOTATION
 from app.gang.problem import Index, Problem
 from app.gang.solver import PlanResult, plan
 from app.sim.fleet import pod_object
@@ -143,3 +144,37 @@ def test_members_filtered_together_get_one_plan() -> None:
     assert out["b"].passed == [] and len(out["a"].passed) == 1
     assert len(solve.calls) == 1
     assert len(c.filter(b).passed) == 1  # the retry finds its planned node
+
+
+def test_live_mode_plans_off_the_request_path_and_the_plan_write_brings_members_back() -> None:
+    """The HTTP server's filter runs on its event loop, so there the filter never waits for a solve."""
+    solve = SlowSolve()
+    c = Cluster(solve=solve, background=True)
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 2)
+    d = c.filter(pods[0])  # answered while the solve is still held at its gate
+    assert solve.started.wait(WAIT) and not solve.finished.is_set()
+    assert d.passed == [] and not d.unresolvable  # resolvable: kube-scheduler retries it soon
+    assert all("gang ml/g is being planned; retrying" in r for r in d.failed.values())
+    assert c.filter(pods[1]).passed == []  # no second solve for the other member
+    solve.release.set()
+    c.gangs.planner.drain(WAIT)
+    assert len(solve.calls) == 1
+    c.flush()  # the plan is written on both members: the pod updates that requeue them
+    planned = {p["metadata"]["name"]: c.gangs.ledger.plans["ml/g"].members[p["metadata"]["uid"]].node
+               for p in pods}
+    assert all(ANNOTATION in c.binder.annotations[f"ml/{name}"] for name in planned)
+    for p in pods:
+        assert c.filter(p).passed == [planned[p["metadata"]["name"]]]
+
+
+def test_live_mode_reports_why_a_gang_cannot_be_placed() -> None:
+    c = Cluster(background=True)
+    c.nodes("n", 2, "leaf-1")
+    pods = c.gang("g", 3)
+    assert "being planned" in next(iter(c.filter(pods[0]).failed.values()))
+    c.gangs.planner.drain(WAIT)
+    d = c.filter(pods[1])  # the last plan's reason, while a fresh solve looks again
+    assert d.passed == [] and "gang cannot be placed" in next(iter(d.unresolvable.values()))
+    c.gangs.planner.drain(WAIT)
+    assert not c.gangs.ledger.plans
