@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit e2e lint lint-docker typecheck controlplane helm manifests system-deps bench kind-up kind-e2e kind-down clean
+.PHONY: demo test unit e2e lint lint-docker typecheck controlplane kwok helm manifests system-deps bench kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/llm-placement demo
 
 ## Everything CI runs: lint, types, unit tests, then the real control plane, helm and Prometheus suites.
-test: $(STAMP) system-deps controlplane helm
+test: $(STAMP) system-deps controlplane kwok helm
 	$(BIN)/ruff check app tests bench scripts
 	$(BIN)/mypy app
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
@@ -30,7 +30,7 @@ test: $(STAMP) system-deps controlplane helm
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
-e2e: $(STAMP) controlplane
+e2e: $(STAMP) controlplane kwok
 	$(BIN)/pytest -q -m integration tests/integration
 
 lint: $(STAMP)
@@ -47,6 +47,10 @@ system-deps:
 controlplane:
 	bash scripts/build-controlplane.sh
 
+## kwok (fake kubelets for the trace replays) from its Go module, cached next to the control plane.
+kwok:
+	bash scripts/build-kwok.sh >/dev/null
+
 ## helm from its Go module, cached outside the clone.
 helm:
 	bash scripts/build-helm.sh
@@ -58,12 +62,16 @@ manifests: $(STAMP) helm
 lint-docker: $(STAMP)
 	$(BIN)/hadolint Dockerfile
 
-bench: $(STAMP) controlplane
+## Placement-quality figures come from bench/replay.py (real kube-scheduler + extender on kwok nodes);
+## trace_sim.py and data_gravity.py are the simulator's what-if figures.
+bench: $(STAMP) controlplane kwok
 	$(BIN)/python bench/gang_solver.py --instances 5
 	$(BIN)/python bench/extender_latency.py --runs 50
 	$(BIN)/python bench/trace_sim.py
 	$(BIN)/python bench/data_gravity.py
 	$(BIN)/python bench/scheduler_throughput.py --quick
+	$(BIN)/python bench/replay.py --trace multigpu50 --trace default
+	$(BIN)/python bench/replay.py --gravity cpu --gravity gpu --gravity gpu-small
 
 ## For laptops with Docker (not exercised in this repository's CI: no Docker engine there).
 kind-up:
