@@ -8,7 +8,8 @@ kube-scheduler sees one pod at a time and gives extenders no Permit phase, so (`
   ledger (other pods' filters see those GPUs as taken) and persisted on the member pods, and each
   member passes only its planned node. Re-filters return the same node; a planned node that stops
   fitting (cordoned, taken) triggers a replan without it. A member filtered while its gang is being
-  solved is rejected as resolvable, so kube-scheduler retries it soon.
+  solved is rejected as resolvable, so kube-scheduler retries it soon. The live server plans in the
+  background (``GangRuntime.background``): its filter runs on the event loop and must not wait.
 * **bind** of a member waits for the others (:mod:`app.gang.barrier`); an incomplete bind makes
   the gang regroup (:mod:`app.gang.regroup`).
 * **restart**: plans are rebuilt from the pods' annotations before serving
