@@ -88,7 +88,7 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Place the embedded workload (all five stages) on the embedded mixed cluster and say why."""
-    from app.demo.run import run_demo
+    from app.demo.run import demo_header, run_demo
 
     service, placements = run_demo(_settings(config), cluster, workload)
     if as_json:
@@ -96,7 +96,8 @@ def demo(
                            "precision": p.precision, "ms_per_token": p.ms_per_token,
                            "terms": dict(p.terms)} for p in placements], indent=2))
         return
-    table = Table(title="llm-placement demo: where each pod goes and why")
+    console.print(demo_header())
+    table = Table(title="llm-placement demo (what-if): where each pod goes and why")
     for col in ("pod", "stage", "node", "hardware", "why"):
         table.add_column(col)
     for p in placements:
