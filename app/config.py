@@ -14,6 +14,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from app.core.ranking import ScoreMapping
+
 STAGES = ("data-prep", "pretraining", "alignment", "deployment", "serving")
 
 
@@ -63,7 +65,7 @@ def _default_weights() -> dict[str, StageWeights]:
 
 
 class NodeLabelKeys(BaseModel):
-    """Where node facts come from; first hit wins (DESIGN §3). Every key is configurable."""
+    """Where node facts come from; first hit wins (docs/node-facts.md). Every key is configurable."""
 
     model_config = {"extra": "forbid"}
 
@@ -128,6 +130,9 @@ class Settings(BaseSettings):
 
     labels: NodeLabelKeys = NodeLabelKeys()
     weights: dict[str, StageWeights] = Field(default_factory=_default_weights)
+    # How weighted totals become kube-scheduler's 0-10: "rank" bands keep every difference in order
+    # (docs/scoring.md); "linear" is round(10 x total), which rounds small preferences away.
+    score_mapping: ScoreMapping = ScoreMapping.RANK
     tier_bandwidth_gbps: TierBandwidth = TierBandwidth()
 
     # Decode efficiency: the share of peak HBM bandwidth real inference engines reach.

@@ -11,7 +11,7 @@ from typing import Any
 from app.core.feasibility import Rejection
 from app.core.gravity import GravityModel
 from app.core.workload import WorkloadError, WorkloadSpec
-from app.service import ExtenderService
+from app.service import AGREEMENT_TEXT, ExtenderService
 
 
 def _find_spec(service: ExtenderService, namespace: str, name: str) -> WorkloadSpec | dict[str, Any] | None:
@@ -71,8 +71,12 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
     ranked = sorted((e for e in nodes if e["feasible"]), key=lambda e: (-e["score"], -e["total"], e["node"]))
     reasons = Counter(e["reason"] for e in nodes if not e["feasible"])
     summary: str
+    remembered = service.remembered(spec.uid) if spec.uid else None
+    agreed = remembered.agreement if remembered is not None else None
     if bound and not bound[1]:
         summary = f"bound to {bound[0]}"
+        if agreed is not None:
+            summary += f" ({AGREEMENT_TEXT[agreed]})"
     elif ranked:
         summary = f"best node {ranked[0]['node']} (score {ranked[0]['score']})"
     elif reasons:
@@ -94,6 +98,8 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         "bound_node": bound[0] if bound and not bound[1] else None,
         "chosen": ranked[0]["node"] if ranked else None,
         "runner_up": ranked[1]["node"] if len(ranked) > 1 else None,
+        # At bind time, against the scores kube-scheduler received (top, tied_top, lower, unranked).
+        "scheduler_agreement": agreed.value if agreed is not None else None,
         "summary": summary,
         "free_gpus_by_domain": dict(free_by_domain),
         "gravity": None if pull is None else {k: v for k, v in pull.items() if k != "nodes"},

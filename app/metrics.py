@@ -7,6 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.core.gravity import MISSING, Distance
+from app.core.ranking import Agreement
 from app.core.workload import Stage
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -34,6 +35,13 @@ class Metrics:
             "llm_placement_decisions_total",
             "Placement decisions by stage and outcome (bound, unschedulable, invalid, bind_failed).",
             ["stage", "outcome"], registry=r,
+        )
+        self.agreement = Counter(
+            "llm_placement_scheduler_agreement_total",
+            "Binds by how kube-scheduler's chosen node ranked in our prioritize scores: top (our unique "
+            "best or only candidate), tied_top (one of our equal best), lower (in-tree points outweighed "
+            "ours), unranked (no ranking remembered).",
+            ["outcome"], registry=r,
         )
         self.rejections = Counter(
             "llm_placement_node_rejections_total",
@@ -154,6 +162,8 @@ class Metrics:
             self.cross_node_gb.labels(stage)
             for distance in [*(d.label for d in Distance), MISSING]:
                 self.dependency_edges.labels(stage, distance)
+        for outcome in Agreement:
+            self.agreement.labels(outcome.value)
         # Only serving pods get a latency prediction; only sized GPU stages a memory fit.
         self.bandwidth_fit.labels(Stage.SERVING.value)
         self.slo_ratio.labels(Stage.SERVING.value)

@@ -21,6 +21,7 @@ from app.core.feasibility import NodeFit, P, Rejection, evaluate
 from app.core.gravity import MISSING, GravityModel
 from app.core.nodes import facts_for
 from app.core.placer import FilterDecision, GangHook, GravityHook, Placer
+from app.core.ranking import Agreement, agreement, best_nodes
 from app.core.scoring import NodeScore
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import PREFIX, TRAINING_STAGES, WorkloadError, WorkloadSpec
@@ -29,6 +30,12 @@ from app.quality import ClusterQuality, QualityPublisher, capture, compute
 
 log = logging.getLogger(__name__)
 DECISION_MEMORY = 20_000
+AGREEMENT_TEXT = {
+    Agreement.TOP: "kube-scheduler followed our ranking (our best node)",
+    Agreement.TIED_TOP: "kube-scheduler followed our ranking (one of our equal best nodes)",
+    Agreement.LOWER: "kube-scheduler chose a node we ranked lower (its in-tree scores outweighed ours)",
+    Agreement.UNRANKED: "no ranking of ours was remembered for this bind",
+}
 FILTER_REUSE_SECONDS = 2.0
 
 
@@ -60,6 +67,13 @@ class Remembered:
     scores: dict[str, NodeScore]
     at: float
     fits: dict[str, NodeFit] | None = None  # this cycle's filter verdicts, reused by prioritize
+    agreement: Agreement | None = None  # set at bind: how kube-scheduler's node ranked in ``scores``
+
+    def agreement_with(self, node: str) -> Agreement:
+        """How ``node`` ranks in this cycle's scores (kube-scheduler skips prioritize for one node)."""
+        if not self.scores and self.fits is not None and list(self.fits) == [node]:
+            return Agreement.TOP
+        return agreement(node, {n: s.total for n, s in self.scores.items()})
 
 
 def _invalid_key(problem: str) -> str:
@@ -142,12 +156,15 @@ class ExtenderService:
 
     async def bind(self, body: bytes) -> bytes:
         t0 = time.perf_counter()
+        early, uid = False, ""
         try:
             try:
                 args = wire.parse_binding_args(body)
             except wire.WireError as exc:
                 self.metrics.request_errors.labels("bind", "malformed").inc()
                 return wire.binding_result(P + str(exc))
+            uid = args.pod_uid
+            early = self._assume_at_bind_start(uid, args.node)
             spec = await asyncio.to_thread(self._spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
             if spec is not None and spec.gang is not None and self.gang_binder is not None:
                 err = await self.gang_binder.bind_member(spec, args.node)
@@ -157,9 +174,15 @@ class ExtenderService:
                 )
             if err:
                 self.metrics.request_errors.labels("bind", "refused").inc()
+                if early:
+                    with self.lock:
+                        self.snapshot.unassume(uid)
             return wire.binding_result(err)
         except Exception as exc:
             log.exception("bind failed")
+            if early:
+                with self.lock:
+                    self.snapshot.unassume(uid)
             self.metrics.request_errors.labels("bind", "internal").inc()
             return wire.binding_result(P + f"internal error in bind: {exc}")
         finally:
@@ -188,6 +211,22 @@ class ExtenderService:
             self.metrics.request_duration.labels("preempt").observe(time.perf_counter() - t0)
 
     # --- binding -------------------------------------------------------------------------------
+    def _assume_at_bind_start(self, uid: str, node: str) -> bool:
+        """Count the pod on its node before the first await of bind.
+
+        kube-scheduler starts the next pod's cycle while this bind is in flight (~20 ms of API
+        calls); without this, that cycle is scored on a snapshot missing this pod, and a burst of
+        pods on identical nodes spreads instead of packing. Gang members are counted by their plan.
+        """
+        remembered = self._memory.get(uid) if uid else None
+        if remembered is None or remembered.spec.gang is not None:
+            return False
+        with self.lock:
+            if uid in self.snapshot.pods or node not in self.snapshot.nodes:
+                return False
+            self.snapshot.assume(remembered.spec, node)
+        return True
+
     def bind_one(self, namespace: str, name: str, uid: str, node: str, spec: WorkloadSpec | None) -> str:
         """Bind one pod (blocking); return '' or an error message. Updates snapshot and metrics."""
         if self.binder is None:
@@ -217,6 +256,15 @@ class ExtenderService:
         stage = spec.stage.value if spec.stage else "none"
         m = self.metrics
         m.decisions.labels(stage, "bound").inc()
+        agreed = remembered.agreement_with(node) if remembered is not None else Agreement.UNRANKED
+        if remembered is not None:
+            remembered.agreement = agreed
+        m.agreement.labels(agreed.value).inc()
+        if agreed is Agreement.LOWER:
+            log.warning("kube-scheduler bound %s to %s, below our best node(s) %s: in-tree scores "
+                        "outweighed the extender (docs/scoring.md)", spec.key, node,
+                        sorted(best_nodes({n: s.total for n, s in remembered.scores.items()}))[:3]
+                        if remembered else [])
         if fit is not None:
             gpu = fit.node.gpu.name if fit.node.gpu else ("unknown" if fit.node.has_gpus else "cpu")
             m.hourly_cost.labels(stage, gpu).inc(fit.pod_hourly_cost)
@@ -266,6 +314,8 @@ class ExtenderService:
         score = remembered.scores.get(node) if remembered else None
         if score is not None and score.terms:
             parts.append("top terms: " + ", ".join(f"{t} {v:.2f}" for t, v in score.top_terms()))
+        if remembered is not None and remembered.agreement is not None:
+            parts.append(AGREEMENT_TEXT[remembered.agreement])
         return "; ".join(parts)
 
     # --- cluster quality -----------------------------------------------------------------------
@@ -306,11 +356,9 @@ class ExtenderService:
         if spec is None or not spec.uid:
             return
         fit = next(iter(decision.fits.values())) if len(decision.fits) == 1 else None
-        prior = self._memory.get(spec.uid)
-        scores = prior.scores if prior else {}
-        self._memory[spec.uid] = Remembered(
-            spec, fit, scores, time.time(), decision.fits
-        )
+        # A new filter call is a new scheduling cycle: the previous cycle's scores no longer describe
+        # the candidates (and kube-scheduler skips prioritize when one node is left).
+        self._memory[spec.uid] = Remembered(spec, fit, {}, time.time(), decision.fits)
         self._memory.move_to_end(spec.uid)
         while len(self._memory) > DECISION_MEMORY:
             self._memory.popitem(last=False)

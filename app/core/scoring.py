@@ -1,4 +1,4 @@
-"""Soft preferences (prioritize): weighted terms in [0, 1], combined into kube-scheduler's 0-10 integer.
+"""Soft preferences (prioritize): weighted terms in [0, 1], combined, then banded into kube-scheduler's 0-10.
 
 Relative terms (cost, bandwidth) are normalised against the best candidate in the same request, so a
 score says "how close to the best option here", not an absolute figure that drifts with prices.
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from app.config import Settings, StageWeights
 from app.core.feasibility import NodeFit
 from app.core.nodes import NodeClass
+from app.core.ranking import band_scores
 from app.core.snapshot import NodeUsage
 from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
 
@@ -188,5 +189,8 @@ def score_nodes(
         if gravity is not None and (g := gravity(f.node.name)) is not None:
             terms = {**terms, "gravity": g}
             total = weighted(terms)
-        out.append(NodeScore(name, round(10 * total), total, terms, w))
+        out.append(NodeScore(name, 0, total, terms, w))
+    # The integer kube-scheduler sees is a band relative to the other candidates (app.core.ranking).
+    for s, band in zip(out, band_scores([s.total for s in out], settings.score_mapping), strict=True):
+        s.score = band
     return out

@@ -107,6 +107,12 @@ class ClusterSnapshot:
     def assume(self, spec: WorkloadSpec, node: str) -> None:
         self.place(placed_from_spec(spec, node, assumed=True))
 
+    def unassume(self, uid: str) -> None:
+        """Take back an assumption whose bind failed (a pod the watch confirmed stays)."""
+        pod = self.pods.get(uid)
+        if pod is not None and pod.assumed:
+            self._release(pod)
+
     def finish(self, uid: str, now: float | None = None) -> None:
         """A pod ended (succeeded, failed or deleted): free its resources, remember its node."""
         pod = self.pods.get(uid)

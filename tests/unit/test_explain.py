@@ -23,6 +23,7 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.workload import parse_workload
 from app.explain import explain_pod
+from app.core.ranking import band_scores
 from app.service import ExtenderService
 from app.sim.fleet import node_object, pod_object
 
@@ -134,10 +135,13 @@ def test_explain_matches_filter_and_prioritize(svc: ExtenderService) -> None:
     assert ex["chosen"] == ranked[0]
     assert ex["runner_up"] == ranked[1]
     assert ex["summary"].startswith(f"best node {ranked[0]}")
-    # The breakdown explains the score: weighted mean of the terms, scaled to 0-10.
-    top = entries[ranked[0]]
-    weighted = sum(top["terms"][t] * w for t, w in top["weights"].items()) / sum(top["weights"].values())
-    assert round(10 * weighted) == top["score"]
+    # The breakdown explains the score: the weighted mean of the terms is the total, and the band
+    # kube-scheduler received is that total's rank among the candidates (docs/scoring.md).
+    for node in kept:
+        e = entries[node]
+        weighted = sum(e["terms"][t] * w for t, w in e["weights"].items()) / sum(e["weights"].values())
+        assert abs(weighted - e["total"]) < 1e-3, node
+    assert band_scores([entries[n]["total"] for n in ranked]) == [scores[n] for n in ranked]
 
 
 def test_explain_after_bind_names_the_bound_node(svc: ExtenderService, binder: MemoryBinder) -> None:
@@ -152,7 +156,8 @@ def test_explain_after_bind_names_the_bound_node(svc: ExtenderService, binder: M
     ex = explain_pod(svc, NS, "chat-bound")
     assert ex is not None
     assert ex["bound_node"] == best
-    assert ex["summary"] == f"bound to {best}"
+    assert ex["summary"].startswith(f"bound to {best} (kube-scheduler followed our ranking")
+    assert ex["scheduler_agreement"] == "top"
     # The user-facing event agrees with explain about where the pod went.
     placed = [m for key, reason, m in binder.events if reason == "Placed"]
     assert placed and placed[0].startswith(f"llm-placement: placed on {best}")

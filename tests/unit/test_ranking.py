@@ -1,0 +1,128 @@
+"""Rank bands: the integers kube-scheduler receives keep our order; agreement is judged at bind."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.core.ranking import EQUAL_TOTAL, Agreement, ScoreMapping, agreement, band_scores, best_nodes
+from app.core.snapshot import PlacedPod
+from app.core.workload import Stage
+from app.service import ExtenderService
+from app.sim.fleet import node_object, pod_object
+
+totals = st.lists(st.floats(min_value=0.0, max_value=1.0, allow_nan=False), min_size=1, max_size=60)
+
+
+@given(totals)
+def test_bands_never_invert_and_best_is_ten(values: list[float]) -> None:
+    bands = band_scores(values)
+    assert all(0 <= b <= 10 for b in bands)
+    best = max(values)
+    for v, b in zip(values, bands, strict=True):
+        assert (b == 10) == (best - v <= EQUAL_TOTAL)
+    for (v1, b1) in zip(values, bands, strict=True):
+        for (v2, b2) in zip(values, bands, strict=True):
+            if v1 > v2:
+                assert b1 >= b2  # order kept (equal only at 0 or within the tolerance)
+
+
+@given(totals)
+def test_top_ten_distinct_totals_get_distinct_bands(values: list[float]) -> None:
+    bands = band_scores(values)
+    distinct = sorted(set(values), reverse=True)
+    separated = [distinct[0]]
+    for v in distinct[1:]:
+        if separated[-1] - v > EQUAL_TOTAL:
+            separated.append(v)
+    for rank, v in enumerate(separated[:10]):
+        assert bands[values.index(v)] == 10 - rank
+
+
+def test_small_difference_survives_rank_but_not_linear() -> None:
+    # The measured case: one GPU used moves the weighted total by ~0.02.
+    values = [0.71, 0.69, 0.69]
+    assert band_scores(values, ScoreMapping.LINEAR) == [7, 7, 7]
+    assert band_scores(values) == [10, 9, 9]
+
+
+def test_agreement_outcomes() -> None:
+    totals = {"a": 0.9, "b": 0.9, "c": 0.5}
+    assert best_nodes(totals) == {"a", "b"}
+    assert agreement("a", totals) is Agreement.TIED_TOP
+    assert agreement("c", totals) is Agreement.LOWER
+    assert agreement("a", {"a": 0.9, "c": 0.5}) is Agreement.TOP
+    assert agreement("x", totals) is Agreement.UNRANKED
+    assert agreement("a", None) is Agreement.UNRANKED
+
+
+def _eight_h100(service: ExtenderService) -> list[str]:
+    names = [f"h100-{i}" for i in range(8)]
+    for n in names:
+        service.absorb_node(node_object(n, gpus=8, product="NVIDIA-H100-80GB-HBM3", cpu="128",
+                                        memory="1Ti"))
+    return names
+
+
+def _priorities(service: ExtenderService, pod: dict[str, Any], names: list[str]) -> dict[str, int]:
+    body = json.dumps({"Pod": pod, "NodeNames": names}).encode()
+    service.filter(body)
+    return {e["Host"]: e["Score"] for e in json.loads(service.prioritize(body))}
+
+
+def test_packing_preference_reaches_kube_scheduler_as_a_whole_band(service: ExtenderService) -> None:
+    names = _eight_h100(service)
+    service.snapshot.place(PlacedPod("busy", "default/busy", "h100-3", 1, 1000, 1 << 30, Stage.ALIGNMENT, None, None))
+    pod = pod_object("sft", stage="alignment", gpus=1, annotations={"llm-placement.io/model-params": "1B"})
+    pod["metadata"]["uid"] = "u-sft"
+    prio = _priorities(service, pod, names)
+    assert prio["h100-3"] == 10
+    assert all(prio[n] == 9 for n in names if n != "h100-3")
+    # The old linear mapping gave every node the same integer (the bug this replaces).
+    service.settings.score_mapping = ScoreMapping.LINEAR
+    linear = _priorities(service, pod, names)
+    assert len(set(linear.values())) == 1
+
+
+def test_bind_counts_agreement(service: ExtenderService) -> None:
+    class Binder:
+        def __init__(self) -> None:
+            self.events: list[str] = []
+
+        def bind(self, namespace: str, name: str, uid: str, node: str) -> bool:
+            return True
+
+        def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+            pass
+
+        def event(self, namespace: str, name: str, uid: str, reason: str, message: str,
+                  warning: bool = False) -> None:
+            self.events.append(message)
+
+        def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+            return None
+
+    binder = Binder()
+    service.binder = binder
+    names = _eight_h100(service)
+    service.snapshot.place(PlacedPod("busy", "default/busy", "h100-3", 1, 1000, 1 << 30, Stage.ALIGNMENT, None, None))
+
+    def sample(outcome: str) -> float:
+        v = service.metrics.registry.get_sample_value(
+            "llm_placement_scheduler_agreement_total", {"outcome": outcome})
+        return v or 0.0
+
+    for i, chosen in enumerate(["h100-3", "h100-5"]):
+        pod = pod_object(f"sft-{i}", stage="alignment", gpus=1,
+                         annotations={"llm-placement.io/model-params": "1B"})
+        pod["metadata"]["uid"] = f"u-{i}"
+        prio = _priorities(service, pod, names)
+        assert prio[chosen] == (10 if chosen == "h100-3" else 9)
+        spec = service.placer.parse(pod)
+        assert service.bind_one("default", f"sft-{i}", f"u-{i}", chosen, spec) == ""
+    assert sample("top") == 1.0 and sample("lower") == 1.0 and sample("tied_top") == 0.0
+    assert "followed our ranking" in binder.events[0]
+    assert "ranked lower" in binder.events[1]
