@@ -7,9 +7,10 @@ never wait for a solve (up to ``solver_time_limit_seconds``):
    other gang's reservations. The problem is an immutable copy; nothing the solver reads changes.
 2. **solve** (lock released): the problem goes to a planner thread while the calling thread waits
    on a :class:`threading.Condition` over the service lock, which releases it completely.
-3. **commit** (lock held again): if the roster changed or a planned node no longer has room
-   (someone was bound there meanwhile, another gang reserved it), plan again from a fresh brief;
-   otherwise install the plan in the ledger, persist it and report it.
+3. **commit** (lock held again): if a planned node no longer has room (someone was bound there
+   meanwhile, another gang reserved it), plan again from a fresh brief; if a member came, went or
+   was bound, answer "retry" (the gang's size check comes first); otherwise install the plan in
+   the ledger, persist it and report it.
 
 Admission order: plans only use capacity nobody else reserved, so gangs never hold partial capacity
 and cannot deadlock; among gangs waiting for capacity, older ones (priority, then first wait, then
@@ -33,7 +34,7 @@ from app.gang.book import GangBook, GangState
 from app.gang.instance import GangInstance, build, evaluator, shape_key, unfit_nodes
 from app.gang.ledger import GangPlan, MemberPlan
 from app.gang.persist import PlanStore
-from app.gang.problem import Assignment, Index, Problem
+from app.gang.problem import Index, Problem
 from app.gang.report import Reporter
 from app.gang.solver import PlanResult
 
@@ -108,11 +109,14 @@ class Planner:
                 now = max(now, self.clock())
                 if result.assignment is None:
                     return self._unplaceable(brief, index, state, now)
-                members = self.book.members(key, spec)
-                changed = self._changed(brief, result.assignment, members)
-                if not changed:
+                if self.book.roster(self.book.members(key, spec)) != brief.roster:
+                    return CHANGED  # a member came, went or was bound: the caller looks again
+                unfit = unfit_nodes(self.book.snapshot, brief.inst.problem, result.assignment,
+                                    lambda n: self.book.ledger.reserved_gpus(n, key))
+                if not unfit:
                     return self._commit(brief, result, index, state, now)
-                log.info("gang %s: %s while planning (attempt %d); planning again", key, changed, attempt + 1)
+                log.info("gang %s: node %s lost its room while planning (attempt %d); planning again",
+                         key, unfit[0], attempt + 1)
         return CHANGED
 
     def start(self, key: str, spec: WorkloadSpec, fits: dict[str, NodeFit], offered: Sequence[str],
@@ -217,14 +221,6 @@ class Planner:
     def _wake_waiters(self, _: Future[tuple[PlanResult, Index]]) -> None:
         with self._solved:
             self._solved.notify_all()
-
-    def _changed(self, brief: Brief, assignment: Assignment, members: list[WorkloadSpec]) -> str:
-        """Why the plan is no longer valid ('' when it is): roster or capacity changed meanwhile."""
-        if self.book.roster(members) != brief.roster:
-            return "members changed"
-        unfit = unfit_nodes(self.book.snapshot, brief.inst.problem, assignment,
-                            lambda n: self.book.ledger.reserved_gpus(n, brief.key))
-        return f"node {unfit[0]} no longer has room" if unfit else ""
 
     def _unplaceable(self, brief: Brief, index: Index, state: GangState, now: float) -> str:
         key, ledger = brief.key, self.book.ledger
