@@ -1,6 +1,11 @@
-"""Data gravity on a pipeline workload: ours vs kube-scheduler's default scoring, same pods, one run.
+"""Data gravity on a pipeline workload, what-if (simulator): ours vs kube-scheduler's default profile.
+
+What-if only: both runs are kube-scheduler's cycle replayed in-process by app.sim.scheduler (its
+integer combination: extender band x weight x 10 plus the profile's in-tree NodeResourcesFit /
+BalancedAllocation points, random ties from a seeded RNG), not a real cluster's decisions.
 
     python bench/data_gravity.py                       # three scenarios, 48 pipelines, seed 1
+    python bench/data_gravity.py --baseline most-allocated   # compare with GPU bin-packing instead
     python bench/data_gravity.py --seed 2 --json out.json
     python bench/data_gravity.py --gravity pretraining=3 --gravity alignment=3   # explore stage weights
 
@@ -8,10 +13,11 @@ Each pipeline is the five lifecycle stages of one model, chained by ``llm-placem
 data-prep -> pretraining -> alignment -> deployment -> serving. A discrete-event loop submits a stage
 when every pod of the previous stage has finished (the producer is then a finished pod whose output
 is still on its node, as in practice: a checkpoint is read after it is written); pods that do not fit
-wait and are retried whenever a pod finishes. The same pods go through (a) our placement core
-(app.sim.SimScheduler: in-tree fit, our filter, our prioritize with the data-gravity term) and (b)
-kube-scheduler's default profile (app.sim.baseline.DefaultScheduler). Both runs measure every edge
-with the same code (GravityModel.observe) at the moment the consumer is placed.
+wait and are retried whenever a pod finishes. The same pods go through (a) the chart's shipped profile
+with our extender (app.sim.scheduler.SimScheduler: in-tree fit, our filter, our prioritize with the
+data-gravity term as a rank band, kube-scheduler's selectHost) and (b) a baseline profile without the
+extender: kube-scheduler's default profile, or NodeResourcesFit MostAllocated on GPUs. Both runs
+measure every edge with the same code (GravityModel.observe) at the moment the consumer is placed.
 
 The mapping (nothing public links the stages of one model with data sizes; these are our choices):
 
@@ -24,7 +30,7 @@ The mapping (nothing public links the stages of one model with data sizes; these
 * deployment (quantise/package): reads the aligned bf16 weights (2 P bytes).
 * serving: 2 replicas of 1 / 1 / 1 / 2 GPUs, int8; each reads the quantised weights (P bytes) once.
 * Scenarios differ only in the GPUs of the two "CPU" stages:
-  - ``cpu`` follows DESIGN §4 literally: data-prep and deployment request no GPU and run on CPU nodes,
+  - ``cpu`` follows docs/stage-policy.md: data-prep and deployment request no GPU and run on CPU nodes,
     so three of the four edges of a pipeline join a CPU node to a GPU node; those can never share a
     node or an NVLink domain under any scheduler that keeps the stage rules (best: the same leaf);
   - ``gpu``: GPU data curation on whole 8-GPU nodes (dedup, quality classifiers) and a 1-GPU
@@ -75,9 +81,9 @@ from app.core.nodes import node_facts
 from app.core.placer import Placer
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import WorkloadError, WorkloadSpec, parse_workload, pod_resources
-from app.sim.baseline import DefaultScheduler
 from app.sim.fleet import expand_cluster, pod_object
-from app.sim.scheduler import Placement, SimScheduler, in_tree_fits
+from app.sim.profile import SchedulerProfile, default_profile, most_allocated_profile, shipped_profile
+from app.sim.scheduler import WHAT_IF, Placement, SimScheduler, in_tree_fits
 
 ANN = "llm-placement.io/"
 ACME = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "acmetrace" / "cluster_summary.csv"
@@ -89,6 +95,10 @@ EDGE_NAMES = {
     "serving": "deploy->serve",
 }
 EDGE_ORDER = list(EDGE_NAMES.values())
+BASELINES: dict[str, Callable[[], SchedulerProfile]] = {
+    "default": default_profile,
+    "most-allocated": most_allocated_profile,
+}
 GPU_RESOURCES = ("nvidia.com/gpu",)
 console = Console(width=110)
 
@@ -268,7 +278,8 @@ class Clock:
         return self.t
 
 
-def simulate(name: str, pipelines: list[Pipeline], settings: Settings, seed: int) -> RunResult:
+def simulate(name: str, pipelines: list[Pipeline], settings: Settings, seed: int,
+             baseline: str = "default") -> RunResult:
     catalog = GpuCatalog.load()
     snap = ClusterSnapshot()
     for node in expand_cluster(cluster_spec()):
@@ -279,9 +290,9 @@ def simulate(name: str, pipelines: list[Pipeline], settings: Settings, seed: int
     probe = Placer(settings, snap)  # the stage rules without gravity, for "capacity allows"
     sched: Scheduler
     if name == "ours":
-        sched = SimScheduler(Placer(settings, snap, gravity=gravity))
+        sched = SimScheduler(Placer(settings, snap, gravity=gravity), shipped_profile(), seed=seed)
     else:
-        sched = DefaultScheduler(snap, seed=seed)
+        sched = SimScheduler(None, BASELINES[baseline](), snapshot=snap, seed=seed)
     result = RunResult(name)
     t0 = time.perf_counter()
 
@@ -311,7 +322,7 @@ def simulate(name: str, pipelines: list[Pipeline], settings: Settings, seed: int
         return bool(candidates) and bool(probe.filter(manifest, candidates).passed)
 
     def same_class(plan: PodPlan, spec: WorkloadSpec, k: int) -> bool:
-        # Under the stage rules (DESIGN §4) GPU pods run on GPU nodes and CPU-only LLM stages on CPU
+        # Under docs/stage-policy.md's rules GPU pods run on GPU nodes and CPU-only LLM stages on CPU
         # nodes, so a consumer can share its producer's node only if both request GPUs or neither
         # does. Judged from the pods, not from where a run put them, so both runs count the same edges.
         producer = pipelines[plan.pipeline].stages[k - 1][0]
@@ -413,11 +424,11 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
 
 
-def render(scenario: str, ours: dict[str, Any], base: dict[str, Any]) -> None:
-    t = Table(title=f"scenario {scenario}: ours vs default kube-scheduler scoring (same pods)")
+def render(scenario: str, ours: dict[str, Any], base: dict[str, Any], baseline: str = "default") -> None:
+    t = Table(title=f"{WHAT_IF} scenario {scenario}: ours vs {baseline} (same pods)")
     t.add_column("metric")
     t.add_column("ours", justify="right")
-    t.add_column("default", justify="right")
+    t.add_column(baseline, justify="right")
     pct: Callable[[float], str] = lambda x: f"{100 * x:.1f}%"  # noqa: E731
     rows = [
         ("dependency edges (found / missing)", lambda s: f"{s['edges'] - s['missing']} / {s['missing']}"),
@@ -446,14 +457,15 @@ def render(scenario: str, ours: dict[str, Any], base: dict[str, Any]) -> None:
         t.add_row(f"  {edge}", cell(o), cell(b))
     ratio = _ratio(ours["cross_node_gb"], base["cross_node_gb"])
     same = _ratio(ours["cross_node_gb_same_class"], base["cross_node_gb_same_class"])
-    t.add_row("cross-node GB, ours / default", pct(ratio), "")
+    t.add_row(f"cross-node GB, ours / {baseline}", pct(ratio), "")
     t.add_row("  on edges the rules let share a node", pct(same), "")
-    t.add_row("est. transfer time, ours / default", pct(_ratio(ours["transfer_h"], base["transfer_h"])), "")
+    transfer = _ratio(ours["transfer_h"], base["transfer_h"])
+    t.add_row(f"est. transfer time, ours / {baseline}", pct(transfer), "")
     console.print(t)
     ok_co = ours["colocated_when_allowed"] >= 0.9
     ok_gb = ratio <= 0.25
     console.print(f"  target >= 90% co-located when capacity allows: {'MET' if ok_co else 'NOT MET'} "
-                  f"({pct(ours['colocated_when_allowed'])});  target cross-node GB <= 25% of default: "
+                  f"({pct(ours['colocated_when_allowed'])});  target cross-node GB <= 25% of {baseline}: "
                   f"{'MET' if ok_gb else 'NOT MET'} ({pct(ratio)})")
 
 
@@ -466,9 +478,12 @@ def main(
         [], help="override a stage's gravity weight, e.g. --gravity alignment=3 (repeatable)"
     ),
     json_out: Path | None = typer.Option(None, "--json", help="write the figures here"),
+    baseline: str = typer.Option("default", help=f"profile without the extender: {', '.join(BASELINES)}"),
 ) -> None:
+    if baseline not in BASELINES:
+        raise typer.BadParameter(f"baseline {baseline!r}: expected one of {list(BASELINES)}")
     settings = Settings(cluster_source="none", metrics_port=0)
-    # Stage weights are configuration (DESIGN §4); this option only explores them.
+    # Stage weights are configuration (docs/stage-policy.md); this option only explores them.
     weights = dict(settings.weights)
     for item in gravity:
         stage, _, value = item.partition("=")
@@ -476,6 +491,9 @@ def main(
             raise typer.BadParameter(f"{item}: expected STAGE=WEIGHT with a stage of {list(weights)}")
         weights[stage] = weights[stage].model_copy(update={"gravity": float(value)})
     settings = Settings(cluster_source="none", metrics_port=0, weights=weights)
+    console.print(f"[b]{WHAT_IF}[/b]: kube-scheduler's cycle replayed in-process (seed {seed})")
+    console.print(f"  ours: {shipped_profile().describe()}")
+    console.print(f"  {baseline}: {BASELINES[baseline]().describe()}")
     console.print("gravity weights: " + ", ".join(f"{k} {w.gravity:g}" for k, w in settings.weights.items()))
     d = load_durations()
     console.print(f"durations from {d.source}: GPU job mean {d.gpu_mean_s:.0f}s, "
@@ -489,9 +507,9 @@ def main(
     for sc in scenarios:
         pl = make_pipelines(pipelines, seed, sc, d, arrival)
         ours = summary(simulate("ours", pl, settings, seed))
-        base = summary(simulate("default", pl, settings, seed))
-        render(sc, ours, base)
-        report[sc] = {"ours": ours, "default": base}
+        base = summary(simulate(baseline, pl, settings, seed, baseline))
+        render(sc, ours, base, baseline)
+        report[sc] = {"ours": ours, baseline: base, "what_if": WHAT_IF}
     if json_out is not None:
         json_out.write_text(json.dumps(report, indent=2))
 

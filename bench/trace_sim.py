@@ -1,5 +1,15 @@
-"""Trace-driven placement quality: the Alibaba "openb" GPU trace replayed through our placement core
-and through a faithful stand-in of kube-scheduler's default scoring, in the same run.
+"""Trace-driven placement quality, what-if (simulator): the Alibaba "openb" GPU trace replayed through
+the simulator of kube-scheduler's cycle (app.sim.scheduler) under several profiles, in the same run.
+
+What-if only: every row is kube-scheduler's combination replayed in-process (integer extender band x
+weight x 10 plus the profile's in-tree NodeResourcesFit / BalancedAllocation points, random ties from
+a seeded RNG), not a real cluster's decisions. Runs (``--run``):
+* ``default``: the default profile, no extender (LeastAllocated + BalancedAllocation);
+* ``most-allocated``: NodeResourcesFit MostAllocated on ``nvidia.com/gpu``, no extender (the
+  bin-packing an operator configures without us);
+* ``ours``: the chart's shipped profile (helm/llm-placement/files/scheduler-config.yaml) with our
+  extender and rank bands;
+* ``ours-linear-w12``: the previous chart: default profile, extender weight 12, ``round(10 x total)``.
 
 Data: ../shared/data/alibaba-gpu-v2023 (ATC'23 "Beware of Fragmentation"; read in place, never
 copied). 1,213 GPU nodes of 7 models; pods arrive at ``creation_time`` and leave at
@@ -15,6 +25,7 @@ stranded GPUs (free GPUs on partly used nodes: the ones an 8-GPU job cannot use)
 GPUs, and whole free 8-GPU nodes (capacity left for the next big job).
 
     python bench/trace_sim.py --trace default --trace multigpu50
+    python bench/trace_sim.py --trace multigpu50 --run ours --run ours-linear-w12 --seed 2
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ from __future__ import annotations
 import csv
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +44,12 @@ from rich.table import Table
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog
+from app.core.ranking import ScoreMapping
 from app.core.snapshot import ClusterSnapshot
 from app.service import ExtenderService
-from app.sim.baseline import DefaultScheduler
 from app.sim.fleet import node_object, pod_object
-from app.sim.scheduler import SimScheduler
+from app.sim.profile import SchedulerProfile, default_profile, most_allocated_profile, shipped_profile
+from app.sim.scheduler import WHAT_IF, SimScheduler
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
 console = Console()
@@ -100,14 +112,27 @@ def fragmentation(snap: ClusterSnapshot) -> tuple[float, int]:
     return (stranded / free if free else 0.0), whole
 
 
+RUNS: dict[str, tuple[SchedulerProfile, bool, ScoreMapping]] = {  # profile, extender?, mapping
+    "default": (default_profile(), False, ScoreMapping.RANK),
+    "most-allocated": (most_allocated_profile(), False, ScoreMapping.RANK),
+    "ours": (shipped_profile(), True, ScoreMapping.RANK),
+    # The previous chart: every default score plugin, extender weight 12, all nodes scored.
+    "ours-linear-w12": (replace(default_profile(extender_weight=12), percentage_of_nodes_to_score=100), True,
+                        ScoreMapping.LINEAR),
+}
+
+
 def replay(kind: str, nodes: list[dict[str, Any]], events: list[tuple[int, int, dict[str, Any]]],
-           progress: Progress) -> Outcome:
-    settings = Settings(cluster_source="none", metrics_port=0)
+           progress: Progress, seed: int = 1) -> Outcome:
+    profile, extender, mapping = RUNS[kind]
+    settings = Settings(cluster_source="none", metrics_port=0, score_mapping=mapping)
     service = ExtenderService(settings, GpuCatalog.load())
     for n in nodes:
         service.absorb_node(n)
-    scheduler: SimScheduler | DefaultScheduler
-    scheduler = SimScheduler(service.placer) if kind == "ours" else DefaultScheduler(service.snapshot, seed=1)
+    if extender:
+        scheduler = SimScheduler(service.placer, profile, seed=seed)
+    else:
+        scheduler = SimScheduler(None, profile, snapshot=service.snapshot, seed=seed)
     out = Outcome()
     arrivals = sum(1 for e in events if e[1] == 1)
     every = max(1, arrivals // 100)
@@ -145,12 +170,21 @@ def replay(kind: str, nodes: list[dict[str, Any]], events: list[tuple[int, int, 
 def main(
     trace: list[str] = typer.Option(["default"], help="openb pod list suffix(es): default, multigpu50, ..."),
     data: Path = typer.Option(DATA, help="Folder with the openb CSV files."),
+    run: list[str] = typer.Option(["default", "most-allocated", "ours"], help=f"profiles: {', '.join(RUNS)}"),
+    seed: int = typer.Option(1, help="seed of kube-scheduler's random tie-break"),
 ) -> None:
     if not (data / "openb_node_list_gpu_node.csv").exists():
         console.print(f"[yellow]trace data not found at {data}; nothing to measure[/yellow]")
         raise typer.Exit(1)
+    unknown = [r for r in run if r not in RUNS]
+    if unknown:
+        raise typer.BadParameter(f"unknown run(s) {unknown}: expected {list(RUNS)}")
     nodes = load_nodes(data)
-    title = f"openb trace replay on {len(nodes)} GPU nodes: ours vs default kube-scheduler scoring"
+    console.print(f"[b]{WHAT_IF}[/b]: kube-scheduler's cycle replayed in-process (seed {seed}); profiles:")
+    for r in run:
+        console.print(f"  {r}: {RUNS[r][0].describe()}" + (f", score mapping {RUNS[r][2].value}"
+                                                            if RUNS[r][1] else ""))
+    title = f"{WHAT_IF}: openb trace replay on {len(nodes)} GPU nodes"
     table = Table(title=title)
     for col in ("trace", "scheduler", "pods placed", "GPU pods failed", "GPUs placed", "GPUs failed",
                 "stranded/free GPUs (mean)",
@@ -160,16 +194,23 @@ def main(
         events, skipped = load_events(data, t)
         results = {}
         with Progress(console=console, transient=True) as progress:
-            for kind in ("default", "ours"):
-                results[kind] = replay(kind, nodes, events, progress)
+            for kind in run:
+                results[kind] = replay(kind, nodes, events, progress, seed)
         for kind, o in results.items():
             table.add_row(t, kind, str(o.placed), str(o.gpu_failed), str(o.gpus_placed), str(o.gpus_failed),
                           f"{statistics.mean(o.stranded_share or [0]):.3f}",
                           f"{statistics.mean(o.free_whole_nodes or [0]):.1f}", f"{o.seconds:.1f}")
-        d, o = results["default"], results["ours"]
-        ratio = statistics.mean(o.stranded_share or [0]) / max(1e-9, statistics.mean(d.stranded_share or [0]))
-        console.print(f"{t}: {skipped} GPU-sharing pods left out; GPU pods failed ours/default = "
-                      f"{o.gpu_failed}/{d.gpu_failed}; mean stranded share ours/default = {ratio:.2f}")
+        console.print(f"{t}: {skipped} GPU-sharing pods left out")
+        if "ours" in results:
+            o = results["ours"]
+            for kind, b in results.items():
+                if kind == "ours":
+                    continue
+                ratio = (statistics.mean(o.stranded_share or [0])
+                         / max(1e-9, statistics.mean(b.stranded_share or [0])))
+                console.print(f"  ours vs {kind}: GPUs placed {o.gpus_placed}/{b.gpus_placed} "
+                              f"({100 * (o.gpus_placed / max(1, b.gpus_placed) - 1):+.1f}%), GPU pods failed "
+                              f"{o.gpu_failed}/{b.gpu_failed}, mean stranded share ratio {ratio:.2f}")
     console.print(table)
 
 

@@ -20,6 +20,11 @@ One scheduling cycle follows kube-scheduler v1.36 (``pkg/scheduler/schedule_one.
    taken without scoring, as kube-scheduler does.
 5. Assume the pod on the node (the extender binds; no preemption, no retry inside a cycle).
 
+Not modelled, because it cannot change the outcome here: opportunistic batching (1.35+, profiles
+without extenders only) reuses the previous cycle's sorted nodes when an identical pod no longer fits
+the node chosen last; the other nodes' scores are then unchanged, so the choice is the same up to the
+random tie-break.
+
 Which profile: by default the chart's shipped configuration (``app.sim.profile.shipped_profile``).
 Without a placer the loop is plain kube-scheduler (``DefaultScheduler``: the default profile).
 """

@@ -34,6 +34,10 @@ def test_demo_cli_json_and_table() -> None:
     assert {r["stage"] for r in rows if r["stage"]} == {"data-prep", "pretraining", "alignment", "deployment", "serving"}
     res = runner.invoke(cli, ["demo"])
     assert res.exit_code == 0 and "pods placed" in res.output
+    # The table is a simulation, and its first line says so and names the profile replayed.
+    first = res.output.strip().splitlines()[0]
+    assert first.startswith("what-if (simulator)"), first
+    assert "shipped" in " ".join(res.output.split()[:40])
 
 
 def test_catalog_cli() -> None:
