@@ -108,6 +108,14 @@ def error_ratio(window: str) -> str:
     return f"({errors} or 0 * {requests}) / {requests}"
 
 
+def agreement_ratio(window: str) -> str:
+    """Share of binds on one of our best nodes (top or tied_top) among the ranked ones."""
+    m = "llm_placement_scheduler_agreement_total"
+    agreed = f'sum(increase({m}{{outcome=~"top|tied_top"}}[{window}]))'
+    ranked = f'sum(increase({m}{{outcome!="unranked"}}[{window}]))'
+    return f"{agreed} / {ranked}"
+
+
 def colocated_ratio(window: str) -> str:
     edges = "llm_placement_dependency_edges_total"
     near = f"sum by (stage) (increase({edges}{{{COLOCATED}}}[{window}]))"
@@ -230,6 +238,16 @@ EXTENDER = Board(
               "carries the exact message in its events.",
               (Q("sum by (key) (increase(llm_placement_invalid_annotations_total[1h]))", "{{key}}"),),
               min=0),
+            P("kube-scheduler agreement",
+              "Share of binds on one of our best-ranked nodes (top or tied_top) in the last hour. Below "
+              "99%, kube-scheduler's in-tree scores outweigh our bands: check the profile's score "
+              "plugins and the extender weight (docs/scoring.md).",
+              (Q(agreement_ratio("1h"), "agreement"),), kind="stat", unit="percentunit", width=6),
+            P("Binds by agreement outcome",
+              "How the node kube-scheduler bound ranked in our prioritize scores: top, tied_top, lower "
+              "(in-tree points won), unranked (no ranking remembered: restart, or one-node cycles).",
+              (Q("sum by (outcome) (rate(llm_placement_scheduler_agreement_total[" + RATE + "]))",
+                 "{{outcome}}"),), unit="reqps", stacked=True, min=0),
             P("Nodes with unknown GPU models",
               "Nodes whose GPU product is missing from the catalog (used conservatively).",
               (Q("max(llm_placement_unknown_gpu_nodes)", "nodes"),), kind="stat", width=12),
@@ -359,6 +377,7 @@ RECORDS = (
     Record("llm_placement:dependency_edges_colocated:ratio_rate1h", colocated_ratio("1h")),
     Record("llm_placement:stranded_gpus:ratio",
            "max by (gpu) (llm_placement_stranded_gpus) / max by (gpu) (llm_placement_allocatable_gpus)"),
+    Record("llm_placement:scheduler_agreement:ratio_rate1h", agreement_ratio("1h")),
     Record("llm_placement:gang_wait_seconds:p99_rate15m",
            quantiles("llm_placement_gang_wait_seconds", "", (0.99,), "15m")[0].expr),
 )
@@ -381,6 +400,15 @@ ALERTS = (
           "The p99 time from a gang's first filter call to all members bound exceeded 10 minutes. Look "
           "at the gang's pod events (llm-placement explain) for the dominant reason, and at the "
           "fragmentation dashboard: capacity may exist but not in one domain."),
+    Alert("LLMPlacementSchedulerDisagrees", "llm_placement:scheduler_agreement:ratio_rate1h",
+          '< 0.99 and on () sum(increase(llm_placement_scheduler_agreement_total{outcome="lower"}[1h])) '
+          ">= 5", "30m", "warning",
+          "kube-scheduler followed llm-placement's ranking in only {{ $value | humanizePercentage }} of binds",
+          "For 30 minutes fewer than 99% of binds (and at least 5 in the last hour) landed on one of the "
+          "extender's best nodes: kube-scheduler's in-tree scores outweigh the extender's bands, so "
+          "packing, cost and data-gravity preferences are being lost. Check that the profile disables "
+          "the resource score plugins and that one band (extender weight x 10) exceeds the in-tree "
+          "points that vary (docs/scoring.md)."),
     Alert("LLMPlacementStrandedGPUs", "llm_placement:stranded_gpus:ratio",
           "> 0.1 and on (gpu) max by (gpu) (llm_placement_stranded_gpus) >= 8", "30m", "warning",
           "{{ $value | humanizePercentage }} of {{ $labels.gpu }} GPUs are stranded",
