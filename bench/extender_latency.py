@@ -1,4 +1,4 @@
-"""Filter/prioritize latency and memory of the extender at cluster scale (DESIGN §9 targets).
+"""Filter/prioritize latency and memory of the extender at cluster scale (targets: docs/extender-protocol.md).
 
 Names-only requests (nodeCacheCapable: true) against a snapshot of N nodes and P cached pods, through
 the same ExtenderService the HTTP layer calls. Baseline in the same process: the least any extender

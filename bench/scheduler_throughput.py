@@ -13,7 +13,7 @@ overrides only. For each node count the same nodes serve both variants:
   kube-scheduler binds);
 * ``extender``: the chart's profile as shipped (filter + prioritize + bind through the extender).
 
-Method ("backlog", as in shared/reference/control-plane-notes.md §8): kube-scheduler is stopped, the
+Method ("backlog", as in docs/control-plane.md, section 5): kube-scheduler is stopped, the
 pods are created, kube-scheduler is started, and the clock runs from its exec until the last pod has
 ``spec.nodeName`` (seen on a watch, so the end time is exact). ``steady`` excludes start-up: binds
 after the first one divided by the time from the first to the last bind. Between variants the pods

@@ -20,6 +20,15 @@ from app.core.units import (
 )
 
 PREFIX = "llm-placement.io/"
+# Every pod annotation key parse_workload reads (after PREFIX): the user-facing contract.
+# docs/annotations.md documents each one; tests/unit/test_contract_docs.py keeps the docs, the README
+# and this tuple in step with the parser.
+ANNOTATION_KEYS: tuple[str, ...] = (
+    "stage", "model-params", "precision", "precision-fallback", "context-tokens", "concurrency",
+    "kv-cache-gb", "latency-class", "max-ms-per-token", "gpu-preference",
+    "topology-required-placement", "topology-preferred-placement", "depends-on", "input-data-gb",
+    "colocation", "gang-name", "gang-size",
+)
 
 
 class Stage(StrEnum):
@@ -182,7 +191,7 @@ def pod_resources(pod: dict[str, Any], gpu_resources: tuple[str, ...]) -> tuple[
 def gang_of(
     namespace: str, labels: dict[str, str], annotations: dict[str, str], problems: list[str]
 ) -> GangRef | None:
-    """Gang identity from the conventions users already use, in DESIGN §2 order."""
+    """Gang identity from the conventions users already use, in docs/annotations.md order."""
 
     def size(key: str, raw: str | None) -> int | None:
         if raw is None:

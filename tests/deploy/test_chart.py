@@ -101,7 +101,7 @@ def test_scheduler_config_has_the_extender_as_designed(default: Rendered) -> Non
     assert ext["ignorable"] is False
     # Points = score x weight x 10 against ~1200 in-tree points: below 10 our policy would not dominate.
     assert isinstance(ext["weight"], int) and ext["weight"] >= 10
-    # The secondary scheduler must send every pod (CPU-only stages too) to the extender (DESIGN §1).
+    # The secondary scheduler must send every pod (CPU-only stages too) to the extender (docs/extender-protocol.md).
     assert "managedResources" not in ext
     le = cfg["leaderElection"]
     assert le["leaderElect"] is True

@@ -1,4 +1,4 @@
-"""deploy/: rendered manifests without drift, example workloads that speak DESIGN §2, the kind setup."""
+"""deploy/: rendered manifests without drift, example workloads that speak docs/annotations.md, the kind setup."""
 
 from __future__ import annotations
 
@@ -14,20 +14,17 @@ from typing import Any
 import pytest
 import yaml
 
+from app.core.workload import ANNOTATION_KEYS
+
 from .conftest import REPO
 
 DEPLOY = REPO / "deploy"
 EXAMPLES = DEPLOY / "examples"
 KIND = DEPLOY / "kind"
-DESIGN = REPO.parent / "shared" / "DESIGN.md"
 PREFIX = "llm-placement.io/"
-# DESIGN §2, the user-facing contract. Kept here too so the test works without the shared folder;
-# test_design_keys_match_the_design_doc checks this list against the document when it is there.
-DESIGN_KEYS = {
-    "stage", "model-params", "precision", "precision-fallback", "context-tokens", "concurrency",
-    "kv-cache-gb", "latency-class", "max-ms-per-token", "gpu-preference", "topology-required-placement",
-    "topology-preferred-placement", "depends-on", "input-data-gb", "gang-name", "gang-size",
-}
+# The user-facing contract (docs/annotations.md): the keys the parser reads. tests/unit/
+# test_contract_docs.py checks the docs and the README table against the same tuple.
+CONTRACT_KEYS = set(ANNOTATION_KEYS)
 STAGES = {"data-prep", "pretraining", "alignment", "deployment", "serving"}
 STAGE_ALIASES = {"pretrain": "pretraining", "sft": "alignment", "rlhf": "alignment", "dpo": "alignment",
                  "finetune": "alignment", "quantize": "deployment", "package": "deployment",
@@ -111,17 +108,7 @@ def _pods() -> list[tuple[Path, dict[str, Any], dict[str, Any], dict[str, Any]]]
     return out
 
 
-def test_design_keys_match_the_design_doc() -> None:
-    if not DESIGN.is_file():
-        pytest.skip(f"{DESIGN} is not beside the clone")
-    section = DESIGN.read_text().split("## 2.", 1)[1].split("\n## ", 1)[0]
-    documented = set()
-    for row in re.findall(r"^\| (`[^|]+`) \|", section, re.M):
-        documented |= set(re.findall(r"`([a-z-]+)`", row))
-    assert documented == DESIGN_KEYS
-
-
-def test_examples_parse_and_use_only_design_annotation_keys() -> None:
+def test_examples_parse_and_use_only_contract_annotation_keys() -> None:
     pods = _pods()
     assert len(pods) >= 10
     for path, doc, meta, spec in pods:
@@ -130,7 +117,7 @@ def test_examples_parse_and_use_only_design_annotation_keys() -> None:
         ann = meta.get("annotations") or {}
         ours = {k.removeprefix(PREFIX) for k in ann if k.startswith(PREFIX)}
         assert ours, f"{where} says nothing about itself"
-        assert ours <= DESIGN_KEYS, f"{where} uses keys outside DESIGN §2: {ours - DESIGN_KEYS}"
+        assert ours <= CONTRACT_KEYS, f"{where} uses keys outside docs/annotations.md: {ours - CONTRACT_KEYS}"
         assert all(isinstance(v, str) for v in ann.values()), f"{where}: annotation values must be strings"
         stage = ann[PREFIX + "stage"]
         assert stage in STAGES or stage in STAGE_ALIASES, f"{where}: stage {stage!r}"

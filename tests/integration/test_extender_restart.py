@@ -1,6 +1,6 @@
 """The extender crashes (SIGKILL) in the middle of a burst of pods and comes back.
 
-The invariants of DESIGN §9: every pod ends up bound, none is bound twice or to a node other than the
+The invariants of docs/extender-protocol.md (Targets): every pod ends up bound, none is bound twice or to a node other than the
 one kube-scheduler recorded, and no node holds more GPUs than it has. The cluster has exactly as many
 GPUs as the pods request, so a GPU the restarted extender double-counts leaves a pod unbindable.
 """

@@ -2,7 +2,7 @@
 
 Cluster (one per module): three fabric blocks (topograph tier-0 leaves) under one spine, H100 boxes
 with RDMA: leaf-a 6 nodes, leaf-b 8 nodes, leaf-c 10 nodes. Every test deletes its pods, so each one
-starts from the empty cluster. Invariants checked throughout (DESIGN §5): no GPU over-committed, no
+starts from the empty cluster. Invariants checked throughout (docs/gangs.md): no GPU over-committed, no
 gang partially bound, no two gangs deadlocked, nobody waiting while capacity exists.
 """
 

@@ -1,7 +1,7 @@
 """Where the real kube-scheduler, calling our extender, binds LLM pods on a mixed cluster.
 
 Cluster (one per module): two H100 boxes, one A100 box, two L4 nodes, one T4 node, one CPU node and
-one storage node. The assertions are the policy's contract (DESIGN §4), not a particular node name:
+one storage node. The assertions are the policy's contract (docs/stage-policy.md), not a particular node name:
 hardware class, memory and bandwidth fit, node class.
 """
 

@@ -1,4 +1,4 @@
-"""Annotation parsing: every value in DESIGN §2, aliases, and specific errors for bad input."""
+"""Annotation parsing: every value in docs/annotations.md, aliases, and specific errors for bad input."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A real control plane on loopback: etcd, kube-apiserver, kube-scheduler, and our extender.
 
-Facts this relies on (measured, see shared/reference/control-plane-notes.md):
+Facts this relies on (measured, see docs/control-plane.md):
 * no kubelets and no kube-controller-manager: the test creates Node objects with status, removes the
   ``node.kubernetes.io/not-ready`` taint the TaintNodesByCondition admission plugin adds, and creates
   the ``default`` ServiceAccount in every namespace it uses;
@@ -493,7 +493,7 @@ class ControlPlane:
             f"--config={cfg}",
             "--bind-address=127.0.0.1",
             f"--secure-port={self.ports.scheduler}",
-            # No authn/authz kubeconfigs (notes §6), so only these paths are served; /metrics lets the
+            # No authn/authz kubeconfigs (docs/control-plane.md, section 3), so only these paths are served; /metrics lets the
             # benchmark read kube-scheduler's own view of each scheduling cycle.
             "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
             f"-v={self.scheduler_verbosity}",
@@ -561,7 +561,7 @@ def ensure_namespace(core: CoreV1Api, name: str, labels: dict[str, str] | None =
     """Create a namespace (if absent) and its ``default`` ServiceAccount.
 
     Without kube-controller-manager nobody creates the ServiceAccount, and pod creation fails with
-    'error looking up service account <ns>/default' (notes §7.4).
+    'error looking up service account <ns>/default' (docs/control-plane.md, section 4).
     """
     try:
         core.create_namespace(

@@ -1,7 +1,7 @@
 """Node and pod factories and the waits the tests assert with.
 
 Nodes look like what GPU Feature Discovery, NFD and topograph publish on real clusters; pods look like
-what users write (DESIGN §2). The API is used through the official ``kubernetes`` client with raw JSON
+what users write (docs/annotations.md). The API is used through the official ``kubernetes`` client with raw JSON
 (``_preload_content=False``) for bulk calls: the generated model classes cost far more than the
 requests themselves when the benchmark creates thousands of objects.
 """
@@ -152,7 +152,7 @@ def create_node(core: CoreV1Api, manifest: dict[str, Any]) -> str:
 
     TaintNodesByCondition adds ``node.kubernetes.io/not-ready:NoSchedule`` on create and only the
     node-lifecycle controller (kube-controller-manager, not running here) would remove it; the plugin
-    acts only on create, so a merge patch that drops the taints sticks (notes §7.1).
+    acts only on create, so a merge patch that drops the taints sticks (docs/control-plane.md, section 4).
     """
     name = manifest["metadata"]["name"]
     core.create_node(manifest, _preload_content=False)
@@ -221,7 +221,7 @@ def llm_pod(
     scheduler_name: str = SCHEDULER_NAME,
     affinity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A pod for the llm-placement profile, annotated the way DESIGN §2 documents."""
+    """A pod for the llm-placement profile, annotated the way docs/annotations.md documents."""
     ann: dict[str, str] = {}
     if stage is not None:
         ann[ANN + "stage"] = stage
@@ -344,7 +344,7 @@ def _describe(core: CoreV1Api, namespace: str, name: str) -> str:
 def wait_for_node_name(core: CoreV1Api, namespace: str, name: str, timeout: float = 60.0) -> str:
     """Wait until kube-scheduler (through the extender) has bound the pod; return the node name.
 
-    Without kubelets a bound pod stays Pending with ``spec.nodeName`` set (notes §7.5), so binding is
+    Without kubelets a bound pod stays Pending with ``spec.nodeName`` set (docs/control-plane.md, section 4), so binding is
     the observable outcome. On timeout the pod's last events are in the assertion message.
     """
     deadline = time.monotonic() + timeout

@@ -125,7 +125,7 @@ class Component:
         """Signal the process and wait for the PID to exit (SIGKILL after ``timeout``).
 
         Waiting matters: an apiserver restarted before the old PID exits fails with
-        "address already in use" (control-plane notes, §5).
+        "address already in use" (docs/control-plane.md, section 1).
         """
         proc = self.proc
         if proc is None:
