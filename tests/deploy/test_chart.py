@@ -93,14 +93,20 @@ def test_scheduler_config_has_the_extender_as_designed(default: Rendered) -> Non
     assert cfg["kind"] == "KubeSchedulerConfiguration"
     # Sampling could hide a gang member's planned node from the extender.
     assert cfg["percentageOfNodesToScore"] == 100
-    assert cfg["profiles"] == [{"schedulerName": "llm-placement"}]
+    [profile] = cfg["profiles"]
+    assert profile["schedulerName"] == "llm-placement"
+    # The in-tree resource scorers would fight our packing/cost bands (docs/scoring.md); they still filter.
+    disabled = {p["name"] for p in profile["plugins"]["score"]["disabled"]}
+    assert disabled == {"NodeResourcesFit", "NodeResourcesBalancedAllocation", "ImageLocality"}
+    assert "filter" not in profile["plugins"]
     [ext] = cfg["extenders"]
     assert ext["urlPrefix"] == "http://127.0.0.1:8888/scheduler"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
     assert ext["nodeCacheCapable"] is True
     assert ext["ignorable"] is False
-    # Points = score x weight x 10 against ~1200 in-tree points: below 10 our policy would not dominate.
-    assert isinstance(ext["weight"], int) and ext["weight"] >= 10
+    # One band (weight x 10 points) must exceed the 900 in-tree points that still vary (TaintToleration
+    # x3, NodeAffinity, PodTopologySpread, InterPodAffinity x2, each 0..100).
+    assert isinstance(ext["weight"], int) and ext["weight"] * 10 > 900
     # The secondary scheduler must send every pod (CPU-only stages too) to the extender (docs/extender-protocol.md).
     assert "managedResources" not in ext
     le = cfg["leaderElection"]
@@ -118,7 +124,7 @@ def test_scheduler_config_is_the_chart_file_with_only_the_documented_overrides(d
 
 def test_non_default_values_reach_every_consumer(custom: Rendered) -> None:
     cfg = sched_config(custom)
-    assert cfg["profiles"] == [{"schedulerName": "gpu-placement"}]
+    assert [p["schedulerName"] for p in cfg["profiles"]] == ["gpu-placement"]
     [ext] = cfg["extenders"]
     assert ext["urlPrefix"] == "http://127.0.0.1:9999/scheduler"
     assert ext["weight"] == 20
