@@ -403,7 +403,8 @@ ALERTS = (
     Alert("LLMPlacementSchedulerDisagrees", "llm_placement:scheduler_agreement:ratio_rate1h",
           '< 0.99 and on () sum(increase(llm_placement_scheduler_agreement_total{outcome="lower"}[1h])) '
           ">= 5", "30m", "warning",
-          "kube-scheduler followed llm-placement's ranking in only {{ $value | humanizePercentage }} of binds",
+          "kube-scheduler followed llm-placement's ranking in only "
+          "{{ $value | humanizePercentage }} of binds",
           "For 30 minutes fewer than 99% of binds (and at least 5 in the last hour) landed on one of the "
           "extender's best nodes: kube-scheduler's in-tree scores outweigh the extender's bands, so "
           "packing, cost and data-gravity preferences are being lost. Check that the profile disables "

@@ -21,9 +21,9 @@ from app.api.app import create_app
 from app.cli import cli
 from app.config import Settings
 from app.core.catalog import GpuCatalog
+from app.core.ranking import band_scores
 from app.core.workload import parse_workload
 from app.explain import explain_pod
-from app.core.ranking import band_scores
 from app.service import ExtenderService
 from app.sim.fleet import node_object, pod_object
 
