@@ -1,4 +1,4 @@
-"""FastAPI application factory: verbs under the configured prefix, ops routes at the root."""
+"""Application factory: the verbs on a bare ASGI fast path, FastAPI for everything else."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import __version__
+from app.api.fastpath import VerbFastPath
 from app.api.routes import extender_router, ops_router
 from app.service import ExtenderService
 
 
-def create_app(service: ExtenderService) -> FastAPI:
+def create_fastapi(service: ExtenderService) -> FastAPI:
+    """Every route, verbs included (the fast path in front of it handles POSTs to the verbs)."""
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
@@ -25,3 +27,7 @@ def create_app(service: ExtenderService) -> FastAPI:
     app.include_router(extender_router(), prefix=service.settings.url_prefix)
     app.include_router(ops_router())
     return app
+
+
+def create_app(service: ExtenderService) -> VerbFastPath:
+    return VerbFastPath(service, create_fastapi(service))

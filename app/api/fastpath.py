@@ -1,0 +1,79 @@
+"""The extender verbs as a bare ASGI app in front of FastAPI.
+
+kube-scheduler waits for ``filter`` and ``prioritize`` on its synchronous path, once per pod. Through
+FastAPI each call passed a dozen middleware and routing layers, request/response objects and
+dependency injection before reaching the service: measured in bench/asgi_overhead.py, that is several
+times the cost of the bare path for a small request. Here a POST to ``<prefix>/<verb>`` is read, handed
+to the service and answered directly; everything else (health, readiness, explain, unknown verbs,
+lifespan) goes to the FastAPI app unchanged, so the same contract holds (docs/extender-protocol.md:
+always HTTP 200 with the error in the body, bodies over ``max_body_bytes`` refused early).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from app.api.routes import too_large
+from app.service import ExtenderService
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+VERBS = ("filter", "prioritize", "bind", "preempt")
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class VerbFastPath:
+    def __init__(self, service: ExtenderService, fallback: ASGIApp) -> None:
+        self.service = service
+        self.fallback = fallback
+        self.prefix = service.settings.url_prefix
+        self.limit = service.settings.max_body_bytes
+        self._paths = {f"{self.prefix}/{v}": v for v in VERBS}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        verb = self._paths.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if verb is None or scope.get("method") != "POST":
+            await self.fallback(scope, receive, send)
+            return
+        body = await self._read(scope, receive)
+        svc = self.service
+        if body is None:
+            svc.metrics.request_errors.labels(verb, "too_large").inc()
+            out = too_large(verb, self.limit)
+        elif verb == "filter":
+            out = svc.filter(body)
+        elif verb == "prioritize":
+            out = svc.prioritize(body)
+        elif verb == "bind":
+            out = await svc.bind(body)
+        else:
+            out = svc.preempt(body)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*JSON_HEADERS, (b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out})
+
+    async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The body, or None past the limit (stop reading early: never buffer a huge body)."""
+        for name, value in scope.get("headers") or ():
+            if name == b"content-length":
+                if value.isdigit() and int(value) > self.limit:
+                    return None
+                break
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b""
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
