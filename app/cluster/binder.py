@@ -7,17 +7,27 @@ error; the pod UID is a precondition so a recreated pod with the same name is ne
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
+import queue
+import threading
 from typing import Any
+from urllib.parse import quote
 
+import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from app.cluster.client import raw
+from app.cluster.rest import JsonRest
 
 log = logging.getLogger(__name__)
 COMPONENT = "llm-placement"
+# Events wait here for the writer thread; past this many (an API server outage during a burst) new
+# ones are dropped and counted in the log, never blocking a bind.
+EVENT_BACKLOG = 10_000
+
+
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
 
 
 class BindError(RuntimeError):
@@ -26,7 +36,13 @@ class BindError(RuntimeError):
 
 class Binder:
     def __init__(self, api: client.ApiClient) -> None:
-        self.core = client.CoreV1Api(api)
+        self.rest = JsonRest(api)
+        # Events are written off the bind path: a Placed event used to double a bind's API time,
+        # and kube-scheduler waits for the bind answer.
+        self._events: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(EVENT_BACKLOG)
+        self._dropped = 0
+        self._writer = threading.Thread(target=self._write_events, name="event-writer", daemon=True)
+        self._writer.start()
 
     def current_node(self, namespace: str, name: str, uid: str) -> str:
         """The node the pod is bound to ('' if none); raise BindError if it is gone or replaced."""
@@ -41,7 +57,7 @@ class Binder:
         # Raw JSON, not the client's models: deserialising a V1Pod costs milliseconds of CPU under
         # the GIL, on the same interpreter that answers kube-scheduler's filter calls.
         try:
-            data = json.loads(raw(self.core.read_namespaced_pod, name, namespace, _request_timeout=5))
+            data = orjson.loads(self.rest.request("GET", _pod_path(namespace, name)))
         except ApiException as exc:
             if not raise_errors:
                 return None
@@ -52,9 +68,8 @@ class Binder:
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         if annotations:
-            self.core.patch_namespaced_pod(
-                name, namespace, {"metadata": {"annotations": annotations}}, _request_timeout=5
-            )
+            self.rest.request("PATCH", _pod_path(namespace, name), {"metadata": {"annotations": annotations}},
+                              content_type="application/strategic-merge-patch+json")
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> bool:
         """Bind; return True if this call bound it, False if it already was bound to ``node``.
@@ -72,7 +87,7 @@ class Binder:
         try:
             # The pods/{name}/binding subresource: the RBAC grants pods/binding, not the bindings
             # resource that POST namespaces/{ns}/bindings (create_namespaced_binding) would need.
-            raw(self.core.create_namespaced_pod_binding, name, namespace, body, _request_timeout=5)
+            self.rest.request("POST", _pod_path(namespace, name) + "/binding", body)
         except ApiException as exc:
             if exc.status == 404:
                 raise BindError(f"llm-placement: pod {namespace}/{name} no longer exists") from None
@@ -111,6 +126,31 @@ class Binder:
             "count": 1,
         }
         try:
-            raw(self.core.create_namespaced_event, namespace, ev, _request_timeout=5)
-        except Exception as exc:
-            log.warning("could not record event for %s/%s: %s", namespace, name, exc)
+            self._events.put_nowait((namespace, ev))
+        except queue.Full:
+            self._dropped += 1
+            if self._dropped in (1, 10, 100) or self._dropped % 1000 == 0:
+                log.warning("event backlog full (%d queued): %d event(s) dropped so far",
+                            EVENT_BACKLOG, self._dropped)
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until queued events are written (tests, shutdown); False on timeout."""
+        done = threading.Event()
+        self._events.put(("", {"flush": done}))
+        return done.wait(timeout)
+
+    def close(self) -> None:
+        self._events.put(None)
+        self._writer.join(timeout=5)
+
+    def _write_events(self) -> None:
+        while (item := self._events.get()) is not None:
+            namespace, ev = item
+            if "flush" in ev:
+                ev["flush"].set()
+                continue
+            try:
+                self.rest.request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", ev)
+            except Exception as exc:
+                log.warning("could not record event for %s/%s: %s", namespace,
+                            ev["involvedObject"]["name"], exc)
