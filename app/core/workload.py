@@ -7,16 +7,19 @@ problem is collected so one event can name all of them; nothing here raises on o
 
 from __future__ import annotations
 
+import difflib
 from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from app.core.reasons import AnnotationProblem
 from app.core.units import (
     parse_param_count,
     parse_positive_int,
     parse_positive_number,
     parse_quantity,
+    quote,
 )
 
 PREFIX = "llm-placement.io/"
@@ -29,6 +32,12 @@ ANNOTATION_KEYS: tuple[str, ...] = (
     "topology-required-placement", "topology-preferred-placement", "depends-on", "input-data-gb",
     "colocation", "gang-name", "gang-size",
 )
+# Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
+WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan")
+# Bounds on list annotations (docs/annotations.md, "Limits"): a list is parsed on every filter and
+# each depends-on entry is resolved per request, so a 36,000-name value must be refused up front.
+MAX_LIST_ITEMS = 256
+MAX_NAME_CHARS = 317  # a namespace (63) + "/" + a DNS subdomain name (253)
 
 
 class Stage(StrEnum):
@@ -158,12 +167,13 @@ class WorkloadError(ValueError):
 
 def pod_resources(pod: dict[str, Any], gpu_resources: tuple[str, ...]) -> tuple[int, float, float]:
     """Effective (gpus, cpu millis, memory bytes): max(sum of containers, largest init container)."""
-    spec = pod.get("spec") or {}
+    spec = _mapping(pod.get("spec"), "spec")
 
     def one(container: dict[str, Any]) -> tuple[float, float, float]:
-        res = container.get("resources") or {}
-        req = res.get("requests") or {}
-        lim = res.get("limits") or {}
+        container = _mapping(container, "a container")
+        res = _mapping(container.get("resources"), "container resources")
+        req = _mapping(res.get("requests"), "resources.requests")
+        lim = _mapping(res.get("limits"), "resources.limits")
         gpus = 0.0
         for key in gpu_resources:
             # Extended resources: a limit alone implies an equal request.
@@ -179,13 +189,74 @@ def pod_resources(pod: dict[str, Any], gpu_resources: tuple[str, ...]) -> tuple[
         )
 
     totals = [0.0, 0.0, 0.0]
-    for c in spec.get("containers") or []:
+    for c in _sequence(spec.get("containers"), "spec.containers"):
         for i, v in enumerate(one(c)):
             totals[i] += v
-    for c in spec.get("initContainers") or []:
+    for c in _sequence(spec.get("initContainers"), "spec.initContainers"):
         for i, v in enumerate(one(c)):
             totals[i] = max(totals[i], v)
+    if not totals[0] <= MAX_GPUS:
+        raise ValueError(f"pod requests {totals[0]:g} GPUs, more than any node has")
     return round(totals[0]), totals[1], totals[2]
+
+
+MAX_GPUS = 1e6
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    """``value`` as a JSON object (absent: empty); any other type is a problem, never a crash."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is a {type(value).__name__}, not an object")
+    return value
+
+
+def _sequence(value: Any, what: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{what} is a {type(value).__name__}, not a list")
+    return value
+
+
+def _strings(value: Any, what: str, problems: list[str]) -> dict[str, str]:
+    """Labels or annotations: Kubernetes allows string values only; anything else is a problem."""
+    try:
+        raw = _mapping(value, what)
+    except ValueError as exc:
+        problems.append(AnnotationProblem("pod", str(exc)))
+        return {}
+    out: dict[str, str] = {}
+    for k, v in raw.items():
+        if isinstance(v, str):
+            out[str(k)] = v
+        elif str(k).startswith(PREFIX) or what == "labels":
+            problems.append(AnnotationProblem(
+                "pod", f"{what} {quote(k)} is a {type(v).__name__}, not a string"))
+    return out
+
+
+def unknown_keys(annotations: Any) -> list[tuple[str, str | None]]:
+    """Keys under our prefix the parser does not read, each with the nearest known key (or None).
+
+    A typo such as ``model-param`` would otherwise be ignored silently (docs/annotations.md).
+    """
+    if not isinstance(annotations, dict):
+        return []
+    known = (*ANNOTATION_KEYS, *WRITTEN_KEYS)
+    out: list[tuple[str, str | None]] = []
+    for key in annotations:
+        if not isinstance(key, str) or not key.startswith(PREFIX):
+            continue
+        short = key[len(PREFIX):]
+        if short in known:
+            continue
+        near = difflib.get_close_matches(short[:MAX_NAME_CHARS], known, n=1, cutoff=0.6)
+        out.append((quote(short), near[0] if near else None))
+        if len(out) >= 8:
+            break
+    return out
 
 
 def gang_of(
@@ -199,7 +270,7 @@ def gang_of(
         try:
             return parse_positive_int(key, raw)
         except ValueError as exc:
-            problems.append(str(exc))
+            problems.append(AnnotationProblem("gang-size", str(exc)))
             return None
 
     own_size = annotations.get(PREFIX + "gang-size")
@@ -220,13 +291,22 @@ def gang_of(
     if name := annotations.get(PREFIX + "gang-name"):
         s = size("gang-size", own_size)
         if own_size is None:
-            problems.append("gang-name is set but gang-size is missing")
+            problems.append(AnnotationProblem("gang-size", "gang-name is set but gang-size is missing"))
         return GangRef(namespace=namespace, name=name, size=s, source=PREFIX + "gang-name")
     return None
 
 
-def _split(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
+def _split(text: str, key: str = "list") -> tuple[str, ...]:
+    """A comma list, bounded: at most MAX_LIST_ITEMS entries of at most MAX_NAME_CHARS each."""
+    if text.count(",") >= MAX_LIST_ITEMS * 4:  # refuse before splitting a huge value
+        raise ValueError(f"{key} has more than {MAX_LIST_ITEMS} entries")
+    items = tuple(p.strip() for p in text.split(",") if p.strip())
+    if len(items) > MAX_LIST_ITEMS:
+        raise ValueError(f"{key} has {len(items)} entries, more than {MAX_LIST_ITEMS}")
+    long = next((p for p in items if len(p) > MAX_NAME_CHARS), None)
+    if long is not None:
+        raise ValueError(f'{key} entry "{quote(long)}" is longer than {MAX_NAME_CHARS} characters')
+    return items
 
 
 def parse_workload(
@@ -234,26 +314,36 @@ def parse_workload(
 ) -> WorkloadSpec:
     """Parse a pod dict into a WorkloadSpec; raise WorkloadError listing every problem."""
     if not isinstance(pod, dict):
-        raise WorkloadError(["pod is not a JSON object"])
+        raise WorkloadError([AnnotationProblem("pod", "pod is not a JSON object")])
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     if not isinstance(meta, dict) or not isinstance(spec, dict):
-        raise WorkloadError(["pod metadata/spec are not JSON objects"])
-    ann: dict[str, str] = {k: str(v) for k, v in (meta.get("annotations") or {}).items()}
-    labels: dict[str, str] = {k: str(v) for k, v in (meta.get("labels") or {}).items()}
-    namespace = str(meta.get("namespace") or "default")
+        raise WorkloadError([AnnotationProblem("pod", "pod metadata/spec are not JSON objects")])
     problems: list[str] = []
+    ann = _strings(meta.get("annotations"), "annotations", problems)
+    labels = _strings(meta.get("labels"), "labels", problems)
+
+    def text(obj: dict[str, Any], key: str, default: str = "") -> str:
+        v = obj.get(key)
+        if v is None or v == "":
+            return default
+        if not isinstance(v, str):
+            problems.append(AnnotationProblem("pod", f"{key} is a {type(v).__name__}, not a string"))
+            return default
+        return v
+
+    namespace = text(meta, "namespace", "default")
     fields: dict[str, Any] = {
         "namespace": namespace,
-        "name": str(meta.get("name") or ""),
-        "uid": str(meta.get("uid") or ""),
-        "node_name": str(spec.get("nodeName") or ""),
-        "scheduler_name": str(spec.get("schedulerName") or ""),
+        "name": text(meta, "name"),
+        "uid": text(meta, "uid"),
+        "node_name": text(spec, "nodeName"),
+        "scheduler_name": text(spec, "schedulerName"),
     }
-    try:
-        fields["priority"] = int(spec.get("priority") or 0)
-    except (TypeError, ValueError):
-        fields["priority"] = 0
+    prio = spec.get("priority")
+    # Kubernetes priorities are int32; anything else (a float, 1e30, a string) counts as 0.
+    fields["priority"] = prio if isinstance(prio, int) and not isinstance(prio, bool) \
+        and abs(prio) <= 2**31 else 0
 
     def get(key: str) -> str | None:
         v = ann.get(PREFIX + key)
@@ -266,14 +356,15 @@ def parse_workload(
         try:
             fields[key.replace("-", "_")] = fn(raw)
         except ValueError as exc:
-            problems.append(str(exc))
+            problems.append(AnnotationProblem(key, str(exc)))
 
     if (raw := get("stage")) is not None:
         stage = STAGE_ALIASES.get(raw.lower())
         if stage is None:
-            problems.append(
-                f'stage "{raw}" is not one of data-prep, pretraining, alignment, deployment, serving'
-            )
+            problems.append(AnnotationProblem(
+                "stage",
+                f'stage "{quote(raw)}" is not one of data-prep, pretraining, alignment, deployment, serving'
+            ))
         fields["stage"] = stage
 
     attempt("model-params", parse_param_count)
@@ -283,11 +374,12 @@ def parse_workload(
             return Precision(raw.lower())
         except ValueError:
             raise ValueError(
-                f'precision "{raw}" is not one of fp32, bf16, fp16, fp8, int8, int4'
+                f'precision "{quote(raw)}" is not one of fp32, bf16, fp16, fp8, int8, int4'
             ) from None
 
     attempt("precision", precision)
-    attempt("precision-fallback", lambda raw: tuple(precision(p) for p in _split(raw)))
+    attempt("precision-fallback",
+            lambda raw: tuple(precision(p) for p in _split(raw, "precision-fallback")))
     attempt("context-tokens", lambda raw: parse_positive_int("context-tokens", raw))
     attempt("concurrency", lambda raw: parse_positive_int("concurrency", raw))
     attempt("kv-cache-gb", lambda raw: parse_positive_number("kv-cache-gb", raw, allow_zero=True))
@@ -298,34 +390,44 @@ def parse_workload(
         try:
             return LatencyClass(raw.lower())
         except ValueError:
-            raise ValueError(f'latency-class "{raw}" is not interactive or batch') from None
+            raise ValueError(f'latency-class "{quote(raw)}" is not interactive or batch') from None
 
     attempt("latency-class", latency)
-    attempt("gpu-preference", _split)
-    attempt("depends-on", _split)
+    attempt("gpu-preference", lambda raw: _split(raw, "gpu-preference"))
+    attempt("depends-on", lambda raw: _split(raw, "depends-on"))
     for key, field in (
         ("topology-required-placement", "topology_required"),
         ("topology-preferred-placement", "topology_preferred"),
         ("colocation", "colocation_required"),
     ):
         if (raw := get(key)) is not None:
+            if len(raw) > MAX_NAME_CHARS:
+                problems.append(AnnotationProblem(
+                    key, f'{key} "{quote(raw)}" is longer than {MAX_NAME_CHARS} characters'))
+                continue
             fields[field] = raw
     if (level := fields.get("colocation_required")) is not None:
         if level == "required":
             fields["colocation_required"] = "node"
         elif level not in ("node", "nvlink", "fabric", "zone", "preferred"):
-            problems.append(f'colocation "{level}" is not required, node, nvlink, fabric or zone')
+            problems.append(AnnotationProblem(
+                "colocation", f'colocation "{quote(level)}" is not required, node, nvlink, fabric or zone'))
         if fields.get("colocation_required") == "preferred":
             fields["colocation_required"] = None
 
-    fields["gang"] = gang_of(namespace, labels, ann, problems)
+    gang = gang_of(namespace, labels, ann, problems)
+    if gang is not None and len(gang.name) > MAX_NAME_CHARS:
+        problems.append(AnnotationProblem(
+            "gang-name", f'gang name "{quote(gang.name)}" is longer than {MAX_NAME_CHARS} characters'))
+        gang = None
+    fields["gang"] = gang
     try:
         fields["gpus"], fields["cpu_millis"], fields["memory_bytes"] = pod_resources(pod, gpu_resources)
     except ValueError as exc:
-        problems.append(str(exc))
+        problems.append(AnnotationProblem("resources", str(exc)))
 
     if fields.get("stage") is Stage.SERVING and "model_params" not in fields and "kv_cache_gb" in fields:
-        problems.append("kv-cache-gb is set but model-params is missing")
+        problems.append(AnnotationProblem("kv-cache-gb", "kv-cache-gb is set but model-params is missing"))
     if problems:
         raise WorkloadError(problems)
     return WorkloadSpec(**fields)
