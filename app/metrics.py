@@ -146,6 +146,23 @@ class Metrics:
             "Estimated $/hour of the pods running now (their share of each node's price), by stage.",
             ["stage"], registry=r,
         )
+        self.skipped_objects = Counter(
+            "llm_placement_skipped_objects_total",
+            "Watched or restored objects that could not be applied and were skipped (one bad object "
+            "costs only itself), by kind.",
+            ["kind"], registry=r,
+        )
+        self.rejected_plans = Counter(
+            "llm_placement_rejected_gang_plans_total",
+            "Persisted gang-plan annotations not restored, by reason (unsigned, bad_signature, expired, "
+            "future, unknown_node, gang_mismatch).",
+            ["reason"], registry=r,
+        )
+        self.unknown_annotation_keys = Counter(
+            "llm_placement_unknown_annotation_keys_total",
+            "Pods of ours carrying keys under llm-placement.io/ that the extender does not read "
+            "(a warning event names the nearest known key).", registry=r,
+        )
         self._initialise_closed_label_sets()
 
     def _initialise_closed_label_sets(self) -> None:

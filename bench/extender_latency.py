@@ -50,8 +50,13 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def main(nodes: int = 5000, pods: int = 100_000, runs: int = 200, heap: bool = False) -> None:
-    """--heap traces Python allocations (slower, inflates RSS); leave it off for the RSS figure."""
+def main(nodes: int = 5000, pods: int = 100_000, runs: int = 200, heap: bool = False,
+         varied: bool = True) -> None:
+    """--heap traces Python allocations (slower, inflates RSS); leave it off for the RSS figure.
+
+    --varied (default) gives nodes different GPU usage (0-7 GPUs busy, training or serving), the
+    realistic case; --no-varied leaves every node's GPUs free, the best case for per-shape memos.
+    """
     gc.collect()
     base_rss = rss_mb()
     if heap:
@@ -70,6 +75,13 @@ def main(nodes: int = 5000, pods: int = 100_000, runs: int = 200, heap: bool = F
         p["spec"]["nodeName"] = node
         spec = svc.placer.parse(p)
         svc.snapshot.place(PlacedPod(spec.uid, spec.key, node, 0, 100, 128 * 2**20, spec.stage, None, None))
+    if varied:
+        for i in range(nodes):
+            busy = (i * 7) % 8  # 0..7 GPUs in use, spread over every GPU model
+            if busy:
+                stage = Stage.PRETRAINING if i % 3 == 0 else Stage.SERVING
+                svc.snapshot.place(PlacedPod(f"g{i}", f"gpu/g{i}", f"n{i:05d}", busy, 1000.0 * busy,
+                                             8 * 2**30 * busy, stage, None, None))
     traced_now, _ = tracemalloc.get_traced_memory() if heap else (0, 0)
     tracemalloc.stop()
     gc.collect()
@@ -83,7 +95,8 @@ def main(nodes: int = 5000, pods: int = 100_000, runs: int = 200, heap: bool = F
         "plain 1-GPU pod (all pass)": pod_object("plain", gpus=1),
         "data-prep CPU pod (none pass)": pod_object("prep", stage="data-prep", cpu="4"),
     }
-    table = Table(title=f"extender latency, {nodes} nodes, {pods} cached pods, {runs} runs (ms)")
+    usage = "varied GPU usage" if varied else "all GPUs free"
+    table = Table(title=f"extender latency, {nodes} nodes ({usage}), {pods} cached pods, {runs} runs (ms)")
     for col in ("request", "verb", "p50", "p99", "baseline p50", "p99 / baseline p99"):
         table.add_column(col, justify="right" if col != "request" else "left")
     for label, pod in cases.items():

@@ -35,6 +35,7 @@ from .harness import (
     find_binaries,
     list_nodes,
 )
+from .harness.controlplane import metric_value
 from .harness.procs import tail
 
 # State shared between the fixtures and the reporting hooks of this conftest.
@@ -117,9 +118,63 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append((f"{c.name} log ({state}): {c.log_path}", tail(c.log_path, 60)))
 
 
+AGREEMENT = "llm_placement_scheduler_agreement_total"
+AGREEMENT_OUTCOMES = ("top", "tied_top", "lower", "unranked")
+AGREEMENT_TARGET = 0.99  # docs/scoring.md: kube-scheduler binds one of our best nodes
+_AGREED: dict[str, float] = dict.fromkeys(AGREEMENT_OUTCOMES, 0.0)
+
+
+def _agreement_now(cp: ControlPlane | None) -> dict[str, float] | None:
+    if cp is None or cp.extender is None or not cp.extender.alive():
+        return None
+    try:
+        text = cp.extender_metrics()
+    except Exception:
+        return None
+    return {o: metric_value(text, AGREEMENT, {"outcome": o}) or 0.0 for o in AGREEMENT_OUTCOMES}
+
+
+@pytest.fixture(autouse=True)
+def _count_agreement() -> Iterator[None]:
+    """Add up, over the whole suite, how kube-scheduler's binds ranked in our scores.
+
+    Tests restart the extender (its counters start again at 0), so each test's delta is taken from
+    the counters before and after it; a counter that went down means a restart, and its value then
+    is the delta.
+    """
+    before = _agreement_now(_STATE["cp"])
+    yield
+    after = _agreement_now(_STATE["cp"])
+    if after is None:
+        return
+    for o in AGREEMENT_OUTCOMES:
+        prev = before[o] if before is not None else 0.0
+        _AGREED[o] += after[o] - prev if after[o] >= prev else after[o]
+
+
+def agreement_ratio() -> tuple[float | None, int]:
+    ranked = _AGREED["top"] + _AGREED["tied_top"] + _AGREED["lower"]
+    return ((_AGREED["top"] + _AGREED["tied_top"]) / ranked if ranked else None), int(ranked)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # A suite-wide quality gate: placements that disagree with our ranking are lost preferences
+    # even when every single test's own assertion holds.
+    ratio, ranked = agreement_ratio()
+    if ratio is not None and ranked >= 50 and ratio < AGREEMENT_TARGET and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if _STATE.get("startup"):
         terminalreporter.write_line(f"integration: {_STATE['startup']}")
+    ratio, ranked = agreement_ratio()
+    if ratio is not None:
+        counts = ", ".join(f"{o} {int(_AGREED[o])}" for o in AGREEMENT_OUTCOMES)
+        verdict = "ok" if ratio >= AGREEMENT_TARGET or ranked < 50 else "BELOW TARGET (suite fails)"
+        terminalreporter.write_line(
+            f"integration: kube-scheduler agreement {ratio:.2%} of {ranked} ranked binds "
+            f"({counts}); target {AGREEMENT_TARGET:.0%}: {verdict}")
     workdir = _STATE["workdir"]
     if workdir is not None and Path(workdir).exists():
         terminalreporter.write_line(f"integration: component logs kept in {Path(workdir) / 'logs'}")
