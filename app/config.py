@@ -8,35 +8,35 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from app.core.policy import (
+    FeasibilityPolicy,
+    GangPolicy,
+    GravityPolicy,
+    NodeFactsPolicy,
+    NodeLabelKeys,
+    PlacementPolicy,
+    Policies,
+    ScoringPolicy,
+    StageWeights,
+    TierBandwidth,
+    tier_names,
+)
 from app.core.ranking import ScoreMapping
+
+__all__ = ["ConfigError", "NodeLabelKeys", "Settings", "StageWeights", "TierBandwidth", "load_settings"]
 
 STAGES = ("data-prep", "pretraining", "alignment", "deployment", "serving")
 
 
 class ConfigError(ValueError):
     """Configuration could not be loaded; the message names the key."""
-
-
-class StageWeights(BaseModel):
-    """Weights of the prioritize terms for one stage. Terms absent from a stage weigh 0."""
-
-    model_config = {"extra": "forbid"}
-
-    memory_fit: float = Field(1.0, ge=0)
-    bandwidth: float = Field(0.0, ge=0)
-    cost: float = Field(1.0, ge=0)
-    separation: float = Field(1.0, ge=0)
-    packing: float = Field(1.0, ge=0)
-    preference: float = Field(1.0, ge=0)
-    node_class: float = Field(1.0, ge=0)
-    gravity: float = Field(1.0, ge=0)
-    precision: float = Field(0.5, ge=0)
 
 
 def _default_weights() -> dict[str, StageWeights]:
@@ -64,56 +64,14 @@ def _default_weights() -> dict[str, StageWeights]:
     }
 
 
-class NodeLabelKeys(BaseModel):
-    """Where node facts come from; first hit wins (docs/node-facts.md). Every key is configurable."""
-
-    model_config = {"extra": "forbid"}
-
-    gpu_product: list[str] = [
-        "nvidia.com/gpu.product",
-        "cloud.google.com/gke-accelerator",
-        "node.koordinator.sh/gpu-model",
-    ]
-    gpu_memory_mib: list[str] = ["nvidia.com/gpu.memory"]
-    gpu_resource: list[str] = ["nvidia.com/gpu", "amd.com/gpu"]
-    nvlink_domain: list[str] = [
-        "nvidia.com/gpu.clique",
-        "accelerator.topograph.run/domain",
-        "cloud.google.com/gce-topology-subblock",
-    ]
-    # Inner to outer. Each entry is one tier; the first label present at that tier names the domain.
-    fabric_tiers: list[list[str]] = [
-        ["fabric.topograph.run/tier-0", "cloud.google.com/gce-topology-host",
-         "topology.k8s.aws/network-node-layer-3", "ib.coreweave.cloud/leafgroup"],
-        ["fabric.topograph.run/tier-1", "cloud.google.com/gce-topology-subblock",
-         "topology.k8s.aws/network-node-layer-2", "ib.coreweave.cloud/superpod"],
-        ["fabric.topograph.run/tier-2", "cloud.google.com/gce-topology-block",
-         "topology.k8s.aws/network-node-layer-1"],
-        ["topology.kubernetes.io/zone"],
-    ]
-    rdma: list[str] = [
-        "feature.node.kubernetes.io/pci-15b3.present",
-        "feature.node.kubernetes.io/rdma.capable",
-    ]
-    rdma_resources: list[str] = ["rdma/ib", "rdma/hca", "nvidia.com/hostdev"]
-
-
-class TierBandwidth(BaseModel):
-    """GB/s assumed between a producer and a consumer at each distance (data gravity)."""
-
-    model_config = {"extra": "forbid"}
-
-    same_node: float = Field(20.0, gt=0)
-    same_nvlink_domain: float = Field(50.0, gt=0)
-    same_fabric_tier: float = Field(25.0, gt=0)
-    same_zone: float = Field(5.0, gt=0)
-    cross_zone: float = Field(1.0, gt=0)
-
-
 class Settings(BaseSettings):
     """Everything the service reads at start. YAML file first, then ``LLMP_`` environment variables."""
 
-    model_config = SettingsConfigDict(env_prefix="LLMP_", env_nested_delimiter="__", extra="forbid")
+    # Frozen: components take their policies once (``policies()``); a setting changed afterwards
+    # would silently reach some of them and not others.
+    model_config = SettingsConfigDict(
+        env_prefix="LLMP_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
 
     host: str = "127.0.0.1"
     port: int = Field(8888, ge=1, le=65535)
@@ -155,6 +113,43 @@ class Settings(BaseSettings):
     gang_bind_timeout_seconds: float = Field(3.0, gt=0)
     solver_time_limit_seconds: float = Field(0.5, gt=0)
     producer_memory_seconds: float = Field(3600.0, ge=0)
+
+    _policies: Policies | None = PrivateAttr(default=None)
+
+    def policies(self) -> Policies:
+        """Each pure component's own typed, immutable slice of these settings (built once)."""
+        if self._policies is None:
+            feasibility = FeasibilityPolicy(
+                cpu_stages_may_use_gpu_nodes=self.cpu_stages_may_use_gpu_nodes,
+                memory_headroom=self.memory_headroom,
+                alignment_extra_headroom=self.alignment_extra_headroom,
+                default_context_tokens=self.default_context_tokens,
+                default_concurrency=self.default_concurrency,
+                bandwidth_efficiency=self.bandwidth_efficiency,
+            )
+            scoring = ScoringPolicy(
+                weights=MappingProxyType(dict(self.weights)),
+                memory_headroom=self.memory_headroom,
+                default_interactive_ms_per_token=self.default_interactive_ms_per_token,
+                score_mapping=self.score_mapping,
+            )
+            self._policies = Policies(
+                placement=PlacementPolicy(feasibility, scoring, tuple(self.labels.gpu_resource)),
+                node_facts=NodeFactsPolicy(
+                    self.labels, self.default_cpu_hourly_cost, self.unknown_gpu_hourly_cost
+                ),
+                gravity=GravityPolicy(
+                    self.labels.fabric_tiers, self.tier_bandwidth_gbps, self.producer_memory_seconds
+                ),
+                gang=GangPolicy(
+                    feasibility=feasibility,
+                    tier_names=tier_names(self.labels.fabric_tiers),
+                    reservation_ttl_seconds=self.gang_reservation_ttl_seconds,
+                    bind_timeout_seconds=self.gang_bind_timeout_seconds,
+                    solver_time_limit_seconds=self.solver_time_limit_seconds,
+                ),
+            )
+        return self._policies
 
     @field_validator("url_prefix")
     @classmethod

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from app.core.feasibility import Rejection
 from app.core.gravity import GravityModel
+from app.core.placer import UNKNOWN
+from app.core.reasons import problem_key
 from app.core.workload import WorkloadError, WorkloadSpec
 from app.service import AGREEMENT_TEXT, ExtenderService
 
@@ -63,8 +64,10 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
                 "weights": s.weights if s else {},
             }
         else:
-            r = rejections.get(n) or Rejection("rejected")
-            entry |= {"feasible": False, "reason": r.reason, "unresolvable": r.unresolvable}
+            r = rejections.get(n) or UNKNOWN
+            # "rule" is the rejections metric's label for the same verdict (docs/metrics.md).
+            entry |= {"feasible": False, "rule": r.code.value, "reason": r.message,
+                      "unresolvable": r.unresolvable}
         if pull is not None and n in pull["nodes"]:
             entry["gravity"] = pull["nodes"][n]  # distance to each producer and the transfer cost
         nodes.append(entry)
@@ -114,5 +117,5 @@ def explain_pod(service: ExtenderService, namespace: str, name: str) -> dict[str
     if isinstance(found, dict):
         problems = found["invalid"]
         return {"pod": f"{namespace}/{name}", "summary": "invalid annotations: " + "; ".join(problems),
-                "invalid": problems, "nodes": []}
+                "invalid": problems, "invalid_keys": [problem_key(p) for p in problems], "nodes": []}
     return explain_spec(service, found)

@@ -8,12 +8,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.core.gravity import MISSING, Distance
 from app.core.ranking import Agreement
-from app.core.workload import Stage
+from app.core.reasons import ReasonCode
+from app.core.workload import ANNOTATION_KEYS, Stage
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 SOLVER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+# The ``key`` label of invalid annotations: the annotation keys (docs/annotations.md), problems with
+# the pod's resources or object shape, and "other" (never expected; counted so it shows up).
+INVALID_KEYS = (*ANNOTATION_KEYS, "resources", "pod", "other")
 
 
 class Metrics:
@@ -165,8 +169,12 @@ class Metrics:
         )
         self._initialise_closed_label_sets()
 
+    def invalid_annotation(self, key: str) -> None:
+        """Count one annotation problem; a key outside the closed set is counted as "other"."""
+        self.invalid_annotations.labels(key if key in INVALID_KEYS else "other").inc()
+
     def _initialise_closed_label_sets(self) -> None:
-        """Export 0 for label values known in advance (stages, outcomes, edge distances).
+        """Export 0 for label values known in advance (stages, outcomes, edge distances, rules).
 
         A labelled series is born at its first increment, and rate()/increase() never see that first
         step (there is no earlier sample): the first bind of a stage, the first data-gravity edge, would
@@ -181,6 +189,10 @@ class Metrics:
                 self.dependency_edges.labels(stage, distance)
         for outcome in Agreement:
             self.agreement.labels(outcome.value)
+        for code in ReasonCode:
+            self.rejections.labels(code.value)
+        for key in INVALID_KEYS:
+            self.invalid_annotations.labels(key)
         # Only serving pods get a latency prediction; only sized GPU stages a memory fit.
         self.bandwidth_fit.labels(Stage.SERVING.value)
         self.slo_ratio.labels(Stage.SERVING.value)

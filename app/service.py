@@ -17,11 +17,12 @@ from typing import Any, Protocol
 from app.api import wire
 from app.config import Settings
 from app.core.catalog import GpuCatalog
-from app.core.feasibility import NodeFit, P, Rejection, evaluate
+from app.core.feasibility import NodeFit, Rejection, evaluate
 from app.core.gravity import MISSING, GravityModel
 from app.core.nodes import facts_for
 from app.core.placer import FilterDecision, GangHook, GravityHook, Placer
 from app.core.ranking import Agreement, agreement, best_nodes
+from app.core.reasons import MESSAGE_PREFIX, problem_key
 from app.core.scoring import NodeScore
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import PREFIX, TRAINING_STAGES, WorkloadError, WorkloadSpec
@@ -76,12 +77,6 @@ class Remembered:
         return agreement(node, {n: s.total for n, s in self.scores.items()})
 
 
-def _invalid_key(problem: str) -> str:
-    """The annotation a problem is about, for a bounded metric label."""
-    head = problem.split(" ", 1)[0].strip('"')
-    return head if head.replace("-", "").isalpha() and len(head) < 40 else "other"
-
-
 class ExtenderService:
     def __init__(
         self,
@@ -94,12 +89,14 @@ class ExtenderService:
         gravity: GravityHook | None = None,
     ) -> None:
         self.settings = settings
+        # Each pure component gets its own slice of the settings, built once (app.core.policy).
+        self.policies = settings.policies()
         self.catalog = catalog
         self.snapshot = snapshot or ClusterSnapshot()
         self.metrics = metrics or Metrics()
         self.binder = binder
         self.lock = threading.RLock()
-        self.placer = Placer(settings, self.snapshot, gangs, gravity)
+        self.placer = Placer(self.policies.placement, self.snapshot, gangs, gravity)
         self.gang_binder: GangBindHook | None = None
         self._memory: OrderedDict[str, Remembered] = OrderedDict()
         self._node_rv: dict[str, str] = {}
@@ -113,7 +110,7 @@ class ExtenderService:
             args = wire.parse_extender_args(body, "filter")
         except wire.WireError as exc:
             self.metrics.request_errors.labels("filter", "malformed").inc()
-            return wire.filter_result(None, [], {}, {}, P + str(exc))
+            return wire.filter_result(None, [], {}, {}, MESSAGE_PREFIX + str(exc))
         try:
             with self.lock:
                 self._absorb_nodes(args)
@@ -124,7 +121,7 @@ class ExtenderService:
         except Exception as exc:  # never a 500: the message must reach the pod's events
             log.exception("filter failed")
             self.metrics.request_errors.labels("filter", "internal").inc()
-            return wire.filter_result(args, [], {}, {}, P + f"internal error in filter: {exc}")
+            return wire.filter_result(args, [], {}, {}, MESSAGE_PREFIX + f"internal error in filter: {exc}")
         finally:
             self.metrics.request_duration.labels("filter").observe(time.perf_counter() - t0)
 
@@ -162,7 +159,7 @@ class ExtenderService:
                 args = wire.parse_binding_args(body)
             except wire.WireError as exc:
                 self.metrics.request_errors.labels("bind", "malformed").inc()
-                return wire.binding_result(P + str(exc))
+                return wire.binding_result(MESSAGE_PREFIX + str(exc))
             uid = args.pod_uid
             early = self._assume_at_bind_start(uid, args.node)
             spec = await asyncio.to_thread(self._spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
@@ -184,7 +181,7 @@ class ExtenderService:
                 with self.lock:
                     self.snapshot.unassume(uid)
             self.metrics.request_errors.labels("bind", "internal").inc()
-            return wire.binding_result(P + f"internal error in bind: {exc}")
+            return wire.binding_result(MESSAGE_PREFIX + f"internal error in bind: {exc}")
         finally:
             self.metrics.request_duration.labels("bind").observe(time.perf_counter() - t0)
 
@@ -230,7 +227,7 @@ class ExtenderService:
     def bind_one(self, namespace: str, name: str, uid: str, node: str, spec: WorkloadSpec | None) -> str:
         """Bind one pod (blocking); return '' or an error message. Updates snapshot and metrics."""
         if self.binder is None:
-            return P + "no API server connection to bind with"
+            return MESSAGE_PREFIX + "no API server connection to bind with"
         remembered = self._memory.get(uid) if uid else None
         fit = remembered.fit if remembered and remembered.fit and remembered.fit.node.name == node else None
         if fit is None and spec is not None:
@@ -243,7 +240,7 @@ class ExtenderService:
         except Exception as exc:
             stage = spec.stage.value if spec and spec.stage else "none"
             self.metrics.decisions.labels(stage, "bind_failed").inc()
-            return str(exc) if str(exc).startswith(P) else P + f"bind failed: {exc}"
+            return str(exc) if str(exc).startswith(MESSAGE_PREFIX) else MESSAGE_PREFIX + f"bind failed: {exc}"
         if spec is not None:
             with self.lock:
                 self.snapshot.assume(spec, node)
@@ -296,13 +293,14 @@ class ExtenderService:
         if missing and self.binder is not None:
             # Not fatal (the pod is placed without their pull), but the user should know why.
             self.binder.event(spec.namespace, spec.name, spec.uid, "ProducerNotFound",
-                              P + f"depends-on producer {', '.join(missing)} not found (not running, bound, "
-                              "planned or recently finished); placed without data gravity for it",
+                              MESSAGE_PREFIX + f"depends-on producer {', '.join(missing)} not found "
+                              "(not running, bound, planned or recently finished); placed without data "
+                              "gravity for it",
                               warning=True)
 
     def placed_message(self, spec: WorkloadSpec, node: str, fit: NodeFit | None,
                        remembered: Remembered | None) -> str:
-        parts = [P + f"placed on {node}"]
+        parts = [MESSAGE_PREFIX + f"placed on {node}"]
         if fit is not None:
             hw = fit.node.gpu.name if fit.node.gpu else fit.node.node_class.value
             gpus = f", {spec.gpus} GPU" + ("s" if spec.gpus > 1 else "") if spec.gpus else ""
@@ -337,7 +335,7 @@ class ExtenderService:
     def absorb_node(self, node: dict[str, Any]) -> None:
         with self.lock:
             self.snapshot.upsert_node(
-                facts_for(node, self.catalog, self.settings)
+                facts_for(node, self.catalog, self.policies.node_facts)
             )
 
     def _absorb_nodes(self, args: wire.ExtenderArgs) -> None:
@@ -347,7 +345,7 @@ class ExtenderService:
             name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
             if name and (not rv or self._node_rv.get(name) != rv or name not in self.snapshot.nodes):
                 self.snapshot.upsert_node(
-                    facts_for(n, self.catalog, self.settings)
+                    facts_for(n, self.catalog, self.policies.node_facts)
                 )
                 self._node_rv[name] = rv
 
@@ -373,12 +371,12 @@ class ExtenderService:
         if d.invalid:
             self.metrics.decisions.labels(stage, "invalid").inc()
             for problem in d.invalid:
-                self.metrics.invalid_annotations.labels(_invalid_key(problem)).inc()
+                self.metrics.invalid_annotation(problem_key(problem))
             return
         if not d.passed:
             self.metrics.decisions.labels(stage, "unschedulable").inc()
-        for reason in set(d.rejections.values()):
-            self.metrics.rejections.labels(_rule_of(reason)).inc()
+        for code in d.codes.values():  # once per distinct reason, labelled by its rule
+            self.metrics.rejections.labels(code.value).inc()
 
     def _spec_for(self, namespace: str, name: str, uid: str) -> WorkloadSpec | None:
         with self.lock:
@@ -400,7 +398,8 @@ class ExtenderService:
             if facts is None:
                 return None
             # The pod's own GPUs may already be counted (assumed); evaluate without the GPU check.
-            verdict = evaluate(spec, facts, self.placer.usage(node), 1 << 30, self.settings)
+            verdict = evaluate(spec, facts, self.placer.usage(node), 1 << 30,
+                               self.policies.placement.feasibility)
         return verdict if isinstance(verdict, NodeFit) else None
 
     def _fits_without(self, spec: WorkloadSpec, node: str, victims: list[str]) -> bool:
@@ -420,7 +419,8 @@ class ExtenderService:
         free = facts.gpu_count - trial.gpus
         if self.placer.gangs is not None:
             free -= self.placer.gangs.reserved_gpus(node, spec.gang.key if spec.gang else None)
-        return not isinstance(evaluate(spec, facts, trial, free, self.settings), Rejection)
+        verdict = evaluate(spec, facts, trial, free, self.policies.placement.feasibility)
+        return not isinstance(verdict, Rejection)
 
     def remembered(self, uid: str) -> Remembered | None:
         return self._memory.get(uid)
@@ -433,16 +433,3 @@ class ExtenderService:
                     return r.spec
         return None
 
-
-def _rule_of(reason: str) -> str:
-    """A bounded label for a rejection reason (its rule, not its numbers)."""
-    text = reason.removeprefix(P)
-    for key, rule in (
-        ("no GPUs", "no_gpus"), ("stay off GPU nodes", "cpu_stage_on_gpu"), ("free GPUs", "gpus_busy"),
-        ("unknown to the catalog", "unknown_gpu"), ("kept off nodes running training", "separation"),
-        ("ms/token", "latency_slo"), ("GPU memory too small", "gpu_memory"), ("node memory", "host_memory"),
-        ("cache", "not_cached"), ("gang", "gang"), ("producer", "gravity"), ("topology", "topology"),
-    ):
-        if key in text:
-            return rule
-    return "other"

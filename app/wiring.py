@@ -37,7 +37,7 @@ def build_core(
 ) -> ExtenderService:
     snapshot = ClusterSnapshot()
     # Data gravity reads the same snapshot the placer does (producers' nodes, finished producers).
-    gravity = GravityModel(snapshot, settings)
+    gravity = GravityModel(snapshot, settings.policies().gravity)
     service = ExtenderService(
         settings, catalog, snapshot=snapshot, metrics=metrics, binder=binder, gravity=gravity
     )
@@ -88,7 +88,7 @@ def attach_gangs(service: ExtenderService, runtime: GangRuntime | None = None) -
     def bind(spec: WorkloadSpec, node: str) -> str:
         return service.bind_one(spec.namespace, spec.name, spec.uid, node, spec)
 
-    gangs = GangCoordinator(service.settings, service.snapshot, service.lock, bind,
+    gangs = GangCoordinator(service.policies.gang, service.snapshot, service.lock, bind,
                             GangMetricsAdapter(service.metrics), writer, runtime)
     service.placer.gangs = gangs
     service.gang_binder = gangs

@@ -286,11 +286,12 @@ def simulate(name: str, pipelines: list[Pipeline], settings: Settings, seed: int
         snap.upsert_node(node_facts(node, catalog, settings.labels, settings.default_cpu_hourly_cost))
     clock = Clock()
     # One gravity model per run: it scores in our run and only measures in the baseline's.
-    gravity = GravityModel(snap, settings, clock=clock)
-    probe = Placer(settings, snap)  # the stage rules without gravity, for "capacity allows"
+    gravity = GravityModel(snap, settings.policies().gravity, clock=clock)
+    placement = settings.policies().placement
+    probe = Placer(placement, snap)  # the stage rules without gravity, for "capacity allows"
     sched: Scheduler
     if name == "ours":
-        sched = SimScheduler(Placer(settings, snap, gravity=gravity), shipped_profile(), seed=seed)
+        sched = SimScheduler(Placer(placement, snap, gravity=gravity), shipped_profile(), seed=seed)
     else:
         sched = SimScheduler(None, BASELINES[baseline](), snapshot=snap, seed=seed)
     result = RunResult(name)

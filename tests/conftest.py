@@ -39,9 +39,15 @@ def mixed_nodes() -> list[dict[str, Any]]:
     ]
 
 
-@pytest.fixture
-def service(settings: Settings, catalog: GpuCatalog) -> ExtenderService:
-    svc = ExtenderService(settings, catalog)
+def mixed_service(settings: Settings | None = None, catalog: GpuCatalog | None = None) -> ExtenderService:
+    """A service over the mixed cluster; tests needing other policy pass their own settings."""
+    svc = ExtenderService(settings or Settings(cluster_source="none", metrics_port=0),
+                          catalog or GpuCatalog.load())
     for n in mixed_nodes():
         svc.absorb_node(n)
     return svc
+
+
+@pytest.fixture
+def service(settings: Settings, catalog: GpuCatalog) -> ExtenderService:
+    return mixed_service(settings, catalog)

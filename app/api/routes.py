@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
 from app.api import wire
-from app.core.feasibility import P
+from app.core.reasons import MESSAGE_PREFIX
 from app.service import ExtenderService
 
 JSON = "application/json"
@@ -35,7 +35,7 @@ async def read_body(request: Request, limit: int) -> bytes | None:
 
 
 def too_large(verb: str, limit: int) -> bytes:
-    msg = P + f"{verb} request body larger than {limit} bytes (max_body_bytes)"
+    msg = MESSAGE_PREFIX + f"{verb} request body larger than {limit} bytes (max_body_bytes)"
     if verb == "prioritize":
         return wire.priority_list([])
     if verb == "preempt":

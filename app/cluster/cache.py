@@ -47,7 +47,7 @@ class Gone(Exception):
 def apply_node(
     snapshot: ClusterSnapshot, catalog: GpuCatalog, settings: Settings, node: dict[str, Any]
 ) -> None:
-    snapshot.upsert_node(facts_for(node, catalog, settings))
+    snapshot.upsert_node(facts_for(node, catalog, settings.policies().node_facts))
 
 
 def apply_pod(

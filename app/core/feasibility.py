@@ -8,19 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.config import Settings
 from app.core.nodes import CPU_MEMORY_BANDWIDTH_TBS, NodeFacts
+from app.core.policy import FeasibilityPolicy
+from app.core.reasons import ReasonCode, Rejection, reject
 from app.core.sizing import Sizing, decode_ms_per_token, size
 from app.core.snapshot import NodeUsage
 from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Precision, Stage, WorkloadSpec
 
-P = "llm-placement: "
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    reason: str
-    unresolvable: bool = True  # True: evicting other pods would not make the node fit
+__all__ = ["NodeFit", "Rejection", "evaluate", "pod_hourly_cost"]
 
 
 @dataclass(slots=True)  # not frozen: thousands are made per request and frozen init is slow
@@ -59,45 +54,51 @@ def pod_hourly_cost(spec: WorkloadSpec, node: NodeFacts) -> float:
 
 
 def evaluate(
-    spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, free_gpus: int, settings: Settings
+    spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, free_gpus: int,
+    policy: FeasibilityPolicy,
 ) -> NodeFit | Rejection:
     """Apply the stage's hard rules; return the best feasible precision or a Rejection."""
     if spec.gpus > 0 and not node.has_gpus:
-        return Rejection(P + "node has no GPUs")
-    cpu_stage = spec.stage in CPU_STAGES and not settings.cpu_stages_may_use_gpu_nodes
+        return reject(ReasonCode.NO_GPUS, "node has no GPUs")
+    cpu_stage = spec.stage in CPU_STAGES and not policy.cpu_stages_may_use_gpu_nodes
     if cpu_stage and spec.gpus == 0 and node.has_gpus:
         assert spec.stage is not None
-        return Rejection(P + f"{spec.stage.value} pods without GPU requests stay off GPU nodes")
+        return reject(ReasonCode.CPU_STAGE_ON_GPU,
+                      f"{spec.stage.value} pods without GPU requests stay off GPU nodes")
     if spec.gpus > 0 and free_gpus < spec.gpus:
-        return Rejection(P + "not enough free GPUs (in use or reserved for a gang)", unresolvable=False)
+        return reject(ReasonCode.GPUS_BUSY, "not enough free GPUs (in use or reserved for a gang)",
+                      unresolvable=False)
 
     sized_gpu = spec.gpus > 0 and spec.model_params is not None
     if sized_gpu and not node.gpu_known and node.gpu_memory_gb <= 0:
-        return Rejection(P + "GPU product unknown to the catalog; not used for sized LLM workloads")
+        return reject(ReasonCode.UNKNOWN_GPU,
+                      "GPU product unknown to the catalog; not used for sized LLM workloads")
 
     lat = spec.effective_latency_class
     if spec.stage is Stage.SERVING and lat is LatencyClass.INTERACTIVE and usage.training > 0:
-        return Rejection(P + "interactive serving is kept off nodes running training")
+        return reject(ReasonCode.SEPARATION, "interactive serving is kept off nodes running training")
 
     first_problem: Rejection | None = None
     for i, precision in enumerate(spec.precisions):
         sizing = size(
             spec,
             precision,
-            default_context=settings.default_context_tokens,
-            default_concurrency=settings.default_concurrency,
-            alignment_extra_headroom=settings.alignment_extra_headroom,
+            default_context=policy.default_context_tokens,
+            default_concurrency=policy.default_concurrency,
+            alignment_extra_headroom=policy.alignment_extra_headroom,
         )
-        problem = _memory_problem(spec, node, usage, sizing, settings)
+        problem = _memory_problem(spec, node, usage, sizing, policy)
         if problem is None and precision is Precision.FP8 and spec.gpus > 0 and node.gpu and not node.gpu.fp8:
-            problem = Rejection(P + "fp8 needs a GPU with FP8 support (Hopper, Ada, Blackwell, MI300)")
+            problem = reject(ReasonCode.PRECISION,
+                             "fp8 needs a GPU with FP8 support (Hopper, Ada, Blackwell, MI300)")
         ms: float | None = None
         if problem is None and spec.stage is Stage.SERVING and spec.model_params is not None:
             bw = node.gpu_bandwidth_tbs if spec.gpus > 0 else CPU_MEMORY_BANDWIDTH_TBS
-            ms = decode_ms_per_token(sizing, spec.gpus, bw, settings.bandwidth_efficiency)
+            ms = decode_ms_per_token(sizing, spec.gpus, bw, policy.bandwidth_efficiency)
             if spec.max_ms_per_token is not None and (ms is None or ms > spec.max_ms_per_token):
-                problem = Rejection(
-                    P + f"cannot meet {spec.max_ms_per_token:g} ms/token: memory bandwidth too low"
+                problem = reject(
+                    ReasonCode.LATENCY_SLO,
+                    f"cannot meet {spec.max_ms_per_token:g} ms/token: memory bandwidth too low"
                     + (f" at {precision.value}" if len(spec.precisions) > 1 else "")
                 )
         if problem is None:
@@ -108,19 +109,22 @@ def evaluate(
 
 
 def _memory_problem(
-    spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, sizing: Sizing, settings: Settings
+    spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, sizing: Sizing, policy: FeasibilityPolicy
 ) -> Rejection | None:
     what = f"{_fmt_params(spec.model_params)} {sizing.precision.value}" if spec.model_params else ""
     if sizing.per_gpu_gb > 0:
-        usable = node.gpu_memory_gb * (1 - settings.memory_headroom)
+        usable = node.gpu_memory_gb * (1 - policy.memory_headroom)
         if sizing.per_gpu_gb > usable:
             n = f" on {spec.gpus} GPU" + ("s" if spec.gpus > 1 else "")
             if spec.stage in TRAINING_STAGES:
-                return Rejection(P + f"{what} training needs {sizing.per_gpu_gb:.0f} GB per GPU{n}; "
-                                 "GPU memory too small")
-            return Rejection(P + f"{what} needs {sizing.per_gpu_gb:.0f} GB per GPU{n}; GPU memory too small")
+                return reject(ReasonCode.GPU_MEMORY,
+                              f"{what} training needs {sizing.per_gpu_gb:.0f} GB per GPU{n}; "
+                              "GPU memory too small")
+            return reject(ReasonCode.GPU_MEMORY,
+                          f"{what} needs {sizing.per_gpu_gb:.0f} GB per GPU{n}; GPU memory too small")
     # The pod's own memory request is checked in-tree; this catches nodes that could never hold the
     # weights, whatever the request says.
     if sizing.host_memory_gb > node.memory_bytes / 1e9:
-        return Rejection(P + f"{what} needs {sizing.host_memory_gb:.0f} GB of node memory; node too small")
+        return reject(ReasonCode.HOST_MEMORY,
+                      f"{what} needs {sizing.host_memory_gb:.0f} GB of node memory; node too small")
     return None

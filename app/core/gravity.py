@@ -25,14 +25,13 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from app.config import Settings
-from app.core.feasibility import P, Rejection
 from app.core.nodes import NodeFacts
+from app.core.policy import ZONE_LABEL, GravityPolicy
+from app.core.reasons import ReasonCode, Rejection, reject
 from app.core.scoring import GravityFn
 from app.core.snapshot import ClusterSnapshot, PlacedPod
 from app.core.workload import WorkloadSpec
 
-ZONE_LABEL = "topology.kubernetes.io/zone"
 # When a pod declares producers but not how much it reads, still prefer its producers' neighbourhood:
 # the amount only weighs producers against each other, so any positive figure gives the same ranking.
 DEFAULT_INPUT_GB = 1.0
@@ -124,22 +123,22 @@ class GravityModel:
     def __init__(
         self,
         snapshot: ClusterSnapshot,
-        settings: Settings,
+        policy: GravityPolicy,
         *,
         planned: Callable[[str], Sequence[str]] | None = None,
         clock: Callable[[], float] = time.time,
         default_input_gb: float = DEFAULT_INPUT_GB,
     ) -> None:
         self.snapshot = snapshot
-        self.settings = settings
+        self.policy = policy
         self.planned = planned
         self.clock = clock
         self.default_input_gb = default_input_gb
         self._memo = _Memo()
         # Fabric tiers that are really the zone label are "same zone", not "same fabric tier".
-        tiers = settings.labels.fabric_tiers
+        tiers = policy.fabric_tiers
         self._fabric_index = [i for i, keys in enumerate(tiers) if ZONE_LABEL not in keys]
-        bw = settings.tier_bandwidth_gbps
+        bw = policy.tier_bandwidth
         hops = [1 / bw.same_node, 1 / bw.same_nvlink_domain]
         hops += [1 / bw.same_fabric_tier] * len(self._fabric_index)
         hops += [1 / bw.same_zone, 1 / bw.cross_zone]
@@ -194,7 +193,7 @@ class GravityModel:
 
     # --- resolution ------------------------------------------------------------------------------
     def _fresh(self, pod: PlacedPod, now: float) -> bool:
-        return pod.finished_at is None or now - pod.finished_at <= self.settings.producer_memory_seconds
+        return pod.finished_at is None or now - pod.finished_at <= self.policy.producer_memory_seconds
 
     def _finished_gang_members(self, gang: str) -> list[PlacedPod]:
         # Finished pods are indexed by name only; build a gang index once per snapshot generation.
@@ -210,7 +209,7 @@ class GravityModel:
 
     def _resolve_one(self, key: str, gb: float, now: float) -> Edge:
         snap = self.snapshot
-        window = self.settings.producer_memory_seconds
+        window = self.policy.producer_memory_seconds
         forgotten = ""
         at = snap.node_of(key)
         if at is not None:
@@ -337,10 +336,11 @@ class GravityModel:
         if missing:
             # Resolvable: the producer may appear (be created, bound or planned) and the pod retried.
             who = missing[0] + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-            r = Rejection(P + f"producer {who} not found; colocation required", unresolvable=False)
+            r = reject(ReasonCode.GRAVITY, f"producer {who} not found; colocation required",
+                       unresolvable=False)
             return dict.fromkeys(nodes, r)
         limit = LEVELS[level]
-        r = Rejection(P + f"must run in the same {_LEVEL_WORDS[level]} as its producer")
+        r = reject(ReasonCode.GRAVITY, f"must run in the same {_LEVEL_WORDS[level]} as its producer")
         # Per producer, the domains a candidate may share with it at the level: a few set lookups per
         # node instead of a distance per (node, member) pair. Level flags are hoisted out of the loop.
         nvlink_ok, fabric_ok, zone_ok = (limit >= Distance.NVLINK, limit >= Distance.FABRIC,

@@ -5,13 +5,14 @@ Computed once per watch event (not per request) so filter/prioritize only do ari
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from app.config import NodeLabelKeys, Settings
 from app.core.catalog import GpuCatalog, GpuSpec
+from app.core.policy import NodeFactsPolicy, NodeLabelKeys
 from app.core.units import parse_bandwidth_tbs, parse_money, parse_quantity
 
 ANN = "llm-placement.io/"
@@ -68,7 +69,7 @@ class NodeFacts(BaseModel):
         return self.labels.get(label_key)
 
 
-def _first(labels: dict[str, str], keys: list[str]) -> str | None:
+def _first(labels: dict[str, str], keys: Sequence[str]) -> str | None:
     for k in keys:
         v = labels.get(k)
         if v:
@@ -171,7 +172,7 @@ def node_facts(
     )
 
 
-def facts_for(node: dict[str, Any], catalog: GpuCatalog, settings: Settings) -> NodeFacts:
-    """node_facts with every knob taken from the settings (the one call site shape everyone uses)."""
-    return node_facts(node, catalog, settings.labels, settings.default_cpu_hourly_cost,
-                      settings.unknown_gpu_hourly_cost)
+def facts_for(node: dict[str, Any], catalog: GpuCatalog, policy: NodeFactsPolicy) -> NodeFacts:
+    """node_facts with every knob taken from the policy (the one call site shape everyone uses)."""
+    return node_facts(node, catalog, policy.labels, policy.default_cpu_hourly_cost,
+                      policy.unknown_gpu_hourly_cost)

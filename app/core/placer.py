@@ -10,13 +10,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from app.config import Settings
-from app.core.feasibility import NodeFit, P, Rejection, evaluate
+from app.core.feasibility import NodeFit, evaluate
+from app.core.policy import PlacementPolicy
+from app.core.reasons import MESSAGE_CHARS, MESSAGE_PREFIX, ReasonCode, Rejection, clip, reject
 from app.core.scoring import GravityFn, NodeScore, score_nodes
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import WorkloadError, WorkloadSpec, parse_workload
 
-NOT_CACHED = Rejection(P + "node not in the extender's cache yet", unresolvable=False)
+NOT_CACHED = reject(ReasonCode.NOT_CACHED, "node not in the extender's cache yet", unresolvable=False)
+UNKNOWN = reject(ReasonCode.OTHER, "rejected")
 
 
 class GangHook(Protocol):
@@ -53,7 +55,10 @@ class FilterDecision:
     unresolvable: dict[str, str] = field(default_factory=dict)
     error: str = ""
     fits: dict[str, NodeFit] = field(default_factory=dict)
-    invalid: list[str] = field(default_factory=list)  # annotation problems, for metrics
+    # Annotation problems (app.core.reasons.AnnotationProblem: text and key), for metrics.
+    invalid: list[str] = field(default_factory=list)
+    # The rule behind each distinct rejection message of this call, for the metric.
+    codes: dict[str, ReasonCode] = field(default_factory=dict)
 
     @property
     def rejections(self) -> dict[str, str]:
@@ -63,16 +68,16 @@ class FilterDecision:
 class Placer:
     def __init__(
         self,
-        settings: Settings,
+        policy: PlacementPolicy,
         snapshot: ClusterSnapshot,
         gangs: GangHook | None = None,
         gravity: GravityHook | None = None,
     ) -> None:
-        self.settings = settings
+        self.policy = policy
         self.snapshot = snapshot
         self.gangs = gangs
         self.gravity = gravity
-        self._gpu_resources = tuple(settings.labels.gpu_resource)
+        self._gpu_resources = policy.gpu_resources
 
     def parse(self, pod: dict[str, Any]) -> WorkloadSpec:
         return parse_workload(pod, self._gpu_resources)
@@ -108,7 +113,7 @@ class Placer:
             key = sid * 4 + (2 if free >= need else 0) + (1 if usage.training else 0)
             verdict = memo.get(key)
             if verdict is None:
-                verdict = memo[key] = evaluate(spec, facts, usage, free, self.settings)
+                verdict = memo[key] = evaluate(spec, facts, usage, free, self.policy.feasibility)
             if type(verdict) is Rejection:
                 rejections[name] = verdict
             else:
@@ -122,25 +127,32 @@ class Placer:
         try:
             spec = self.parse(pod)
         except WorkloadError as exc:
-            msg = P + "; ".join(exc.problems)
+            # The protocol repeats a reason once per node (an Error would turn the cycle into a
+            # scheduler error; docs/extender-protocol.md), so the text is bounded: values are quoted
+            # cut short by the parser and the whole is clipped, the full list is in explain.
+            msg = clip(MESSAGE_PREFIX + "; ".join(exc.problems), MESSAGE_CHARS)
             return FilterDecision(
                 spec=None, unresolvable=dict.fromkeys(node_names, msg), invalid=exc.problems
             )
         fits, rejections = self.evaluate_nodes(spec, node_names)
         decision = FilterDecision(spec=spec, fits=fits)
+        codes, last = decision.codes, None
         for name in node_names:
             if name in fits:
                 decision.passed.append(name)
             else:
-                r = rejections.get(name) or Rejection(P + "rejected")
-                (decision.unresolvable if r.unresolvable else decision.failed)[name] = r.reason
+                r = rejections.get(name) or UNKNOWN
+                (decision.unresolvable if r.unresolvable else decision.failed)[name] = r.message
+                if r is not last:  # verdicts are shared per node shape: a few distinct objects
+                    codes.setdefault(r.message, r.code)
+                    last = r
         return decision
 
     def score(self, spec: WorkloadSpec, fits: Sequence[NodeFit]) -> list[NodeScore]:
         term = None
         if self.gravity is not None and spec.depends_on:
             term = self.gravity.term(spec, [f.node.name for f in fits])
-        return score_nodes(spec, fits, self.snapshot.usage, self.settings, term)
+        return score_nodes(spec, fits, self.snapshot.usage, self.policy.scoring, term)
 
     def prioritize(
         self,

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from app.config import Settings, StageWeights
 from app.core.feasibility import NodeFit
 from app.core.nodes import NodeClass
+from app.core.policy import ScoringPolicy, StageWeights
 from app.core.ranking import band_scores
 from app.core.snapshot import NodeUsage
 from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
@@ -40,9 +40,9 @@ class NodeScore:
         return [(t, self.terms[t]) for t, c in ranked[:n] if c > 0]
 
 
-def _weights_for(spec: WorkloadSpec, settings: Settings) -> StageWeights:
+def _weights_for(spec: WorkloadSpec, policy: ScoringPolicy) -> StageWeights:
     stage = spec.stage.value if spec.stage else ("serving" if spec.gpus else "data-prep")
-    return settings.weights[stage]
+    return policy.weights[stage]
 
 
 def _memory_fit(spec: WorkloadSpec, fit: NodeFit, headroom: float) -> float:
@@ -118,19 +118,19 @@ def score_nodes(
     spec: WorkloadSpec,
     fits: Sequence[NodeFit],
     usage: Mapping[str, NodeUsage],
-    settings: Settings,
+    policy: ScoringPolicy,
     gravity: GravityFn | None = None,
 ) -> list[NodeScore]:
     """Score every feasible node; output order follows ``fits``."""
     if not fits:
         return []
-    w = _weights_for(spec, settings).model_dump()
+    w = _weights_for(spec, policy).model_dump()
 
     # Interactive serving has a fixed demand (its users), so any node that meets the latency target
     # serves it equally well and the cheapest hour wins; extra speed earns nothing. Batch serving is
     # elastic throughput, so it is priced per token (hourly share x time per token).
     interactive = spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE
-    target_ms = spec.max_ms_per_token or settings.default_interactive_ms_per_token
+    target_ms = spec.max_ms_per_token or policy.default_interactive_ms_per_token
 
     def unit_cost(f: NodeFit) -> float:
         if spec.stage is Stage.SERVING and not interactive and f.ms_per_token:
@@ -150,7 +150,7 @@ def score_nodes(
     def base_terms(f: NodeFit, u: NodeUsage) -> dict[str, float]:
         cost = unit_cost(f)
         terms: dict[str, float] = {
-            "memory_fit": _memory_fit(spec, f, settings.memory_headroom),
+            "memory_fit": _memory_fit(spec, f, policy.memory_headroom),
             "cost": (best_cost / cost) if cost > 0 else 1.0,
             "separation": _separation(spec, u),
             "packing": _packing(spec, f, u),
@@ -191,6 +191,6 @@ def score_nodes(
             total = weighted(terms)
         out.append(NodeScore(name, 0, total, terms, w))
     # The integer kube-scheduler sees is a band relative to the other candidates (app.core.ranking).
-    for s, band in zip(out, band_scores([s.total for s in out], settings.score_mapping), strict=True):
+    for s, band in zip(out, band_scores([s.total for s in out], policy.score_mapping), strict=True):
         s.score = band
     return out

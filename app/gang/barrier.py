@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from app.core.feasibility import P
+from app.core.reasons import MESSAGE_PREFIX
 from app.core.workload import WorkloadSpec
 from app.gang.book import GangBook
 from app.gang.ledger import GangPlan
@@ -92,23 +92,23 @@ class BindBarrier:
             current = self.book.ledger.get(key)
             mp = current.members.get(uid) if current else None
             if current is None or mp is None:
-                return P + f"no gang plan holds this pod (gang {key}); it will be replanned"
+                return MESSAGE_PREFIX + f"no gang plan holds this pod (gang {key}); it will be replanned"
             if mp.node != node:
-                return P + f"gang {key} plans this pod on another node; retrying"
+                return MESSAGE_PREFIX + f"gang {key} plans this pod on another node; retrying"
             if self.regrouping(key):
                 # Filtered before the last attempt failed: join the regroup instead of starting a
                 # barrier of one that would only time out and reset it.
-                return P + f"gang {key} is regrouping after an incomplete bind; retrying"
+                return MESSAGE_PREFIX + f"gang {key} is regrouping after an incomplete bind; retrying"
             barrier = self.barriers.get(key)
             if barrier is None or barrier.epoch != current.epoch:
                 if barrier is not None:
-                    self.fail(key, P + f"gang {key} was replanned; retrying")
+                    self.fail(key, MESSAGE_PREFIX + f"gang {key} was replanned; retrying")
                 barrier = self.barriers[key] = Barrier(key, current.epoch)
                 epoch = current.epoch
                 barrier.timer = self.timers(self.timeout, lambda: self._on_timeout(key, epoch))
             old = barrier.waiters.pop(uid, None)
             if old is not None and not old.future.done():
-                old.future.set_result(P + "superseded by a newer bind call for this pod")
+                old.future.set_result(MESSAGE_PREFIX + "superseded by a newer bind call for this pod")
             future: asyncio.Future[str] = loop.create_future()
             barrier.waiters[uid] = _Waiter(spec, node, future)
             complete = all(m.uid in barrier.waiters for m in current.unbound)
@@ -161,7 +161,7 @@ class BindBarrier:
         with self.lock:
             now = self.clock()
             for (uid, w), res in zip(waiters, results, strict=True):
-                err = res if isinstance(res, str) else P + f"bind failed: {res}"
+                err = res if isinstance(res, str) else MESSAGE_PREFIX + f"bind failed: {res}"
                 if err:
                     errors[uid] = err
                 else:
@@ -184,7 +184,7 @@ class BindBarrier:
         return facts is not None and not facts.unschedulable
 
     def _abort(self, key: str, current: GangPlan, barrier: Barrier, gone: list[str]) -> None:
-        msg = (P + f"gang {key}: planned node {gone[0]} became unschedulable before bind"
+        msg = (MESSAGE_PREFIX + f"gang {key}: planned node {gone[0]} became unschedulable before bind"
                + (f" (and {len(gone) - 1} more)" if len(gone) > 1 else "") + "; none bound, replanning")
         state = self.book.states.get(key)
         if state is not None:
@@ -207,8 +207,8 @@ class BindBarrier:
             current.stale = True
         bound = len(waiters) - len(failed)
         first_uid, first = next(iter(failed.items()))
-        msg = (P + f"gang {key} partially bound: {bound}/{len(waiters)} members bound; "
-               f"{first.spec.key} failed on {first.node} ({errors[first_uid].removeprefix(P)})"
+        msg = (MESSAGE_PREFIX + f"gang {key} partially bound: {bound}/{len(waiters)} members bound; "
+               f"{first.spec.key} failed on {first.node} ({errors[first_uid].removeprefix(MESSAGE_PREFIX)})"
                + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
                + "; replanning the rest without that node")
         log.warning("%s", msg)
@@ -223,8 +223,8 @@ class BindBarrier:
                 return
             current = self.book.ledger.get(key)
             needed = len(current.unbound) if current else len(barrier.waiters)
-            msg = (P + f"gang {key}: only {len(barrier.waiters)}/{needed} members reached bind within "
-                   f"{self.timeout:g}s; none bound (all-or-nothing), retrying")
+            msg = (MESSAGE_PREFIX + f"gang {key}: only {len(barrier.waiters)}/{needed} members reached "
+                   f"bind within {self.timeout:g}s; none bound (all-or-nothing), retrying")
             self.reporter.metrics.outcome("failed")
             self.fail(key, msg)
             for uid, w in barrier.waiters.items():

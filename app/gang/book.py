@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from app.core.reasons import Rejection
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import WorkloadSpec
 from app.gang.instance import member_node
@@ -27,7 +28,7 @@ class GangState:
     excluded: set[str] = field(default_factory=set)  # nodes that failed this gang
     epochs: int = 0
     last_offered: Sequence[str] = ()  # the nodes kube-scheduler offered at the last member filter
-    last_failure: str = ""  # why the last background plan found no placement ('' if it did)
+    last_failure: Rejection | None = None  # why the last background plan found no placement
 
 
 class GangBook:

@@ -24,11 +24,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from app.config import Settings
-from app.core.feasibility import NodeFit, P, Rejection
+from app.core.feasibility import NodeFit
 from app.core.placer import NOT_CACHED
+from app.core.policy import GangPolicy
+from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import PREFIX, WorkloadSpec
 from app.gang.barrier import BindBarrier, BindFn, loop_timers
@@ -42,7 +43,8 @@ from app.gang.regroup import Regrouper, Timers, thread_timers
 from app.gang.report import GangMetrics, NoMetrics, Reporter
 from app.gang.solver import PlanResult, plan
 
-RESERVED_ELSEWHERE = P + "reserved for gang plan on another node"
+RESERVED_ELSEWHERE = reject(ReasonCode.GANG, "reserved for gang plan on another node")
+NOT_IN_PLAN = reject(ReasonCode.GANG, "gang plan does not include this pod")
 Verdicts = tuple[dict[str, NodeFit], dict[str, Rejection]]
 
 
@@ -53,7 +55,7 @@ class GangRuntime:
     clock: Callable[[], float] = time.time
     bind_timers: Timers = loop_timers  # bind barrier timeouts (asyncio's call_later by default)
     wake_timers: Timers = thread_timers  # regroup wake-ups
-    solve: SolveFn | None = None  # None: CP-SAT with the settings' time limit
+    solve: SolveFn | None = None  # None: CP-SAT with the policy's time limit
     synced: Callable[[], bool] = lambda: True  # has the watch listed everything (deletions trusted)
     # The HTTP server answers filter on its event loop: a filter that waited for a solve would hold
     # up every other request, so the live service plans in the background and members retry.
@@ -66,7 +68,7 @@ class GangCoordinator:
 
     def __init__(
         self,
-        settings: Settings,
+        policy: GangPolicy,
         snapshot: ClusterSnapshot,
         lock: threading.RLock,
         bind: BindFn,
@@ -81,7 +83,7 @@ class GangCoordinator:
         self.clock = rt.clock
         self.background = rt.background
         self.writer = writer
-        self.book = GangBook(snapshot, settings.gang_reservation_ttl_seconds)
+        self.book = GangBook(snapshot, policy.reservation_ttl_seconds)
         self.reporter = Reporter(metrics or NoMetrics(), writer)
         store = PlanStore(writer)
         # Back-edges between the parts go through these lambdas (resolved when called).
@@ -93,20 +95,21 @@ class GangCoordinator:
         self.regroup = Regrouper(self.book, lock, replan=lambda key: self.planner.replan(key),
                                  timers=rt.wake_timers)
         self.barrier = BindBarrier(
-            self.book, lock, bind, self.reporter, settings.gang_bind_timeout_seconds, rt.clock,
+            self.book, lock, bind, self.reporter, policy.bind_timeout_seconds, rt.clock,
             sweep=lambda now: self.lifecycle.locked_sweep(now, force=True),
             complete=self.lifecycle.locked_complete, regrouping=self.regroup.active,
             regroup=self.regroup.start, timers=rt.bind_timers,
         )
-        limit = settings.solver_time_limit_seconds
+        limit = policy.solver_time_limit_seconds
 
         def cp_sat(problem: Problem, index: Index, prefer: set[str]) -> PlanResult:
             return plan(problem, time_limit=limit, workers=workers, prefer=prefer, index=index)
 
         self.planner = Planner(
-            self.book, lock, settings, rt.solve or cp_sat, self.reporter, store, rt.clock,
+            self.book, lock, policy, rt.solve or cp_sat, self.reporter, store, rt.clock,
             release=self.lifecycle.locked_release,
-            replanned=lambda key: self.barrier.fail(key, P + f"gang {key} was replanned; retrying"),
+            replanned=lambda key: self.barrier.fail(
+                key, MESSAGE_PREFIX + f"gang {key} was replanned; retrying"),
             lookahead=lookahead,
         )
 
@@ -145,13 +148,16 @@ class GangCoordinator:
             state = book.state(key, now, spec.priority)
             size = book.size(key, spec)
             if size is None:
-                return _reject_all(node_names, P + f"gang {key} has no size: set {PREFIX}gang-size or "
-                                   f"create PodGroup {gang.name} with minMember")
+                return _reject_all(node_names, reject(
+                    ReasonCode.GANG,
+                    f"gang {key} has no size: set {PREFIX}gang-size or create PodGroup {gang.name} "
+                    "with minMember"))
             members = book.members(key, spec)
             if len(members) < size:
-                return _reject_all(node_names, P + f"waiting for gang members {len(members)}/{size}")
+                return _reject_all(node_names, reject(
+                    ReasonCode.GANG, f"waiting for gang members {len(members)}/{size}"))
             if book.planning(key):
-                return _retry(fits, rejections, P + f"gang {key} is being planned; retrying")
+                return _retry(fits, rejections, _being_planned(key))
             state.last_offered = node_names
             current = book.ledger.get(key)
             node = None
@@ -166,22 +172,22 @@ class GangCoordinator:
             if node is None and self.background:
                 self.planner.start(key, spec, fits, node_names, state)
                 if state.last_failure:  # nothing changed for it yet, as far as we know: say why
-                    return _reject_gang(fits, rejections, P + state.last_failure)
-                return _retry(fits, rejections, P + f"gang {key} is being planned; retrying")
+                    return _reject_gang(fits, rejections, state.last_failure)
+                return _retry(fits, rejections, _being_planned(key))
             if node is None:
                 with book.plan_in_progress(key):  # other members retry while older gangs plan
                     self.planner.admit_older(key, state, node_names, now)
                 got = self.planner.plan(key, members, spec, fits, node_names, state, now)
-                if isinstance(got, str):
-                    if got == CHANGED:
-                        return _retry(fits, rejections, P + got)
-                    return _reject_gang(fits, rejections, P + got)
+                if isinstance(got, Rejection):
+                    if got is CHANGED:
+                        return _retry(fits, rejections, got)
+                    return _reject_gang(fits, rejections, got)
                 mp = got.members.get(uid)
                 if mp is None or mp.node not in fits:
-                    return _reject_gang(fits, rejections, P + "gang plan does not include this pod")
+                    return _reject_gang(fits, rejections, NOT_IN_PLAN)
                 node = mp.node
             if self.regroup.active(key):
-                return _reject_gang(fits, rejections, self.regroup.park(key, uid))
+                return _reject_gang(fits, rejections, Rejection(ReasonCode.GANG, self.regroup.park(key, uid)))
             return _only(node, fits, rejections)
 
     # --- the service's gang binder, start and stop ------------------------------------------------
@@ -196,21 +202,23 @@ class GangCoordinator:
         self.barrier.close()
 
 
-def _reject_all(node_names: Sequence[str], msg: str) -> Verdicts:
-    r = Rejection(msg)
+def _being_planned(key: str) -> Rejection:
+    return reject(ReasonCode.GANG, f"gang {key} is being planned; retrying", unresolvable=False)
+
+
+def _reject_all(node_names: Sequence[str], r: Rejection) -> Verdicts:
     return {}, {n: r for n in node_names}
 
 
 def _only(node: str, fits: dict[str, NodeFit], rejections: dict[str, Rejection]) -> Verdicts:
     out = dict(rejections)
-    reserved = Rejection(RESERVED_ELSEWHERE)
     for n in fits:
         if n != node:
-            out[n] = reserved
+            out[n] = RESERVED_ELSEWHERE
     return {node: fits[node]}, out
 
 
-def _reject_gang(fits: dict[str, NodeFit], rejections: dict[str, Rejection], msg: str,
+def _reject_gang(fits: dict[str, NodeFit], rejections: dict[str, Rejection], why: Rejection,
                  unresolvable: bool = True) -> Verdicts:
     """The gang's reason on every node that could take a member alone or lacked only capacity.
 
@@ -218,7 +226,7 @@ def _reject_gang(fits: dict[str, NodeFit], rejections: dict[str, Rejection], msg
     what is free), and it must not trigger evictions for a pod that would wait anyway.
     """
     out = dict(rejections)
-    r = Rejection(msg, unresolvable=unresolvable)
+    r = why if why.unresolvable == unresolvable else replace(why, unresolvable=unresolvable)
     for n in fits:
         out[n] = r
     for n, old in rejections.items():
@@ -227,7 +235,7 @@ def _reject_gang(fits: dict[str, NodeFit], rejections: dict[str, Rejection], msg
     return {}, out
 
 
-def _retry(fits: dict[str, NodeFit], rejections: dict[str, Rejection], msg: str) -> Verdicts:
+def _retry(fits: dict[str, NodeFit], rejections: dict[str, Rejection], why: Rejection) -> Verdicts:
     """Resolvable: the pod waits for a plan being made right now, not for the cluster to change.
 
     kube-scheduler requeues a pod an extender rejected on the next cluster event either way (it
@@ -236,4 +244,4 @@ def _retry(fits: dict[str, NodeFit], rejections: dict[str, Rejection], msg: str)
     waiting in the unschedulable pool. Preemption finds no victims on these nodes (the member fits
     there already), so "resolvable" evicts nobody.
     """
-    return _reject_gang(fits, rejections, msg, unresolvable=False)
+    return _reject_gang(fits, rejections, why, unresolvable=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from app.core.reasons import ReasonCode
 from app.gang.problem import Assignment, Candidate, Index, capacity
 
 SHOW = 5  # domains listed in an event
@@ -18,6 +19,7 @@ SHOW = 5  # domains listed in an event
 class Diagnosis:
     short: str  # for FailedAndUnresolvableNodes (no node names, no per-domain numbers)
     detail: str  # for the pod event
+    code: ReasonCode = ReasonCode.GANG  # the rejections metric's rule
 
 
 def short_name(domain: str) -> str:
@@ -80,6 +82,7 @@ def why_not(index: Index, reserved_by_others: int = 0) -> Diagnosis:
             f"gang needs {need} GPUs in one {key} domain; at most {best} free in one",
             f"gang needs {need} GPUs ({what}) inside one {key} domain (topology-required-placement); "
             f"free GPUs by {key}: {listing}{held}",
+            ReasonCode.TOPOLOGY,
         )
     return Diagnosis(
         "gang has no placement satisfying every rule (solver time limit?)",

@@ -12,14 +12,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from app.config import Settings
 from app.core.feasibility import NodeFit, evaluate
 from app.core.nodes import NodeFacts
+from app.core.policy import GangPolicy
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import WorkloadSpec
 from app.gang.problem import Assignment, Candidate, Problem, Shape, fits_on
-
-ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +33,6 @@ def shape_key(spec: WorkloadSpec) -> str:
     return hashlib.blake2b(repr(sorted(data.items())).encode(), digest_size=5).hexdigest()
 
 
-def tier_names(settings: Settings) -> tuple[str, ...]:
-    names = ["NVLink domain"]
-    for i, keys in enumerate(settings.labels.fabric_tiers):
-        names.append("zone" if ZONE_LABEL in keys else f"fabric tier {i}")
-    return tuple(names)
-
-
 def member_node(snapshot: ClusterSnapshot, spec: WorkloadSpec) -> str:
     """Where a member is bound ('' if pending): the watch's view first, then the pod spec."""
     placed = snapshot.pods.get(spec.uid or spec.key)
@@ -50,7 +41,7 @@ def member_node(snapshot: ClusterSnapshot, spec: WorkloadSpec) -> str:
 
 def build(
     snapshot: ClusterSnapshot,
-    settings: Settings,
+    policy: GangPolicy,
     gang: str,
     members: Sequence[WorkloadSpec],
     eligible: Callable[[str, WorkloadSpec, str], bool],
@@ -105,7 +96,7 @@ def build(
             preferred=facts.domain_at(first.topology_preferred) if first.topology_preferred else None,
             fixed=fixed.get(name, 0),
         ))
-    problem = Problem(gang, shapes, tuple(nodes), tier_names(settings),
+    problem = Problem(gang, shapes, tuple(nodes), policy.tier_names,
                       first.topology_required, first.topology_preferred)
     return GangInstance(problem, dict(pending), bound)
 
@@ -161,7 +152,7 @@ def _pref_rank(spec: WorkloadSpec, facts: NodeFacts) -> int:
 
 
 def evaluator(
-    snapshot: ClusterSnapshot, settings: Settings, fits: dict[str, NodeFit] | None, spec_key: str | None,
+    snapshot: ClusterSnapshot, policy: GangPolicy, fits: dict[str, NodeFit] | None, spec_key: str | None,
     reserved: Callable[[str], int],
 ) -> Callable[[str, WorkloadSpec, str], bool]:
     """Per-node eligibility: the placer's verdicts for the filtered member's shape, else evaluate."""
@@ -177,7 +168,8 @@ def evaluator(
                 hit = False
             else:
                 free = snapshot.free_gpus(node) - reserved(node)
-                verdict = evaluate(spec, facts, snapshot.usage.get(node) or NodeUsage(), free, settings)
+                verdict = evaluate(spec, facts, snapshot.usage.get(node) or NodeUsage(), free,
+                                   policy.feasibility)
                 hit = isinstance(verdict, NodeFit)
             cache[(key, node)] = hit
         return hit

@@ -26,8 +26,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from app.config import Settings
-from app.core.feasibility import NodeFit, P
+from app.core.feasibility import NodeFit
+from app.core.policy import GangPolicy
+from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject
 from app.core.workload import WorkloadSpec
 from app.gang import diagnose
 from app.gang.book import GangBook, GangState
@@ -43,7 +44,9 @@ log = logging.getLogger(__name__)
 # (problem, its index, nodes to favour among identical ones) -> the plan. Pure and thread-safe.
 SolveFn = Callable[[Problem, Index, set[str]], PlanResult]
 ATTEMPTS = 3  # solves per request when capacity keeps changing under the planner
-CHANGED = "gang capacity changed while it was being planned; retrying"
+# Resolvable: the member is retried at once and finds the new situation.
+CHANGED = reject(ReasonCode.GANG, "gang capacity changed while it was being planned; retrying",
+                 unresolvable=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +65,7 @@ class Planner:
         self,
         book: GangBook,
         lock: threading.RLock,
-        settings: Settings,
+        policy: GangPolicy,
         solve: SolveFn,
         reporter: Reporter,
         store: PlanStore,
@@ -73,7 +76,7 @@ class Planner:
     ) -> None:
         self.book = book
         self.lock = lock
-        self.settings = settings
+        self.policy = policy
         self.solve = solve
         self.reporter = reporter
         self.store = store
@@ -96,12 +99,12 @@ class Planner:
         offered: Sequence[str],
         state: GangState,
         now: float,
-    ) -> GangPlan | str:
+    ) -> GangPlan | Rejection:
         """Plan (or replan) ``key`` (lock held); install the plan, or return why it cannot be."""
         with self.book.plan_in_progress(key):
             for attempt in range(ATTEMPTS):
                 brief = self._brief(key, members, spec, fits, offered, state)
-                if isinstance(brief, str):
+                if isinstance(brief, Rejection):
                     return brief
                 result, index = self._solve_unlocked(brief)
                 if self.book.states.get(key) is not state:
@@ -137,7 +140,7 @@ class Planner:
                     now = self.clock()
                     self.admit_older(key, state, offered, now)
                     got = self.plan(key, self.book.members(key, spec), spec, fits, offered, state, now)
-                    state.last_failure = got if isinstance(got, str) and got != CHANGED else ""
+                    state.last_failure = got if isinstance(got, Rejection) and got is not CHANGED else None
             except Exception:
                 log.exception("gang %s: background plan failed", key)
             finally:
@@ -176,7 +179,8 @@ class Planner:
         current.stale = True
         got = self.plan(key, members, pending[0], None, state.last_offered or list(current.nodes()),
                         state, self.clock())
-        log.info("gang %s: regroup over, %s", key, "replanned" if not isinstance(got, str) else got)
+        log.info("gang %s: regroup over, %s", key,
+                 "replanned" if not isinstance(got, Rejection) else got.message)
 
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every background plan started so far is done (one job thread: FIFO)."""
@@ -188,7 +192,8 @@ class Planner:
 
     # --- the three steps --------------------------------------------------------------------------
     def _brief(self, key: str, members: list[WorkloadSpec], spec: WorkloadSpec,
-               fits: dict[str, NodeFit] | None, offered: Sequence[str], state: GangState) -> Brief | str:
+               fits: dict[str, NodeFit] | None, offered: Sequence[str],
+               state: GangState) -> Brief | Rejection:
         ledger, snapshot = self.book.ledger, self.book.snapshot
         previous = ledger.get(key)
 
@@ -196,10 +201,10 @@ class Planner:
             return ledger.reserved_gpus(node, key)
 
         own_shape = shape_key(spec) if fits is not None else None
-        eligible = evaluator(snapshot, self.settings, fits, own_shape, reserved)
-        inst = build(snapshot, self.settings, key, members, eligible, offered, reserved, state.excluded)
+        eligible = evaluator(snapshot, self.policy, fits, own_shape, reserved)
+        inst = build(snapshot, self.policy, key, members, eligible, offered, reserved, state.excluded)
         if not inst.pending:
-            return "every gang member is already bound"
+            return reject(ReasonCode.GANG, "every gang member is already bound")
         prefer = frozenset(previous.nodes()) if previous else frozenset()
         return Brief(key, spec, inst, self.book.roster(members), prefer)
 
@@ -222,7 +227,7 @@ class Planner:
         with self._solved:
             self._solved.notify_all()
 
-    def _unplaceable(self, brief: Brief, index: Index, state: GangState, now: float) -> str:
+    def _unplaceable(self, brief: Brief, index: Index, state: GangState, now: float) -> Rejection:
         key, ledger = brief.key, self.book.ledger
         previous = ledger.get(key)
         if previous is not None:
@@ -232,7 +237,7 @@ class Planner:
         others = sum(ledger.reserved_gpus(n.name, key) for n in brief.inst.problem.nodes)
         diag = diagnose.why_not(index, others)
         self.reporter.unplaceable(key, brief.spec, diag, now)
-        return "gang cannot be placed: " + diag.short
+        return reject(diag.code, "gang cannot be placed: " + diag.short)
 
     def _commit(self, brief: Brief, result: PlanResult, index: Index, state: GangState,
                 now: float) -> GangPlan:
@@ -272,7 +277,7 @@ class Planner:
         self.store.save(key, [(m.pod, m.node) for m in new.unbound], new.planned_at, new.epoch)
         what = f"{len(new.unbound)} pods to bind"
         for m in new.unbound:
-            self.reporter.event(m.pod, m.uid, "GangPlanned", P + f"gang {key} planned ({what}): "
+            self.reporter.event(m.pod, m.uid, "GangPlanned", MESSAGE_PREFIX + f"gang {key} planned ({what}): "
                                 f"{summary}; this pod goes to {m.node}")
         if previous is not None:
             self.reporter.metrics.outcome("replanned")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from app.core.feasibility import P
+from app.core.reasons import MESSAGE_PREFIX
 from app.gang.book import GangBook
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,8 @@ class Regrouper:
         back = len(waiting & group.parked)
         if waiting <= group.parked:
             self._schedule(key, group, self.delay)
-        return P + f"gang {key} regrouping after an incomplete bind: {back}/{len(waiting)} members back"
+        return (MESSAGE_PREFIX + f"gang {key} regrouping after an incomplete bind: "
+                f"{back}/{len(waiting)} members back")
 
     def forget(self, key: str) -> None:
         group = self._groups.pop(key, None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from app.core.feasibility import P
+from app.core.reasons import MESSAGE_PREFIX
 from app.core.workload import WorkloadSpec
 from app.gang.diagnose import Diagnosis
 from app.gang.persist import PlanWriter
@@ -70,7 +70,7 @@ class Reporter:
         if diag.short == reason and now - at < EVENT_INTERVAL:
             return
         self._last[key] = (now, diag.short)
-        self.event(spec.key, spec.uid, "GangUnschedulable", P + diag.detail, warning=True)
+        self.event(spec.key, spec.uid, "GangUnschedulable", MESSAGE_PREFIX + diag.detail, warning=True)
 
     def forget(self, key: str) -> None:
         self._last.pop(key, None)

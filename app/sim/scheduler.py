@@ -143,7 +143,7 @@ class SimScheduler:
         self.snapshot: ClusterSnapshot = snap
         self.rng = random.Random(seed)
         if gpu_resources is None:
-            gpu_resources = GPU_RESOURCES if placer is None else tuple(placer.settings.labels.gpu_resource)
+            gpu_resources = GPU_RESOURCES if placer is None else placer.policy.gpu_resources
         self.gpu_resources = gpu_resources
         self._next_start = 0
         self.unmodelled = 0  # pods with fields that make an assumed-constant plugin vary

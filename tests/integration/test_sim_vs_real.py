@@ -112,7 +112,7 @@ class Model:
         for node in api_nodes:
             self.snapshot.upsert_node(node_facts(node, catalog, self.settings.labels,
                                                  self.settings.default_cpu_hourly_cost))
-        self.placer = Placer(self.settings, self.snapshot)
+        self.placer = Placer(self.settings.policies().placement, self.snapshot)
 
     def value(self, node: str) -> tuple[str, int, str, int]:
         f = self.snapshot.nodes[node]

@@ -210,7 +210,7 @@ def test_complete_gang_is_planned_whole_into_the_block_that_fits() -> None:
         d = c.filter(pod)
         assert len(d.passed) == 1
         other = {r for n, r in d.rejections.items() if n not in d.passed}
-        assert RESERVED_ELSEWHERE in other
+        assert RESERVED_ELSEWHERE.message in other
         chosen[pod["metadata"]["name"]] = d.passed[0]
     assert len(set(chosen.values())) == 8 and {c.leaf(n) for n in chosen.values()} == {"leaf-b"}
     # Idempotent: a re-filter of any member returns the same node.

@@ -94,7 +94,7 @@ def world(
     for f in nodes if nodes is not None else topology():
         snap.upsert_node(f)
     clock = Clock()
-    return snap, GravityModel(snap, SETTINGS, clock=clock, **kw), clock
+    return snap, GravityModel(snap, SETTINGS.policies().gravity, clock=clock, **kw), clock
 
 
 def spec(
@@ -183,7 +183,7 @@ def test_custom_bandwidths_are_used() -> None:
     snap = ClusterSnapshot()
     for f in topology():
         snap.upsert_node(f)
-    g = GravityModel(snap, custom)
+    g = GravityModel(snap, custom.policies().gravity)
     assert g.seconds_per_gb(Distance.NODE) == pytest.approx(0.1)
     assert g.seconds_per_gb(Distance.NVLINK) == pytest.approx(0.2)
     assert g.seconds_per_gb(Distance.FABRIC, 0) == pytest.approx(0.4)
@@ -327,7 +327,7 @@ def test_placer_places_the_consumer_on_its_producers_node() -> None:
     snap, g, _ = world()
     producer = spec("pretrain", stage="pretraining", gpus=4)
     run(snap, producer, "n5")
-    placer = Placer(SETTINGS, snap, gravity=g)
+    placer = Placer(SETTINGS.policies().placement, snap, gravity=g)
     sim = SimScheduler(placer)
     ann = {ANN + "depends-on": "pretrain", ANN + "input-data-gb": "140", ANN + "model-params": "7B"}
     pod = pod_object("sft", namespace="ml", stage="alignment", gpus=4, annotations=ann)
@@ -335,7 +335,7 @@ def test_placer_places_the_consumer_on_its_producers_node() -> None:
     assert placed.node == "n5", placed
     assert placed.score is not None and placed.score.terms["gravity"] == 1.0
     # Without the hook the same pod lands by the other terms alone (n1, first by name among equals).
-    other = SimScheduler(Placer(SETTINGS, snap))
+    other = SimScheduler(Placer(SETTINGS.policies().placement, snap))
     assert other.schedule(pod_object("sft2", namespace="ml", stage="alignment", gpus=4,
                                      annotations=ann)).node != "n5"
 
@@ -358,7 +358,7 @@ def test_colocation_required_rejects_nodes_outside_the_producers_domain(level: s
     names = sorted(snap.nodes)
     hard = g.hard_rejections(consumer, names)
     assert set(names) - set(hard) == allowed
-    reasons = {r.reason for r in hard.values()}
+    reasons = {r.message for r in hard.values()}
     assert len(reasons) == 1  # node-independent, so kube-scheduler aggregates it
     word = {"required": "node", "node": "node", "nvlink": "NVLink domain", "fabric": "fabric tier",
             "zone": "zone"}[level]
@@ -370,7 +370,7 @@ def test_colocation_with_a_missing_producer_waits_resolvably() -> None:
     _, g, _ = world()
     consumer = spec("c", depends="ghost", colocation="nvlink")
     hard = g.hard_rejections(consumer, ["n1", "n2"])
-    assert {r.reason for r in hard.values()} == {
+    assert {r.message for r in hard.values()} == {
         "llm-placement: producer ml/ghost not found; colocation required"
     }
     assert not any(r.unresolvable for r in hard.values())  # retried once the producer shows up

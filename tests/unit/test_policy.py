@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.config import Settings
 from app.core.snapshot import PlacedPod
 from app.core.workload import LatencyClass, Stage
 from app.service import ExtenderService
 from app.sim.fleet import pod_object
-from tests.conftest import mixed_nodes
+from tests.conftest import mixed_nodes, mixed_service
 
 NAMES = [n["metadata"]["name"] for n in mixed_nodes()]
 GPU_NODES = {"h200-0", "h100-0", "a100-0", "l40s-0", "l4-0", "t4-0"}
@@ -54,8 +55,8 @@ def test_data_prep_never_scores_gpu_node_above_cpu_node(service: ExtenderService
     assert set(d.passed) == {"cpu-0", "storage-0"}
     assert all("stay off GPU nodes" in d.unresolvable[n] for n in GPU_NODES)
     # Even with the hard rule switched off, GPU nodes rank below CPU and storage nodes.
-    service.settings.cpu_stages_may_use_gpu_nodes = True
-    order = ranked(service, pod)
+    relaxed = mixed_service(Settings(cluster_source="none", metrics_port=0, cpu_stages_may_use_gpu_nodes=True))
+    order = ranked(relaxed, pod)
     assert order[0] == "storage-0"
     assert max(order.index("cpu-0"), order.index("storage-0")) < min(order.index(n) for n in GPU_NODES)
 
@@ -133,12 +134,11 @@ def test_weights_per_stage_come_from_config(service: ExtenderService) -> None:
         "llm-placement.io/model-params": "7B", "llm-placement.io/precision": "int8"})
     assert ranked(service, pod)[0] == "t4-0"
     # Make speed everything: the fastest GPU now wins.
-    w = service.settings.weights["serving"]
-    for term in ("memory_fit", "cost", "separation", "packing", "preference", "node_class", "gravity", "precision"):
-        setattr(w, term, 0.0)
-    w.bandwidth = 1.0
-    service.settings.default_interactive_ms_per_token = 1.0
-    assert ranked(service, pod)[0] == "h200-0"
+    zero = dict.fromkeys(("memory_fit", "cost", "separation", "packing", "preference", "node_class",
+                          "gravity", "precision"), 0.0)
+    speed = Settings(cluster_source="none", metrics_port=0, default_interactive_ms_per_token=1.0,
+                     weights={"serving": {**zero, "bandwidth": 1.0}})
+    assert ranked(mixed_service(speed), pod)[0] == "h200-0"
 
 
 def test_fp8_needs_fp8_hardware_and_falls_back(service: ExtenderService) -> None:

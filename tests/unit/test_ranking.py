@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.config import Settings
 from app.core.ranking import EQUAL_TOTAL, Agreement, ScoreMapping, agreement, band_scores, best_nodes
 from app.core.snapshot import PlacedPod
 from app.core.workload import Stage
@@ -82,8 +83,11 @@ def test_packing_preference_reaches_kube_scheduler_as_a_whole_band(service: Exte
     assert prio["h100-3"] == 10
     assert all(prio[n] == 9 for n in names if n != "h100-3")
     # The old linear mapping gave every node the same integer (the bug this replaces).
-    service.settings.score_mapping = ScoreMapping.LINEAR
-    linear = _priorities(service, pod, names)
+    old = ExtenderService(Settings(cluster_source="none", metrics_port=0, score_mapping=ScoreMapping.LINEAR),
+                          service.catalog)
+    _eight_h100(old)
+    old.snapshot.place(PlacedPod("busy", "default/busy", "h100-3", 1, 1000, 1 << 30, Stage.ALIGNMENT, None, None))
+    linear = _priorities(old, pod, names)
     assert len(set(linear.values())) == 1
 
 

@@ -51,7 +51,7 @@ class World:
     def __init__(self, mapping: ScoreMapping) -> None:
         self.settings = Settings(cluster_source="none", metrics_port=0, score_mapping=mapping)
         self.snapshot = ClusterSnapshot()
-        self.placer = Placer(self.settings, self.snapshot)
+        self.placer = Placer(self.settings.policies().placement, self.snapshot)
 
     def absorb_node(self, node: dict[str, Any]) -> None:
         self.snapshot.upsert_node(node_facts(node, CATALOG, self.settings.labels,
@@ -87,7 +87,7 @@ class BandPlacer:
 
     def __init__(self, snapshot: ClusterSnapshot, bands: dict[str, int]) -> None:
         self.snapshot = snapshot
-        self.settings = Settings(cluster_source="none", metrics_port=0)
+        self.policy = Settings(cluster_source="none", metrics_port=0).policies().placement
         self.bands = bands
 
     def parse(self, pod: dict[str, Any]) -> Any:

@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
+from app.config import Settings
 from app.service import ExtenderService
 from app.sim.fleet import node_object, pod_object
 from tests.conftest import mixed_nodes
@@ -115,8 +116,9 @@ def test_filter_wrong_shapes_are_errors_not_crashes(client: TestClient, body: by
 
 
 def test_huge_body_rejected_without_reading_it_all(service: ExtenderService) -> None:
-    service.settings.max_body_bytes = 1000
-    client = TestClient(create_app(service))
+    small = ExtenderService(Settings(cluster_source="none", metrics_port=0, max_body_bytes=1000),
+                            service.catalog)
+    client = TestClient(create_app(small))
     r = client.post("/scheduler/filter", content=b"x" * 5000)
     assert r.status_code == 200
     assert "larger than 1000 bytes" in r.json()["Error"]

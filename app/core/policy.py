@@ -1,0 +1,159 @@
+"""Typed, immutable policies: what each part of the pure core reads from the configuration.
+
+The settings file (``app.config.Settings``) also holds listen addresses, kubeconfig and limits that
+no placement rule reads. Each component here gets only its own knobs, built once at start by
+``Settings.policies()``, the way scheduler-plugins hands the coscheduling plugin its
+``CoschedulingArgs``: a component cannot read what it was not given, and nothing changes under it.
+Tests that need another value build another policy (``dataclasses.replace``), never mutate one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.core.ranking import ScoreMapping
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+class StageWeights(BaseModel):
+    """Weights of the prioritize terms for one stage. Terms absent from a stage weigh 0."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory_fit: float = Field(1.0, ge=0)
+    bandwidth: float = Field(0.0, ge=0)
+    cost: float = Field(1.0, ge=0)
+    separation: float = Field(1.0, ge=0)
+    packing: float = Field(1.0, ge=0)
+    preference: float = Field(1.0, ge=0)
+    node_class: float = Field(1.0, ge=0)
+    gravity: float = Field(1.0, ge=0)
+    precision: float = Field(0.5, ge=0)
+
+
+class NodeLabelKeys(BaseModel):
+    """Where node facts come from; first hit wins (docs/node-facts.md). Every key is configurable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu_product: tuple[str, ...] = (
+        "nvidia.com/gpu.product",
+        "cloud.google.com/gke-accelerator",
+        "node.koordinator.sh/gpu-model",
+    )
+    gpu_memory_mib: tuple[str, ...] = ("nvidia.com/gpu.memory",)
+    gpu_resource: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
+    nvlink_domain: tuple[str, ...] = (
+        "nvidia.com/gpu.clique",
+        "accelerator.topograph.run/domain",
+        "cloud.google.com/gce-topology-subblock",
+    )
+    # Inner to outer. Each entry is one tier; the first label present at that tier names the domain.
+    fabric_tiers: tuple[tuple[str, ...], ...] = (
+        ("fabric.topograph.run/tier-0", "cloud.google.com/gce-topology-host",
+         "topology.k8s.aws/network-node-layer-3", "ib.coreweave.cloud/leafgroup"),
+        ("fabric.topograph.run/tier-1", "cloud.google.com/gce-topology-subblock",
+         "topology.k8s.aws/network-node-layer-2", "ib.coreweave.cloud/superpod"),
+        ("fabric.topograph.run/tier-2", "cloud.google.com/gce-topology-block",
+         "topology.k8s.aws/network-node-layer-1"),
+        (ZONE_LABEL,),
+    )
+    rdma: tuple[str, ...] = (
+        "feature.node.kubernetes.io/pci-15b3.present",
+        "feature.node.kubernetes.io/rdma.capable",
+    )
+    rdma_resources: tuple[str, ...] = ("rdma/ib", "rdma/hca", "nvidia.com/hostdev")
+
+
+class TierBandwidth(BaseModel):
+    """GB/s assumed between a producer and a consumer at each distance (data gravity)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    same_node: float = Field(20.0, gt=0)
+    same_nvlink_domain: float = Field(50.0, gt=0)
+    same_fabric_tier: float = Field(25.0, gt=0)
+    same_zone: float = Field(5.0, gt=0)
+    cross_zone: float = Field(1.0, gt=0)
+
+
+@dataclass(frozen=True, slots=True)
+class FeasibilityPolicy:
+    """The hard rules' knobs (app.core.feasibility, docs/stage-policy.md)."""
+
+    cpu_stages_may_use_gpu_nodes: bool
+    memory_headroom: float  # fraction of GPU memory kept free
+    alignment_extra_headroom: float
+    default_context_tokens: int
+    default_concurrency: int
+    bandwidth_efficiency: float  # share of peak HBM bandwidth decode reaches
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringPolicy:
+    """The soft preferences' knobs (app.core.scoring, docs/scoring.md)."""
+
+    weights: Mapping[str, StageWeights]  # by stage name
+    memory_headroom: float
+    default_interactive_ms_per_token: float
+    score_mapping: ScoreMapping
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementPolicy:
+    """What the placer reads: both rule sets and which extended resources count as GPUs."""
+
+    feasibility: FeasibilityPolicy
+    scoring: ScoringPolicy
+    gpu_resources: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFactsPolicy:
+    """How a Node object becomes NodeFacts (app.core.nodes, docs/node-facts.md)."""
+
+    labels: NodeLabelKeys
+    default_cpu_hourly_cost: float
+    unknown_gpu_hourly_cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class GravityPolicy:
+    """Data gravity's knobs (app.core.gravity, docs/data-gravity.md)."""
+
+    fabric_tiers: tuple[tuple[str, ...], ...]
+    tier_bandwidth: TierBandwidth
+    producer_memory_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class GangPolicy:
+    """Gang planning and binding (app.gang, docs/gangs.md)."""
+
+    feasibility: FeasibilityPolicy  # member eligibility per node is the placer's hard rules
+    tier_names: tuple[str, ...]  # "NVLink domain", then one name per fabric tier, inner to outer
+    reservation_ttl_seconds: float
+    bind_timeout_seconds: float
+    solver_time_limit_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Policies:
+    """Every component's policy, built together from one settings object."""
+
+    placement: PlacementPolicy
+    node_facts: NodeFactsPolicy
+    gravity: GravityPolicy
+    gang: GangPolicy
+
+
+def tier_names(fabric_tiers: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
+    """Human names of the topology tiers a gang plan is described in."""
+    names = ["NVLink domain"]
+    for i, keys in enumerate(fabric_tiers):
+        names.append("zone" if ZONE_LABEL in keys else f"fabric tier {i}")
+    return tuple(names)
