@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
@@ -22,10 +23,30 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.nodes import facts_for
 from app.core.snapshot import TERMINAL_PHASES, ClusterSnapshot, PlacedPod
-from app.core.workload import WorkloadError, parse_workload, pod_resources
+from app.core.units import quote
+from app.core.workload import PREFIX, WorkloadError, parse_workload, pod_resources, unknown_keys
 from app.metrics import Metrics
+from app.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
+SHARE_ANNOTATION = PREFIX + "share-with"
+KINDS = ("nodes", "pods", "namespaces")
+WARNED_MEMORY = 50_000  # pods already warned about (bounded: a uid is never warned twice in a row)
+
+
+class EventSink(Protocol):
+    def event(self, namespace: str, name: str, uid: str, reason: str, message: str,
+              warning: bool = False) -> None: ...
+
+
+def namespace_shares(ns: dict[str, Any]) -> frozenset[str]:
+    """Namespaces this one shares its pods' data with (docs/data-gravity.md); empty when not set."""
+    meta = ns.get("metadata")
+    ann = meta.get("annotations") if isinstance(meta, dict) else None
+    raw = ann.get(SHARE_ANNOTATION) if isinstance(ann, dict) else None
+    if not isinstance(raw, str):
+        return frozenset()
+    return frozenset(p.strip() for p in raw.split(",")[:256] if p.strip())
 
 
 def _slim(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -38,6 +59,16 @@ def _slim(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     else:
         obj["status"] = {"phase": status.get("phase")}
     return obj
+
+
+def _name_of(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
+
+
+def _uid_of(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("uid") or "") if isinstance(meta, dict) else ""
 
 
 class Gone(Exception):
@@ -104,6 +135,7 @@ class ClusterCache:
         settings: Settings,
         metrics: Metrics,
         on_change: Callable[[], None] | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.snapshot = snapshot
@@ -112,16 +144,23 @@ class ClusterCache:
         self.settings = settings
         self.metrics = metrics
         self.on_change = on_change
+        # Warnings about one pod (unreadable, unknown annotation keys): the service's binder, or a
+        # writer of our own made on first use.
+        self.events: EventSink | None = events
+        self._api = api
         self._stop = threading.Event()
+        # Namespaces only gate cross-namespace data gravity; placement never waits for them.
         self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
         self._threads: list[threading.Thread] = []
+        self._log = RateLimitedLog(log)
+        self._warned: OrderedDict[str, None] = OrderedDict()
 
     @property
     def synced(self) -> bool:
         return all(e.is_set() for e in self._synced.values())
 
     def start(self) -> None:
-        for kind in ("nodes", "pods"):
+        for kind in KINDS:
             t = threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -132,7 +171,7 @@ class ClusterCache:
     # --- internals -----------------------------------------------------------------------------
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
         """Paginated list: 100k pods in one response would cost ~1 GB of transient JSON."""
-        fn: Any = self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
+        fn = self._lister(kind)
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
@@ -140,26 +179,45 @@ class ClusterCache:
             if token:
                 kwargs["_continue"] = token
             data = json.loads(raw(fn, **kwargs))
-            items.extend(_slim(kind, i) for i in data.get("items") or [])
+            items.extend(i for i in data.get("items") or [] if isinstance(i, dict))
             meta = data.get("metadata") or {}
             token = meta.get("continue")
             if not token:
                 return items, str(meta.get("resourceVersion") or "")
 
+    def _lister(self, kind: str) -> Any:
+        if kind == "nodes":
+            return self.core.list_node
+        if kind == "namespaces":
+            return self.core.list_namespace
+        return self.core.list_pod_for_all_namespaces
+
     def _replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         with self.lock:
+            if kind == "namespaces":
+                shares = {}
+                for ns in items:
+                    meta = ns.get("metadata")
+                    if isinstance(meta, dict) and isinstance(meta.get("name"), str) \
+                            and (got := namespace_shares(ns)):
+                        shares[meta["name"]] = got
+                self.snapshot.namespace_shares = shares
+                self.snapshot.generation += 1
+                return
             if kind == "nodes":
                 seen = set()
                 for n in items:
-                    apply_node(self.snapshot, self.catalog, self.settings, n)
-                    seen.add((n.get("metadata") or {}).get("name"))
+                    # A node that cannot be read is skipped but still counts as seen: an odd label
+                    # must not make the cache forget a node that exists.
+                    seen.add(_name_of(n))
+                    self._guarded(kind, n, self._apply_node, n)
                 for name in [n for n in self.snapshot.nodes if n not in seen]:
                     self.snapshot.remove_node(name)
             else:
                 live = set()
                 for p in items:
-                    apply_pod(self.snapshot, self.settings, p)
-                    live.add((p.get("metadata") or {}).get("uid"))
+                    live.add(_uid_of(p))
+                    self._guarded(kind, p, self._apply_pod, _slim(kind, p))
                 # Pods deleted while we were not watching; assumed pods stay until the watch
                 # confirms them (we bound them a moment ago and the list may predate that).
                 for uid in [u for u, p in self.snapshot.pods.items() if u not in live and not p.assumed]:
@@ -171,16 +229,96 @@ class ClusterCache:
 
     def _apply(self, kind: str, etype: str, obj: dict[str, Any]) -> None:
         with self.lock:
-            if kind == "nodes":
+            if kind == "namespaces":
+                name = _name_of(obj)
+                got = namespace_shares(obj) if etype != "DELETED" else frozenset()
+                if got:
+                    self.snapshot.namespace_shares[name] = got
+                else:
+                    self.snapshot.namespace_shares.pop(name, None)
+                self.snapshot.generation += 1
+            elif kind == "nodes":
                 if etype == "DELETED":
-                    self.snapshot.remove_node(str((obj.get("metadata") or {}).get("name")))
+                    self.snapshot.remove_node(_name_of(obj))
                 else:
                     apply_node(self.snapshot, self.catalog, self.settings, obj)
                 self._update_gauges()
             else:
-                apply_pod(self.snapshot, self.settings, obj, deleted=etype == "DELETED")
+                deleted = etype == "DELETED"
+                if deleted:
+                    # A deletion needs only the uid: it must free the pod's GPUs however odd the
+                    # rest of the object is.
+                    apply_pod(self.snapshot, self.settings, {"metadata": {"uid": _uid_of(obj)}},
+                              deleted=True)
+                else:
+                    self._apply_pod(obj)
                 # Pod events cannot change the node gauges; keep the per-event work O(1).
                 self.metrics.cache_pods.set(len(self.snapshot.pods))
+
+    def _apply_pod(self, pod: dict[str, Any]) -> None:
+        # On an error the pod's previous state stays as it was (a running pod keeps its usage).
+        apply_pod(self.snapshot, self.settings, pod)
+        self._warn_unknown_keys(pod)
+
+    def _apply_node(self, node: dict[str, Any]) -> None:
+        apply_node(self.snapshot, self.catalog, self.settings, _slim("nodes", node))
+
+    def _guarded(self, kind: str, obj: Any, fn: Callable[..., None], *args: Any) -> bool:
+        """Apply one object; on any error skip it, count it and report it (docs/metrics.md)."""
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:
+            self.skipped(kind, obj, exc)
+            return False
+
+    def skipped(self, kind: str, obj: Any, exc: BaseException) -> None:
+        """One object that could not be applied: counted, logged (rate-limited), and for a pod of
+        ours an event on it, so its owner learns why it waits."""
+        self.metrics.skipped_objects.labels(kind).inc()
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        ns, name, uid = (str(meta.get(k) or "") for k in ("namespace", "name", "uid"))
+        what = f"{kind} {quote(ns + '/' + name if ns else name)}"
+        self._log.warning(f"skip:{kind}:{uid or name}",
+                          f"skipped {what}: {type(exc).__name__}: {quote(str(exc))}")
+        spec = obj.get("spec") if isinstance(obj, dict) else None
+        if kind == "pods" and isinstance(spec, dict) and self._ours(spec) and name and ns:
+            self._warn_once(uid or f"{ns}/{name}", ns, name, uid, "Unreadable",
+                            f"llm-placement: pod skipped by the extender's cache: {quote(str(exc))}")
+
+    def _ours(self, spec: dict[str, Any]) -> bool:
+        return spec.get("schedulerName") == self.settings.scheduler_name
+
+    def _warn_unknown_keys(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if spec.get("nodeName") or not self._ours(spec):
+            return
+        unknown = unknown_keys(meta.get("annotations"))
+        if not unknown:
+            return
+        uid = str(meta.get("uid") or "")
+        if uid in self._warned:
+            return
+        self.metrics.unknown_annotation_keys.inc()
+        parts = [f"{PREFIX}{k}" + (f" (did you mean {PREFIX}{near}?)" if near else "")
+                 for k, near in unknown]
+        self._warn_once(uid, str(meta.get("namespace") or "default"), str(meta.get("name") or ""), uid,
+                        "UnknownAnnotation",
+                        "llm-placement: ignored unknown annotation key(s): " + "; ".join(parts))
+
+    def _warn_once(self, key: str, ns: str, name: str, uid: str, reason: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned[key] = None
+        while len(self._warned) > WARNED_MEMORY:
+            self._warned.popitem(last=False)
+        sink = self.events
+        if sink is None:
+            from app.cluster.binder import Binder
+
+            sink = self.events = Binder(self._api)
+        sink.event(ns, name, uid, reason, message, warning=True)
 
     def _update_gauges(self) -> None:
         self.metrics.cache_nodes.set(len(self.snapshot.nodes))
@@ -195,9 +333,13 @@ class ClusterCache:
         while not self._stop.is_set():
             try:
                 if not rv:
-                    items, rv = self._list(kind)
+                    items, listed_rv = self._list(kind)
                     self._replace(kind, items)
-                    self._synced[kind].set()
+                    # Only now: a watch resumed from this version must not skip objects that were
+                    # listed but never applied.
+                    rv = listed_rv
+                    if kind in self._synced:
+                        self._synced[kind].set()
                     if self.on_change:
                         self.on_change()
                 rv = self._watch(kind, rv)
@@ -207,28 +349,36 @@ class ClusterCache:
                 rv = ""
             except Exception as exc:  # reconnect on anything: the cache must outlive API hiccups
                 self.metrics.watch_restarts.labels(kind, "error").inc()
-                log.warning("watch %s failed (%s); retrying in %.1fs", kind, exc, backoff)
+                self._log.warning(f"watch:{kind}", f"watch {kind} failed ({quote(str(exc))}); "
+                                  f"retrying in {backoff:.1f}s")
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 
     def _watch(self, kind: str, rv: str) -> str:
-        fn: Any = self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
+        fn = self._lister(kind)
         resp = fn(watch=True, resource_version=rv, allow_watch_bookmarks=True, timeout_seconds=240,
                   _preload_content=False, _request_timeout=(10, 300))
         try:
             for line in iter_resp_lines(resp):
                 if self._stop.is_set():
                     break
-                event = json.loads(line)
-                etype = event.get("type")
-                obj = event.get("object") or {}
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                    etype = event.get("type")
+                    obj = event.get("object") or {}
+                    meta = obj.get("metadata") or {}
+                    new_rv = meta.get("resourceVersion")
+                except Exception as exc:  # an unreadable event costs only itself
+                    self.skipped(kind, None, exc)
+                    continue
                 if etype == "ERROR":
                     if obj.get("code") == 410:
                         raise Gone()
-                    raise RuntimeError(f"watch error: {obj.get('message')}")
-                new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    raise RuntimeError(f"watch error: {quote(str(obj.get('message')))}")
                 if etype != "BOOKMARK":
-                    self._apply(kind, etype, _slim(kind, obj))
+                    self._guarded(kind, obj, self._apply, kind, etype, _slim(kind, obj))
                     if self.on_change:
                         self.on_change()
                 if new_rv:

@@ -62,6 +62,9 @@ class ClusterSnapshot:
         self.specs: dict[str, WorkloadSpec] = {}  # uid -> every live pod that parsed (bound or not)
         self.gang_index: dict[str, set[str]] = {}  # gang key -> live member uids
         self.podgroup_min_member: dict[str, int] = {}  # ns/name -> PodGroup.spec.minMember
+        # namespace -> namespaces it shares its pods' data with (Namespace annotation
+        # llm-placement.io/share-with, docs/data-gravity.md); "*" shares with every namespace.
+        self.namespace_shares: dict[str, frozenset[str]] = {}
         self.generation = 0  # bumps on every change; caches key on it
 
     # --- nodes ---------------------------------------------------------------------------------
