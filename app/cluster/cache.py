@@ -21,6 +21,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from app.cluster.client import raw
 from app.config import Settings
 from app.core.catalog import GpuCatalog
+from app.core.gravity import SHARE_ANNOTATION
 from app.core.nodes import facts_for
 from app.core.snapshot import TERMINAL_PHASES, ClusterSnapshot, PlacedPod
 from app.core.units import quote
@@ -29,7 +30,6 @@ from app.metrics import Metrics
 from app.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
-SHARE_ANNOTATION = PREFIX + "share-with"
 KINDS = ("nodes", "pods", "namespaces")
 WARNED_MEMORY = 50_000  # pods already warned about (bounded: a uid is never warned twice in a row)
 

@@ -30,11 +30,13 @@ from app.core.policy import ZONE_LABEL, GravityPolicy
 from app.core.reasons import ReasonCode, Rejection, reject
 from app.core.scoring import GravityFn
 from app.core.snapshot import ClusterSnapshot, PlacedPod
-from app.core.workload import WorkloadSpec
+from app.core.workload import MAX_LIST_ITEMS, PREFIX, WorkloadSpec
 
 # When a pod declares producers but not how much it reads, still prefer its producers' neighbourhood:
 # the amount only weighs producers against each other, so any positive figure gives the same ranking.
 DEFAULT_INPUT_GB = 1.0
+# Namespace annotation by which a producer's namespace lets other namespaces' pods follow its pods.
+SHARE_ANNOTATION = PREFIX + "share-with"
 
 
 class Distance(IntEnum):
@@ -243,18 +245,40 @@ class GravityModel:
 
     def resolve(self, spec: WorkloadSpec) -> list[Edge]:
         """Every distinct producer the pod names, resolved; never raises."""
-        keys: list[str] = []
-        for raw in spec.depends_on:
+        # A dict keeps first-seen order and de-duplicates in linear time (the parser bounds the list
+        # at MAX_LIST_ITEMS, docs/annotations.md; the slice keeps specs built elsewhere bounded too).
+        keys: dict[str, None] = {}
+        for raw in spec.depends_on[:MAX_LIST_ITEMS]:
             ns, sep, name = raw.partition("/")
             key = raw if sep and ns and name else f"{spec.namespace}/{raw.strip('/')}"
-            if key != spec.key and key not in keys:
-                keys.append(key)
+            if key != spec.key:
+                keys.setdefault(key)
         if not keys:
             return []
         # input-data-gb is what the pod reads from all of them together.
         per_edge = (spec.input_data_gb or self.default_input_gb) / len(keys)
         now = self.clock()
-        return [self._resolve_one(k, per_edge, now) for k in keys]
+        return [self._resolve_one(k, per_edge, now) if self.shared(k, spec.namespace)
+                else self._unshared(k, spec.namespace, per_edge) for k in keys]
+
+    def shared(self, key: str, consumer_namespace: str) -> bool:
+        """May a pod of ``consumer_namespace`` follow producer ``key`` (docs/data-gravity.md)?
+
+        Its own namespace always; another only when that namespace opts in with the annotation
+        ``llm-placement.io/share-with`` naming the consumer's namespace (or ``*``).
+        """
+        producer_ns = key.partition("/")[0]
+        if producer_ns == consumer_namespace:
+            return True
+        allowed = self.snapshot.namespace_shares.get(producer_ns)
+        return bool(allowed) and ("*" in allowed or consumer_namespace in allowed)
+
+    @staticmethod
+    def _unshared(key: str, consumer_namespace: str, gb: float) -> Edge:
+        # Never looked up: the same answer whether the producer exists or not, so a tenant cannot
+        # use depends-on to learn what runs in a namespace that does not share with it, or where.
+        return Edge(key, "missing", gb, note=f"producer {key} not found or its namespace does not "
+                    f"share with {consumer_namespace} ({SHARE_ANNOTATION})")
 
     # --- per candidate ---------------------------------------------------------------------------
     def edge_at(self, edge: Edge, node: NodeFacts) -> EdgeAt:

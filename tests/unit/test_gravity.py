@@ -201,12 +201,44 @@ def test_bare_name_resolves_in_the_consumers_namespace_only() -> None:
     assert edge.found and edge.sites[0].node == "cpu1"
 
 
-def test_cross_namespace_name_resolves_there() -> None:
+def test_cross_namespace_name_resolves_there_when_that_namespace_shares() -> None:
     snap, g, _ = world()
     run(snap, spec("prep", namespace="data", stage="data-prep", gpus=0), "cpu2")
+    snap.namespace_shares["data"] = frozenset({"ml"})
     [edge] = g.resolve(spec("c", namespace="ml", depends="data/prep"))
     assert edge.producer == "data/prep"
     assert [(s.node, s.state, s.share) for s in edge.sites] == [("cpu2", "bound", 1.0)]
+    snap.namespace_shares["data"] = frozenset({"*"})
+    assert g.resolve(spec("c", namespace="ml", depends="data/prep"))[0].found
+
+
+def test_cross_namespace_without_opt_in_is_no_leak_and_no_oracle() -> None:
+    snap, g, _ = world()
+    run(snap, spec("secret2", namespace="b", stage="data-prep", gpus=0), "cpu2")
+    snap.namespace_shares["b"] = frozenset({"c"})  # shares, but not with "a"
+    real = spec("x", namespace="a", depends="b/secret2", colocation="node")
+    ghost = spec("x", namespace="a", depends="b/does-not-exist", colocation="node")
+    [e_real], [e_ghost] = g.resolve(real), g.resolve(ghost)
+    assert not e_real.found and not e_ghost.found
+    # Same words whether the producer exists or not (only the name the user typed differs).
+    assert e_real.note.replace("secret2", "?") == e_ghost.note.replace("does-not-exist", "?")
+    nodes = ["cpu1", "cpu2", "n1"]
+    r_real, r_ghost = g.hard_rejections(real, nodes), g.hard_rejections(ghost, nodes)
+    assert set(r_real) == set(r_ghost) == set(nodes)  # not pulled to secret2's node
+    assert g.term(real, nodes) is None
+    assert r_real["cpu2"].message.replace("secret2", "?") == r_ghost["cpu2"].message.replace(
+        "does-not-exist", "?")
+
+
+def test_depends_on_dedup_is_linear() -> None:
+    import time
+
+    _, g, _ = world()
+    many = WorkloadSpec(namespace="ml", name="c", depends_on=tuple(f"p{i % 20000}" for i in range(36_000)))
+    t0 = time.perf_counter()
+    edges = g.resolve(many)
+    assert time.perf_counter() - t0 < 0.5
+    assert len(edges) <= 256
 
 
 def test_missing_producer_is_neutral_and_explained_not_fatal() -> None:
