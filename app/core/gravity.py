@@ -270,8 +270,8 @@ class GravityModel:
         producer_ns = key.partition("/")[0]
         if producer_ns == consumer_namespace:
             return True
-        allowed = self.snapshot.namespace_shares.get(producer_ns)
-        return bool(allowed) and ("*" in allowed or consumer_namespace in allowed)
+        allowed = self.snapshot.namespace_shares.get(producer_ns, frozenset())
+        return "*" in allowed or consumer_namespace in allowed
 
     @staticmethod
     def _unshared(key: str, consumer_namespace: str, gb: float) -> Edge:
