@@ -163,6 +163,14 @@ class ExtenderService:
             uid = args.pod_uid
             early = self._assume_at_bind_start(uid, args.node)
             spec = await asyncio.to_thread(self._spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
+            refusal = self._refuse_bind(args, spec, early)
+            if refusal:
+                self.metrics.request_errors.labels("bind", "refused").inc()
+                if early:
+                    with self.lock:
+                        self.snapshot.unassume(uid)
+                log.warning("bind refused: %s", refusal)
+                return wire.binding_result(MESSAGE_PREFIX + refusal)
             if spec is not None and spec.gang is not None and self.gang_binder is not None:
                 err = await self.gang_binder.bind_member(spec, args.node)
             else:
@@ -208,6 +216,44 @@ class ExtenderService:
             self.metrics.request_duration.labels("preempt").observe(time.perf_counter() - t0)
 
     # --- binding -------------------------------------------------------------------------------
+    def _refuse_bind(self, args: wire.BindingArgs, spec: WorkloadSpec | None, assumed_now: bool) -> str:
+        """Why this bind must not happen, or '' (docs/extender-protocol.md, "Who may bind").
+
+        The bind verb creates Bindings with our service account, so anyone who can reach it could
+        place any pod anywhere. Only kube-scheduler's binds for pods of our profile pass: the pod is
+        known from the API server (watch or a read, never from a request body), uses our scheduler,
+        was filtered by this extender for exactly that node, and the node still has its GPUs.
+        """
+        where = f"{args.pod_namespace}/{args.pod_name}"
+        if spec is None or (args.pod_uid and spec.uid != args.pod_uid):
+            return f"bind refused: pod {where} (uid {args.pod_uid or '?'}) is not known to the API server"
+        if spec.scheduler_name != self.settings.scheduler_name:
+            theirs = spec.scheduler_name or "default-scheduler"
+            ours = self.settings.scheduler_name
+            return f"bind refused: pod {where} uses scheduler {theirs!r}, not {ours!r}"
+        with self.lock:
+            facts = self.snapshot.nodes.get(args.node)
+            remembered = self._memory.get(spec.uid)
+            usage = self.placer.usage(args.node)
+            # Counted on the node already: by a bind that went through (a retry), or just now by
+            # _assume_at_bind_start, whose count must not be held against the pod itself.
+            already_here = spec.uid in usage.pods and not assumed_now
+            used = usage.gpus - (spec.gpus if assumed_now else 0)
+            reserved = 0
+            if self.placer.gangs is not None and not already_here:
+                reserved = self.placer.gangs.reserved_gpus(args.node, spec.gang.key if spec.gang else None)
+        if facts is None:
+            return f"bind refused: node {args.node!r} is not known to the extender"
+        if already_here:
+            return ""  # a retry of a bind that went through: idempotent
+        if remembered is None or remembered.fits is None or args.node not in remembered.fits:
+            return (f"bind refused: pod {where} was not filtered by this extender for node {args.node} "
+                    "(kube-scheduler retries it through filter)")
+        free = facts.gpu_count - used - reserved
+        if spec.gpus > free:
+            return f"bind refused: node {args.node} has {max(free, 0)} free GPUs; {where} needs {spec.gpus}"
+        return ""
+
     def _assume_at_bind_start(self, uid: str, node: str) -> bool:
         """Count the pod on its node before the first await of bind.
 
@@ -216,12 +262,16 @@ class ExtenderService:
         pods on identical nodes spreads instead of packing. Gang members are counted by their plan.
         """
         remembered = self._memory.get(uid) if uid else None
-        if remembered is None or remembered.spec.gang is not None:
+        if remembered is None or remembered.fits is None or node not in remembered.fits:
             return False
         with self.lock:
-            if uid in self.snapshot.pods or node not in self.snapshot.nodes:
+            # Identity from the watch, not from the request body the filter call carried.
+            spec = self.snapshot.specs.get(uid)
+            ours = spec is not None and spec.scheduler_name == self.settings.scheduler_name
+            if (spec is None or not ours or spec.gang is not None or uid in self.snapshot.pods
+                    or node not in self.snapshot.nodes):
                 return False
-            self.snapshot.assume(remembered.spec, node)
+            self.snapshot.assume(spec, node)
         return True
 
     def bind_one(self, namespace: str, name: str, uid: str, node: str, spec: WorkloadSpec | None) -> str:
@@ -379,10 +429,9 @@ class ExtenderService:
             self.metrics.rejections.labels(code.value).inc()
 
     def _spec_for(self, namespace: str, name: str, uid: str) -> WorkloadSpec | None:
+        """The pod as the API server has it: the watch's copy, else a read (never a request body)."""
         with self.lock:
             spec = self.snapshot.specs.get(uid) if uid else None
-            if spec is None and uid in self._memory:
-                spec = self._memory[uid].spec
         if spec is None and self.binder is not None:
             pod = self.binder.read_pod(namespace, name)
             if pod is not None:
