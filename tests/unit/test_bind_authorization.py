@@ -9,15 +9,17 @@ import orjson
 import pytest
 
 from app.service import ExtenderService
-from tests.unit.test_explain import (  # noqa: F401 (binder, svc: fixtures shared with explain's tests)
-    NS,
-    MemoryBinder,
-    binder,
-    decide,
-    serving_pod,
-    svc,
-    watch_sees,
-)
+from tests.unit.test_explain import NS, MemoryBinder, decide, make_service, serving_pod, watch_sees
+
+
+@pytest.fixture
+def binder() -> MemoryBinder:
+    return MemoryBinder()
+
+
+@pytest.fixture
+def svc(binder: MemoryBinder) -> ExtenderService:
+    return make_service(binder)
 
 
 def bind(svc: ExtenderService, pod: dict[str, Any], node: str, uid: str | None = None) -> str:

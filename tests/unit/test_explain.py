@@ -73,6 +73,10 @@ def binder() -> MemoryBinder:
 
 @pytest.fixture
 def svc(binder: MemoryBinder) -> ExtenderService:
+    return make_service(binder)
+
+
+def make_service(binder: MemoryBinder) -> ExtenderService:
     s = ExtenderService(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load(), binder=binder)
     s.ready.set()
     for n in cluster():
