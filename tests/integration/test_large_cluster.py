@@ -2,9 +2,10 @@
 
 kube-scheduler by default stops filtering after an adaptive sample (~50% at 300 nodes, at least 100
 nodes) of in-tree-feasible nodes and sends only those to the extender. The chart sets
-``percentageOfNodesToScore: 100``; without it the H100 boxes, created last, would fall outside the
-first sample, the extender would reject every node it was shown, and the pod would wait for the
-next cluster event (up to 5 minutes) instead of binding.
+``percentageOfNodesToScore: 100`` (docs/extender-protocol.md); without it a node outside the first
+sample is never offered, the extender rejects every node it was shown, and the pod waits for the next
+cluster event (up to 5 minutes) instead of binding. The last test shows exactly that with the chart's
+configuration and only that field lowered, then the shipped value placing the same pod.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from collections.abc import Callable
 import pytest
 
 from .conftest import ClusterScope
-from .harness import ControlPlane, create_pod, gpu_node, llm_pod, wait_for_node_name
+from .harness import (
+    ControlPlane,
+    assert_stays_unbound,
+    create_pod,
+    gpu_node,
+    llm_pod,
+    scheduling_messages,
+    wait_for_node_name,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -52,3 +61,36 @@ def test_pod_finds_one_of_three_feasible_nodes_among_300(
         # A short timeout on purpose: a pod the sample hid would wait for a requeue, not bind quickly.
         node = wait_for_node_name(cluster.core, cluster.namespace, name, timeout=45)
         assert node in big_cluster, f"{name} landed on {node}, which cannot hold 70B bf16"
+
+
+def test_a_node_outside_the_sample_is_only_found_with_every_node_scored(
+    cluster: ClusterScope, control_plane: ControlPlane, big_cluster: list[str], unique: Callable[[str], str]
+) -> None:
+    """The failure the chart's setting prevents, reproduced with kube-scheduler itself.
+
+    The three H100s are cordoned and a fourth is created after kube-scheduler starts, so it is the
+    last node of kube-scheduler's node list (nodes listed at start come in name order, later ones are
+    appended). With ``percentageOfNodesToScore: 10`` kube-scheduler stops after 100 in-tree-feasible
+    nodes (its floor), all L4 decoys: the extender rejects them all and the pod stays Pending although
+    a node that fits exists. With the chart's 100 the same pod binds to that node.
+    """
+    core = cluster.core
+    for node in big_cluster:
+        core.patch_node(node, {"spec": {"unschedulable": True}}, _preload_content=False)
+    try:
+        control_plane.restart_scheduler(overrides={"percentageOfNodesToScore": 10})
+        late = cluster.add_nodes([gpu_node(cluster.node_name("zz-h100"), "H100", gpus=8, index=NODES)])[0]
+        name = unique("serve-70b-sampled")
+        create_pod(core, cluster.namespace,
+                   llm_pod(name, stage="serving", model_params="70B", precision="bf16", gpus=4))
+        assert_stays_unbound(core, cluster.namespace, name, seconds=20)
+        messages = scheduling_messages(core, cluster.namespace, name)
+        assert messages and "GPU memory too small" in messages[-1], messages
+
+        control_plane.restart_scheduler()  # the chart's configuration: every node scored
+        assert wait_for_node_name(core, cluster.namespace, name, timeout=45) == late
+    finally:
+        if "-custom" in str(control_plane.scheduler_config_file):
+            control_plane.restart_scheduler()
+        for node in big_cluster:
+            core.patch_node(node, {"spec": {"unschedulable": None}}, _preload_content=False)

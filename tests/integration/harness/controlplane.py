@@ -478,15 +478,19 @@ class ControlPlane:
             client_connection=self.scheduler_client_connection,
         )
 
-    def start_scheduler(self, *, with_extender: bool = True, node_cache_capable: bool | None = None) -> None:
-        """Start kube-scheduler with the chart's config (plus local overrides) and wait for /readyz."""
+    def start_scheduler(self, *, with_extender: bool = True, node_cache_capable: bool | None = None,
+                        overrides: dict[str, Any] | None = None) -> None:
+        """Start kube-scheduler with the chart's config (plus local overrides) and wait for /readyz.
+
+        ``overrides``: top-level KubeSchedulerConfiguration fields replaced for this run only (tests
+        that show what a shipped setting prevents); the next plain start uses the chart's again.
+        """
         tag = ("ext" if with_extender else "noext") + (
             "" if node_cache_capable is None else f"-ncc-{str(node_cache_capable).lower()}"
-        )
-        cfg = write_yaml(
-            self.workdir / f"scheduler-config-{tag}.yaml",
-            self.scheduler_config(with_extender=with_extender, node_cache_capable=node_cache_capable),
-        )
+        ) + ("-custom" if overrides else "")
+        config = self.scheduler_config(with_extender=with_extender, node_cache_capable=node_cache_capable)
+        config.update(overrides or {})
+        cfg = write_yaml(self.workdir / f"scheduler-config-{tag}.yaml", config)
         self.scheduler_config_file = cfg
         argv = [
             str(self.bins.kube_scheduler),
@@ -524,10 +528,12 @@ class ControlPlane:
             self.scheduler.stop()
 
     def restart_scheduler(
-        self, *, with_extender: bool = True, node_cache_capable: bool | None = None
+        self, *, with_extender: bool = True, node_cache_capable: bool | None = None,
+        overrides: dict[str, Any] | None = None,
     ) -> None:
         self.stop_scheduler()
-        self.start_scheduler(with_extender=with_extender, node_cache_capable=node_cache_capable)
+        self.start_scheduler(with_extender=with_extender, node_cache_capable=node_cache_capable,
+                             overrides=overrides)
 
     def extender_metrics(self) -> str:
         return httpx.get(self.metrics_url, timeout=5).text
