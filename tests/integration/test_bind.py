@@ -72,3 +72,24 @@ def test_bind_of_a_missing_pod_is_an_error_not_a_crash(
     ghost = {"metadata": {"name": "no-such-pod", "namespace": cluster.namespace, "uid": "1"}}
     assert _bind(control_plane, ghost, two_nodes[0])["Error"]
     assert httpx.get(f"{control_plane.extender_base}/healthz", timeout=5).status_code == 200
+
+
+def test_direct_binds_of_other_pods_are_refused(
+    cluster: ClusterScope, control_plane: ControlPlane, two_nodes: list[str], unique: Callable[[str], str]
+) -> None:
+    # A tenant that can reach the verbs tries to place pods itself: a pod of another scheduler, a pod
+    # of ours onto a node that does not exist, and onto a node the extender never filtered it for.
+    other = unique("theirs")
+    create_pod(cluster.core, cluster.namespace,
+               llm_pod(other, gpus=1, scheduler_name="not-ours"))  # nobody schedules it
+    theirs = get_pod(cluster.core, cluster.namespace, other)
+    err = _bind(control_plane, theirs, two_nodes[0])["Error"]
+    assert "uses scheduler 'not-ours'" in err
+    ours = unique("ours")
+    create_pod(cluster.core, cluster.namespace,
+               llm_pod(ours, stage="serving", model_params="7B", precision="int8", gpus=1))
+    node = wait_for_node_name(cluster.core, cluster.namespace, ours)
+    pod = get_pod(cluster.core, cluster.namespace, ours)
+    assert "is not known to the extender" in _bind(control_plane, pod, "no-such-node")["Error"]
+    assert get_pod(cluster.core, cluster.namespace, ours)["spec"]["nodeName"] == node
+    assert not get_pod(cluster.core, cluster.namespace, other)["spec"].get("nodeName")
