@@ -172,6 +172,27 @@ def render_explain(data: dict[str, Any]) -> None:
     console.print(table)
 
 
+@cli.command()
+def plan(
+    workflow: Annotated[Path | None, typer.Argument(help="Workflow YAML (default: the bundled one).")] = None,
+    cluster: Annotated[Path | None, typer.Option(help="Cluster YAML (default: the embedded one).")] = None,
+    live: Annotated[bool, typer.Option("--live", help="Plan on the live cluster's nodes.")] = False,
+    kubeconfig: Annotated[str | None, typer.Option(help="With --live (default: $KUBECONFIG).")] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Solver seconds.")] = 10.0,
+    secondary: Annotated[str, typer.Option(help="After makespan: cost, transfer or none.")] = "cost",
+    gantt: Annotated[Path | None, typer.Option(help="Write a Gantt chart PNG.")] = None,
+    annotations: Annotated[Path | None, typer.Option(help="Write the plan as pod YAML.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Plan a whole workflow ahead: makespan-optimal placement, against HEFT and our extender."""
+    from app.plan.cli import run_plan_command
+
+    run_plan_command(console, _settings(config), workflow=workflow, cluster=cluster, live=live,
+                     kubeconfig=kubeconfig, time_limit=time_limit, secondary=secondary, gantt=gantt,
+                     annotations=annotations, as_json=as_json)
+
+
 def main() -> None:
     try:
         cli()

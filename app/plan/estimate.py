@@ -1,0 +1,48 @@
+"""How long a task takes on a node: given, or estimated from the work with the sizing model.
+
+* Pretraining / alignment: ``6 x params x tokens`` FLOPs (forward + backward, the usual dense
+  transformer count) at ``TRAIN_MFU`` of the GPUs' dense BF16 peak from the catalog.
+* Serving-class tasks (eval, serve): decode is memory-bound (docs/stage-policy.md), so each generated
+  token costs the predicted ms/token of ``app.core.sizing``; ``concurrency`` streams share it.
+* Anything else (data-prep, quantisation) has no portable work measure: it must give ``duration``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from app.core.feasibility import NodeFit
+from app.core.nodes import NodeFacts
+from app.core.workload import TRAINING_STAGES, Stage, WorkloadSpec
+
+# Share of peak dense BF16 FLOPS that large training jobs sustain (model FLOPs utilisation); 35-45%
+# is what well-tuned FSDP/Megatron runs report on Hopper-class GPUs.
+TRAIN_MFU = 0.4
+
+
+class EstimateError(ValueError):
+    """No duration given and none can be estimated; the message says what to add."""
+
+
+def task_seconds(
+    name: str, spec: WorkloadSpec, fit: NodeFit, node: NodeFacts, *,
+    duration: float | None, tokens: float | None, default_concurrency: int,
+) -> int:
+    """Whole seconds (at least 1) ``spec`` runs on ``node`` given its feasibility verdict ``fit``."""
+    if duration is not None:
+        return max(1, math.ceil(duration))
+    if tokens is None:
+        raise EstimateError(f"task {name}: give duration (e.g. 40m), or tokens for a GPU training "
+                            "or serving-class task")
+    if spec.model_params is None:
+        raise EstimateError(f"task {name}: tokens need model_params to estimate a duration")
+    if spec.stage in TRAINING_STAGES:
+        if spec.gpus <= 0 or node.gpu is None:
+            raise EstimateError(f"task {name}: training from tokens needs GPUs of a catalogued product")
+        flops = 6.0 * spec.model_params * tokens
+        return max(1, math.ceil(flops / (spec.gpus * node.gpu.bf16_tflops * 1e12 * TRAIN_MFU)))
+    if spec.stage is Stage.SERVING and fit.ms_per_token is not None:
+        streams = spec.concurrency or default_concurrency
+        return max(1, math.ceil(tokens * fit.ms_per_token / 1000.0 / streams))
+    raise EstimateError(f"task {name}: tokens estimate durations only for training and serving-class "
+                        "stages; give duration")

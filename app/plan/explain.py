@@ -1,0 +1,83 @@
+"""The plan in words: its critical path (what the finish time waits for) and each co-location."""
+
+from __future__ import annotations
+
+from app.plan.problem import PlanProblem
+from app.plan.schedule import Schedule
+
+
+def hms(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def critical_path(problem: PlanProblem, schedule: Schedule) -> list[str]:
+    """From the last task back to time 0: each step is the input or the capacity it waited for."""
+    slots = schedule.slots
+    if not slots:
+        return []
+    cur = max(slots, key=lambda n: (slots[n].end, n))
+    chain: list[str] = []
+    seen: set[str] = set()
+    while cur not in seen:
+        seen.add(cur)
+        s = slots[cur]
+        line = f"{cur} on {s.node} {hms(s.start)}-{hms(s.end)}"
+        binding = [d for d in problem.task[cur].deps
+                   if slots[d].end + problem.transfer(d, slots[d].node, s.node) == s.start]
+        if binding:
+            d = binding[0]
+            lag = problem.transfer(d, slots[d].node, s.node)
+            gb = problem.task[d].output_gb
+            where = "locally" if slots[d].node == s.node else (
+                f"from {slots[d].node} ({problem.distance.get((slots[d].node, s.node), 'remote')})")
+            chain.append(f"{line}: starts when {d}'s {gb:g} GB has been read {where} in {lag} s")
+            cur = d
+            continue
+        blocker = [o for o, x in slots.items() if x.node == s.node and x.end == s.start and o != cur]
+        if s.start > 0 and blocker:
+            chain.append(f"{line}: waits for capacity on {s.node} until {blocker[0]} ends")
+            cur = blocker[0]
+            continue
+        chain.append(f"{line}: starts at once" if s.start == 0 else f"{line}")
+        break
+    chain.reverse()
+    return chain
+
+
+def colocations(problem: PlanProblem, schedule: Schedule) -> list[str]:
+    """Each producer/consumer pair on one node, with what reading the data elsewhere would cost."""
+    out: list[str] = []
+    slots = schedule.slots
+    for u, v in problem.edges():
+        node = slots[u].node
+        if slots[v].node != node or problem.task[u].output_gb <= 0:
+            continue
+        here = problem.transfer(u, node, node)
+        others = [(problem.transfer(u, node, m), m) for m in problem.duration[v] if m != node]
+        alt = ""
+        if others:
+            lag, m = min(others)
+            alt = (f" instead of {lag} s on the nearest other node it may run on ({m}, "
+                   f"{problem.distance.get((node, m), 'remote')})")
+        out.append(f"{v} runs on {node}, where {u} wrote its {problem.task[u].output_gb:g} GB: "
+                   f"read locally in {here} s{alt}")
+    return out
+
+
+def parallelism(schedule: Schedule) -> list[str]:
+    """Groups of tasks that run at the same time (what a step-by-step placement can miss)."""
+    slots = schedule.slots
+    out: list[str] = []
+    names = sorted(slots, key=lambda n: (slots[n].start, n))
+    used: set[str] = set()
+    for a in names:
+        if a in used:
+            continue
+        group = [b for b in names if b not in used and slots[b].start < slots[a].end
+                 and slots[a].start < slots[b].end]
+        if len(group) > 1:
+            used.update(group)
+            nodes = sorted({slots[g].node for g in group})
+            out.append(f"{', '.join(group)} run side by side on {', '.join(nodes)}")
+    return out

@@ -1,0 +1,188 @@
+"""The workflow file: tasks with a stage, size, GPUs, duration (or work to estimate it from), the data
+they write and the tasks they wait for. docs/planner.md describes the format.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from app.core.units import parse_param_count
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
+_UNIT_S = {None: 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
+MAX_TASKS = 200  # the exact model grows with tasks x nodes; beyond this use the baselines' scale
+
+
+class WorkflowError(ValueError):
+    """The workflow file is not usable; the message names the task and the field."""
+
+
+def parse_duration(value: str | float | int) -> float:
+    """``90``, ``"90s"``, ``"40m"``, ``"2.5h"``, ``"1d"`` -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(value)
+        if not m:
+            raise ValueError(f"{value!r} is not a duration like 90s, 40m or 2.5h")
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if not 0 < seconds < 365 * 86400:
+        raise ValueError(f"duration {value!r} must be positive and under a year")
+    return seconds
+
+
+def _count(value: str | float | int) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not 0 < value < 1e16:
+            raise ValueError(f"{value!r} must be positive")
+        return float(value)
+    return parse_param_count(str(value))
+
+
+class Task(BaseModel):
+    """One step of the workflow: becomes one pod."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    stage: str
+    model_params: str | None = None
+    precision: str | None = None
+    gpus: int = Field(0, ge=0, le=64)
+    cpu: str = "4"
+    memory: str = "16Gi"
+    # The same on every node it may run on...
+    duration: float | None = None
+    # ...or the work, from which each node's duration is estimated (app.plan.estimate): training
+    # tokens for pretraining/alignment, generated tokens for serving-class tasks (eval, serve).
+    tokens: float | None = None
+    output_gb: float = Field(0.0, ge=0, le=1e6)
+    after: tuple[str, ...] = ()
+    count: int = Field(1, ge=1, le=64)  # a sweep: name-0..name-(count-1), same inputs
+    annotations: dict[str, str] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"{v!r} is not a DNS-1123 label (lower case, digits, '-')")
+        return v
+
+    @field_validator("duration", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return None if v is None else parse_duration(v)
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _tokens(cls, v: Any) -> Any:
+        return None if v is None else _count(v)
+
+    @field_validator("model_params")
+    @classmethod
+    def _params(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_param_count(v)
+        return v
+
+    @field_validator("after", mode="before")
+    @classmethod
+    def _after(cls, v: Any) -> Any:
+        return (v,) if isinstance(v, str) else v
+
+    @field_validator("annotations", mode="before")
+    @classmethod
+    def _ann(cls, v: Any) -> Any:
+        return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+
+class Workflow(BaseModel):
+    """A named DAG of tasks (``count`` already expanded by ``expanded``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "workflow"
+    namespace: str = "default"
+    tasks: tuple[Task, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _graph(self) -> Workflow:
+        names = [t.name for t in self.tasks]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"task names repeat: {dup}")
+        known = set(names)
+        for t in self.tasks:
+            missing = [a for a in t.after if a not in known]
+            if missing:
+                raise ValueError(f"task {t.name}: after names unknown task(s) {missing}")
+        expanded = self.expanded()
+        if len(expanded) > MAX_TASKS:
+            raise ValueError(f"{len(expanded)} tasks after expanding counts; at most {MAX_TASKS}")
+        _check_acyclic(expanded)
+        return self
+
+    def expanded(self) -> list[Task]:
+        """Sweeps (``count`` > 1) as separate tasks; ``after`` a sweep means after all of it."""
+        members: dict[str, list[str]] = {
+            t.name: [f"{t.name}-{i}" for i in range(t.count)] if t.count > 1 else [t.name]
+            for t in self.tasks
+        }
+        out: list[Task] = []
+        for t in self.tasks:
+            after = tuple(m for a in t.after for m in members[a])
+            for name in members[t.name]:
+                out.append(t.model_copy(update={"name": name, "after": after, "count": 1}))
+        return out
+
+
+def _check_acyclic(tasks: list[Task]) -> None:
+    state: dict[str, int] = {}
+    deps = {t.name: t.after for t in tasks}
+
+    def visit(n: str, path: list[str]) -> None:
+        if state.get(n) == 2:
+            return
+        if state.get(n) == 1:
+            raise ValueError("tasks wait for each other in a cycle: " + " -> ".join([*path, n]))
+        state[n] = 1
+        for d in deps[n]:
+            visit(d, [*path, n])
+        state[n] = 2
+
+    for t in tasks:
+        visit(t.name, [])
+
+
+def load_workflow(path: str | Path | None = None) -> Workflow:
+    """The workflow in ``path``, or the bundled pipeline (app/plan/data/pipeline.yaml)."""
+    where = str(path) if path else "bundled pipeline.yaml"
+    try:
+        text = Path(path).read_text() if path else (files("app.plan") / "data" / "pipeline.yaml").read_text()
+        data = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError) as exc:
+        raise WorkflowError(f"cannot read workflow {where}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise WorkflowError(f"{where}: expected a mapping with 'tasks'")
+    try:
+        return Workflow.model_validate(data)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            loc = list(err["loc"])
+            if len(loc) >= 2 and loc[0] == "tasks" and isinstance(loc[1], int):
+                tasks = data.get("tasks") or []
+                entry = tasks[loc[1]] if loc[1] < len(tasks) else None
+                name = entry.get("name") if isinstance(entry, dict) else None
+                loc[1] = f"{name or loc[1]}"
+            parts.append(f"{'.'.join(str(x) for x in loc) or '<root>'}: {err['msg']}")
+        raise WorkflowError(f"{where}: " + "; ".join(parts)) from exc
