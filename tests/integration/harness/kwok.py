@@ -19,6 +19,7 @@ silent node NotReady, and thousands of heartbeats would only load the 2-core mac
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,10 @@ def kwok_config(label_selector: str) -> list[dict[str, Any]]:
         "serverAddress": "",
         # Trace bursts bind tens of pods a second; more workers keep Running/Succeeded timely.
         "podPlayStageParallelism": 8,
+        # A config file replaces kwok's defaults instead of merging with them: zero would be refused.
+        "nodePlayStageParallelism": 2,
+        "nodeLeaseParallelism": 1,
+        "podsOnNodeSyncParallelism": 2,
     }
     conf = {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration", "options": options}
     stages = [
@@ -233,7 +238,11 @@ class Kwok:
             "--v=INFO",
         ]
         log = self.workdir / "logs" / "kwok.log"
-        self.component = Component("kwok", argv, log)
+        # client-go in kwok asks for watch-list streams, which this apiserver refuses (etcd without
+        # RequestWatchProgress); every refusal restarted the pod watch with a growing backoff and
+        # left pods unseen for up to ~30 s. Plain list+watch delivers events at once.
+        env = {**os.environ, "KUBE_FEATURE_WatchListClient": "false"}
+        self.component = Component("kwok", argv, log, env=env)
         self.component.start()
         comp = self.component
 

@@ -1,0 +1,520 @@
+"""Placement quality through the real control plane: traces replayed through etcd + kube-apiserver +
+kube-scheduler (+ our extender) onto kwok-managed nodes, ours vs the baselines an operator would run.
+
+    python bench/replay.py --trace multigpu50 --trace default           # openb traces, ~minutes each
+    python bench/replay.py --gravity cpu --gravity gpu --gravity gpu-small  # pipeline mixes
+    python bench/replay.py --synthetic 200                              # a generated smoke trace
+
+Everything runs in one control plane (tests/integration/harness, the integration suite's binaries,
+PKI and RBAC) with one kwok (tests/integration/harness/kwok.py) for every node. For each workload the
+same nodes and the same pod manifests go through every variant in turn, kube-scheduler restarted on
+the variant's configuration (tests/integration/harness/replay.py ``variant_config``):
+
+* ``ours``: the Helm chart's scheduler configuration as shipped, with the extender;
+* ``default``: kube-scheduler's default profile, nothing configured;
+* ``mostalloc``: default profile, NodeResourcesFit ``MostAllocated`` on ``nvidia.com/gpu``, every
+  node scored: the bin-packing an operator would configure instead of us;
+* ``affinity`` (pipelines only): default profile, each consumer carrying a preferred podAffinity
+  (weight 100, same node) to its producer's pods.
+
+Traces (openb: ATC'23 "Beware of Fragmentation", 1,213 GPU nodes, read in place from
+../shared/data/alibaba-gpu-v2023, never copied):
+
+* traces with times (``default``): pods arrive at ``creation_time``, run ``deletion_time -
+  creation_time`` and complete through kwok; the clock runs ``span / (--minutes x 60)`` trace
+  seconds per wall second and skips idle gaps; a pod still unbound at its deletion time gives up
+  (failed). Pods that did not finish by the end of the trace are still running when it ends.
+* traces without times (``multigpu50`` and the other inflated mixes): every pod arrives in file
+  order and none leaves (the cluster fills up, as in the paper's own simulator); pods that do not
+  fit stay pending and count as failed at the end.
+* GPU-sharing pods (``gpu_milli`` < 1000): ``--sharing whole`` (default) gives each one a whole
+  GPU (``nvidia.com/gpu: 1``), which is what such a pod gets on a cluster without GPU sharing;
+  ``--sharing skip`` leaves them out, as bench/trace_sim.py does. CPU-only pods are kept.
+  ``gpu_spec`` constraints are ignored by every variant alike.
+* Arrivals are paced by back-pressure (at most ``--window`` created pods undecided), so a burst
+  the scheduler cannot absorb is delayed, not reordered.
+
+Pipelines: bench/data_gravity.py's generator and 82-node cluster (same seed, scenarios cpu, gpu,
+gpu-small); stage k+1 of a pipeline is created when every pod of stage k has Succeeded.
+Durations are compressed by --gravity-speed.
+
+Measured, per variant: GPUs allocated and stranded (free GPUs on partly used GPU nodes) and whole
+free nodes, sampled at every 1 % of created pods; pods placed / failed; over-commits (must be none);
+for pipelines, co-location of each consumer with its producer (same node or NVLink domain), data
+read across nodes, and compute cost per stage (the pod's share of its node's list price from
+app/core/catalog.py x its run time); for ``ours``, the extender's agreement counter
+(``llm_placement_scheduler_agreement_total``) when it exports one. Figures go to
+``bench/results/replay-*.json`` and PNG plots next to them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from app.config import Settings  # noqa: E402
+from app.core.catalog import GpuCatalog  # noqa: E402
+from app.core.feasibility import pod_hourly_cost  # noqa: E402
+from app.core.nodes import node_facts  # noqa: E402
+from app.core.workload import parse_workload  # noqa: E402
+from app.sim.fleet import expand_cluster, node_object, pod_object  # noqa: E402
+from tests.integration.harness import (  # noqa: E402
+    ControlPlane,
+    create_nodes,
+    delete_all_pods,
+    ensure_namespace,
+    find_binaries,
+    gpu_node,
+    list_pods,
+    llm_pod,
+)
+from tests.integration.harness.kwok import Kwok, build_kwok, kwok_node_labels  # noqa: E402
+from tests.integration.harness.replay import (  # noqa: E402
+    ReplayPod,
+    ReplayResult,
+    replay,
+    restart_scheduler_with,
+    synthetic_trace,
+    variant_config,
+)
+
+DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023"
+RESULTS = REPO / "bench" / "results"
+console = Console(width=120)
+POD_LABEL = "replay.llm-placement.io/pod"
+GANG_LABEL = "scheduling.x-k8s.io/pod-group"
+COLORS = {"ours": "tab:green", "default": "tab:gray", "mostalloc": "tab:blue", "affinity": "tab:orange"}
+
+
+# ----- openb -------------------------------------------------------------------------------------
+def openb_nodes(data: Path) -> list[dict[str, Any]]:
+    nodes = []
+    with (data / "openb_node_list_gpu_node.csv").open() as f:
+        for row in csv.DictReader(f):
+            n = node_object(row["sn"], gpus=int(row["gpu"]), product=row["model"],
+                            cpu=f"{int(row['cpu_milli'])}m", memory=f"{int(row['memory_mib'])}Mi",
+                            labels=kwok_node_labels())
+            nodes.append(n)
+    return nodes
+
+
+def openb_trace(
+    data: Path, trace: str, sharing: str, minutes: float
+) -> tuple[list[ReplayPod], dict[str, Any]]:
+    pods: list[ReplayPod] = []
+    shared = skipped = 0
+    timed = False
+    with (data / f"openb_pod_list_{trace}.csv").open() as f:
+        for row in csv.DictReader(f):
+            gpus, milli = int(row["num_gpu"]), int(row["gpu_milli"] or 0)
+            if gpus and milli < 1000:
+                shared += 1
+                if sharing == "skip":
+                    skipped += 1
+                    continue
+            m = pod_object(row["name"], gpus=gpus, cpu=f"{int(row['cpu_milli'])}m",
+                           memory=f"{int(row['memory_mib'])}Mi", labels={POD_LABEL: row["name"]})
+            created = row.get("creation_time")
+            deleted = row.get("deletion_time")
+            if created not in (None, "") and deleted not in (None, ""):
+                timed = True
+                c, d = float(created), float(deleted)
+                pods.append(ReplayPod(m, arrive=c, duration=max(0.0, d - c), deadline=d))
+            else:
+                pods.append(ReplayPod(m))
+    pods.sort(key=lambda p: p.arrive)  # stable: file order at equal times
+    span = (max(p.arrive for p in pods) - min(p.arrive for p in pods)) if timed else 0.0
+    speed = span / (minutes * 60) if timed and span > 0 else 1.0
+    meta = {"trace": trace, "pods": len(pods), "gpu_sharing_pods": shared, "sharing": sharing,
+            "skipped": skipped, "timed": timed, "trace_span_s": span, "speed": speed}
+    return pods, meta
+
+
+# ----- pipelines ---------------------------------------------------------------------------------
+def gravity_workload(scenario: str, pipelines: int, seed: int) -> tuple[list[dict[str, Any]], list[ReplayPod],
+                                                                       dict[str, Any]]:
+    from bench.data_gravity import cluster_spec, load_durations, make_pipelines
+
+    d = load_durations()
+    nodes = expand_cluster(cluster_spec())
+    for n in nodes:
+        n["metadata"]["labels"].update(kwok_node_labels())
+    pods: list[ReplayPod] = []
+    for p in make_pipelines(pipelines, seed, scenario, d, 1200.0):
+        prev: tuple[str, ...] = ()
+        for stage in p.stages:
+            names = []
+            for plan in stage:
+                m = plan.manifest
+                m["metadata"]["labels"][POD_LABEL] = plan.name
+                pods.append(ReplayPod(m, arrive=p.arrive, duration=plan.duration, after=prev))
+                names.append(plan.name)
+            prev = tuple(names)
+    return nodes, pods, {"scenario": scenario, "pipelines": pipelines, "seed": seed, "durations": asdict(d)}
+
+
+def with_producer_affinity(pods: list[ReplayPod]) -> list[ReplayPod]:
+    """The ``affinity`` variant: each consumer prefers (weight 100) the node of its producer's pods."""
+    out = []
+    for p in pods:
+        m = json.loads(json.dumps(p.manifest))
+        dep = (m["metadata"].get("annotations") or {}).get("llm-placement.io/depends-on")
+        if dep:
+            terms = []
+            for producer in dep.split(","):
+                key = GANG_LABEL if producer.endswith("-pretrain") else POD_LABEL
+                terms.append({"weight": 100, "podAffinityTerm": {
+                    "labelSelector": {"matchLabels": {key: producer}},
+                    "topologyKey": "kubernetes.io/hostname"}})
+            pref = {"preferredDuringSchedulingIgnoredDuringExecution": terms}
+            m["spec"]["affinity"] = {"podAffinity": pref}
+        out.append(ReplayPod(m, p.arrive, p.duration, p.deadline, p.after))
+    return out
+
+
+def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: ReplayResult) -> dict[str, Any]:
+    settings = Settings(cluster_source="none", metrics_port=0)
+    catalog = GpuCatalog.load()
+    facts = {n["metadata"]["name"]: node_facts(n, catalog, settings.labels, settings.default_cpu_hourly_cost)
+             for n in nodes}
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes}
+    gangs: dict[str, list[str]] = defaultdict(list)
+    by_name = {p.name: p for p in pods}
+    for p in pods:
+        g = (p.manifest["metadata"].get("labels") or {}).get(GANG_LABEL)
+        if g:
+            gangs[g].append(p.name)
+    cost: dict[str, float] = defaultdict(float)
+    edges: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in pods:
+        node = r.placements.get(p.name)
+        spec = parse_workload(p.manifest)
+        stage = spec.stage.value if spec.stage else "none"
+        if node is None:
+            continue
+        cost[stage] += pod_hourly_cost(spec, facts[node]) * (p.duration or 0.0) / 3600
+        for producer in spec.depends_on:
+            members = gangs.get(producer) or [producer]
+            sites = [r.placements[m] for m in members if m in r.placements]
+            if not sites:
+                continue
+            same_node = node in sites
+            clique = labels[node].get("nvidia.com/gpu.clique")
+            same_nvlink = same_node or (clique is not None and any(
+                labels[s].get("nvidia.com/gpu.clique") == clique for s in sites))
+            leaf = labels[node].get("fabric.topograph.run/tier-0")
+            same_leaf = any(labels[s].get("fabric.topograph.run/tier-0") == leaf for s in sites)
+            off = sum(1 for s in sites if s != node) / len(sites)
+            # Whether the stage rules let the two share a node at all (both use GPUs or neither does);
+            # judged from the pods, so every variant counts the same edges.
+            first = by_name.get(members[0])
+            same_class = first is not None and (spec.gpus > 0) == (_gpus(first) > 0)
+            edges[stage].append({"colocated": same_nvlink, "same_node": same_node, "same_leaf": same_leaf,
+                                 "gb": spec.input_data_gb, "cross_node_gb": spec.input_data_gb * off,
+                                 "same_class": same_class})
+    all_edges = [e for v in edges.values() for e in v]
+    same = [e for e in all_edges if e["same_class"]]
+    return {
+        "edges": len(all_edges),
+        "colocated": _share([e["colocated"] for e in all_edges]),
+        "colocated_same_class": _share([e["colocated"] for e in same]),
+        "same_leaf": _share([e["same_leaf"] for e in all_edges]),
+        "cross_node_gb": sum(e["cross_node_gb"] for e in all_edges),
+        "cross_node_gb_same_class": sum(e["cross_node_gb"] for e in same),
+        "by_stage": {k: {"edges": len(v), "colocated": _share([e["colocated"] for e in v]),
+                         "cross_node_gb": sum(e["cross_node_gb"] for e in v)} for k, v in edges.items()},
+        "cost_by_stage": dict(cost),
+        "cost_total": sum(cost.values()),
+    }
+
+
+def _gpus(p: ReplayPod) -> int:
+    return parse_workload(p.manifest).gpus
+
+
+def _share(flags: list[bool]) -> float:
+    return sum(flags) / len(flags) if flags else 0.0
+
+
+# ----- running -----------------------------------------------------------------------------------
+class Bench:
+    def __init__(self, workdir: Path) -> None:
+        self.cp = ControlPlane(workdir, find_binaries(build=True))
+        self.kwok: Kwok | None = None
+        self.nodes: list[str] = []
+
+    def __enter__(self) -> Bench:
+        kwok_bin = build_kwok()
+        self.cp.start()
+        self.kwok = Kwok(kwok_bin, self.cp.admin_kubeconfig, self.cp.workdir)
+        self.kwok.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.kwok:
+            self.kwok.stop()
+        self.cp.stop()
+
+    def use_nodes(self, nodes: list[dict[str, Any]]) -> None:
+        from tests.integration.harness import delete_nodes
+
+        if self.nodes:
+            delete_nodes(self.cp.core, self.nodes)
+        t0 = time.monotonic()
+        self.nodes = create_nodes(self.cp.core, nodes, workers=8)
+        self.cp.wait_extender_cache_nodes(len(nodes), timeout=300)
+        console.print(f"{len(nodes)} kwok nodes created in {time.monotonic() - t0:.0f}s")
+
+    def run(self, label: str, nodes: list[dict[str, Any]], pods: list[ReplayPod], variant: str, speed: float,
+            window: int, timeout: float) -> ReplayResult:
+        ns = f"replay-{label}-{variant}".lower()[:60]
+        ensure_namespace(self.cp.core, ns)
+        restart_scheduler_with(self.cp, variant_config(self.cp, variant), f"{label}-{variant}")
+        columns = (TextColumn(f"{label} {variant}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("pods", total=len(pods))
+            r = replay(self.cp, ns, nodes, pods, variant=variant, speed=speed, window=window,
+                       timeout_s=timeout, on_progress=lambda done, _t: progress.update(task, completed=done))
+        t0 = time.monotonic()
+        delete_all_pods(self.cp.core, ns, timeout=600)
+        while list_pods(self.cp.core, ns):
+            time.sleep(0.5)
+        console.print(f"  {label} {variant}: {r.placed}/{r.pods} placed, {r.wall_s:.0f}s "
+                      f"(cleanup {time.monotonic() - t0:.0f}s)"
+                      + (f", agreement {r.agreement}" if r.agreement is not None else ""))
+        if self.kwok:
+            self.kwok.check_alive()
+        return r
+
+
+def summarize(r: ReplayResult) -> dict[str, Any]:
+    s = r.samples or []
+
+    def mean(attr: str) -> float:
+        return statistics.mean(getattr(x, attr) for x in s) if s else 0.0
+
+    stranded_share = [x.gpus_stranded / x.gpus_free for x in s if x.gpus_free]
+    agree = r.agreement
+    agree_share = None
+    if agree:
+        total = sum(agree.values())
+        agree_share = (agree.get("top", 0) + agree.get("tied_top", 0)) / total if total else None
+    return {
+        "pods": r.pods, "placed": r.placed, "failed": r.failed, "gpu_pods_failed": r.gpu_pods_failed,
+        "gpus_placed": r.gpus_placed, "gpus_failed": r.gpus_failed, "completed": r.completed,
+        "overcommits": len(r.overcommits),
+        "mean_gpus_allocated": mean("gpus_allocated"), "mean_gpus_stranded": mean("gpus_stranded"),
+        "mean_stranded_share": statistics.mean(stranded_share) if stranded_share else 0.0,
+        "mean_whole_free_nodes": mean("whole_free_nodes"),
+        "mean_whole_free_8gpu_nodes": mean("whole_free_8gpu_nodes"),
+        "final": asdict(s[-1]) if s else None,
+        "wall_s": r.wall_s, "agreement": agree, "agreement_top_share": agree_share,
+    }
+
+
+def plot_fragmentation(label: str, results: dict[str, ReplayResult], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for variant, r in results.items():
+        x = [s.created for s in r.samples]
+        kw = {"label": variant, "color": COLORS.get(variant), "lw": 1.4}
+        axes[0].plot(x, [s.gpus_allocated for s in r.samples], **kw)
+        axes[1].plot(x, [s.gpus_stranded for s in r.samples], **kw)
+        axes[2].plot(x, [s.whole_free_8gpu_nodes for s in r.samples], **kw)
+    for ax, title in zip(axes, ("GPUs allocated", "stranded GPUs (free on partly used nodes)",
+                                "whole free 8-GPU nodes"), strict=True):
+        ax.set_title(title)
+        ax.set_xlabel("pods created")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"{label}: real kube-scheduler on kwok nodes")
+    fig.tight_layout()
+    path = out / f"replay-{label}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_gravity(figs: dict[str, dict[str, dict[str, Any]]], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = list(figs)
+    variants = list(next(iter(figs.values())))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    width = 0.8 / max(1, len(variants))
+    for i, v in enumerate(variants):
+        xs = [j + i * width for j in range(len(scenarios))]
+        color = COLORS.get(v)
+        axes[0].bar(xs, [100 * figs[s][v]["colocated"] for s in scenarios], width, label=v, color=color)
+        axes[1].bar(xs, [figs[s][v]["cost_total"] for s in scenarios], width, label=v, color=color)
+    for ax, title in zip(axes, ("co-located with producer (node/NVLink), % of edges",
+                                "est. compute cost, $ (all stages)"), strict=True):
+        ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(scenarios))], scenarios)
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend()
+    fig.tight_layout()
+    path = out / "replay-gravity.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_cost_by_stage(figs: dict[str, dict[str, dict[str, Any]]], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = ["data-prep", "pretraining", "alignment", "deployment", "serving"]
+    fig, axes = plt.subplots(1, len(figs), figsize=(5 * len(figs), 4.2), squeeze=False)
+    for ax, (scenario, per) in zip(axes[0], figs.items(), strict=True):
+        variants = list(per)
+        width = 0.8 / max(1, len(variants))
+        for i, v in enumerate(variants):
+            xs = [j + i * width for j in range(len(stages))]
+            ax.bar(xs, [per[v]["cost_by_stage"].get(s, 0.0) for s in stages], width, label=v,
+                   color=COLORS.get(v))
+        ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(stages))], stages, rotation=20)
+        ax.set_title(f"{scenario}: est. compute cost per stage, $")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].legend()
+    fig.tight_layout()
+    path = out / "replay-gravity-cost.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def fragmentation_table(label: str, sums: dict[str, dict[str, Any]]) -> None:
+    t = Table(title=f"{label}: real kube-scheduler on kwok nodes")
+    cols = ("variant", "placed", "failed (GPU pods)", "GPUs placed", "GPUs failed", "mean GPUs alloc",
+            "mean stranded", "stranded/free", "mean whole free 8-GPU", "over-commits", "agreement top")
+    for c in cols:
+        t.add_column(c, justify="left" if c == "variant" else "right")
+    for v, s in sums.items():
+        agree = s["agreement_top_share"]
+        t.add_row(v, str(s["placed"]), f"{s['failed']} ({s['gpu_pods_failed']})", str(s["gpus_placed"]),
+                  str(s["gpus_failed"]), f"{s['mean_gpus_allocated']:.0f}", f"{s['mean_gpus_stranded']:.1f}",
+                  f"{s['mean_stranded_share']:.3f}", f"{s['mean_whole_free_8gpu_nodes']:.1f}",
+                  str(s["overcommits"]), "-" if agree is None else f"{100 * agree:.1f}%")
+    console.print(t)
+
+
+def main(
+    trace: list[str] = typer.Option([], help="openb pod list suffix(es): default, multigpu50, ..."),
+    gravity: list[str] = typer.Option([], help="pipeline scenario(s): cpu, gpu, gpu-small"),
+    synthetic: int = typer.Option(0, help="also replay a generated trace of this many pods on 24 nodes"),
+    variants: list[str] = typer.Option(["ours", "default", "mostalloc"], help="variants for traces"),
+    sharing: str = typer.Option("whole", help="GPU-sharing pods: whole (1 GPU each) or skip"),
+    minutes: float = typer.Option(4.0, help="timed traces: wall minutes the arrival span is compressed to"),
+    window: int = typer.Option(16, help="created pods allowed undecided before arrivals wait"),
+    pipelines: int = typer.Option(48, help="pipelines per gravity scenario"),
+    seed: int = typer.Option(1, help="pipeline seed"),
+    gravity_speed: float = typer.Option(200.0, help="pipelines: trace seconds per wall second"),
+    data: Path = typer.Option(DATA, help="folder with the openb CSV files"),
+    out: Path = typer.Option(RESULTS, help="where JSON and PNG results go"),
+    timeout: float = typer.Option(3600.0, help="per replay, seconds"),
+) -> None:
+    if sharing not in ("whole", "skip"):
+        raise typer.BadParameter("--sharing must be whole or skip")
+    if trace and not (data / "openb_node_list_gpu_node.csv").exists():
+        console.print(f"[red]openb data not found at {data}[/red]")
+        raise typer.Exit(1)
+    out.mkdir(parents=True, exist_ok=True)
+    base = os.environ.get("LLMP_TEST_WORKDIR")
+    workdir = Path(tempfile.mkdtemp(prefix="llmp-replay-", dir=base))
+    console.print(f"control plane workdir and logs: {workdir}")
+    ok = False
+    with Bench(workdir) as bench:
+        if synthetic:
+            nodes = [gpu_node(f"syn-{i:02d}", "H100", gpus=8, labels=kwok_node_labels(), index=i)
+                     for i in range(24)]
+            pods = synthetic_trace(synthetic, seed=7,
+                                   make_pod=lambda n, g: llm_pod(n, gpus=g, cpu="2", memory="8Gi"))
+            bench.use_nodes(nodes)
+            res = {v: bench.run("synthetic", nodes, pods, v, 100.0, window, timeout) for v in variants}
+            _write_trace("synthetic", {"pods": synthetic, "speed": 100.0}, res, out)
+        if trace:
+            nodes = openb_nodes(data)
+            bench.use_nodes(nodes)
+            for t in trace:
+                pods, meta = openb_trace(data, t, sharing, minutes)
+                console.print(f"openb {t}: {meta}")
+                res = {v: bench.run(t, nodes, pods, v, meta["speed"], window, timeout) for v in variants}
+                _write_trace(f"openb-{t}", meta, res, out)
+        if gravity:
+            figs: dict[str, dict[str, dict[str, Any]]] = {}
+            report: dict[str, Any] = {}
+            for sc in gravity:
+                nodes, pods, meta = gravity_workload(sc, pipelines, seed)
+                bench.use_nodes(nodes)
+                figs[sc] = {}
+                report[sc] = {"meta": meta, "variants": {}}
+                for v in ("ours", "default", "mostalloc", "affinity"):
+                    vp = with_producer_affinity(pods) if v == "affinity" else pods
+                    r = bench.run(f"gravity-{sc}", nodes, vp, v, gravity_speed, window, timeout)
+                    figs[sc][v] = gravity_figures(nodes, vp, r)
+                    report[sc]["variants"][v] = {**summarize(r), **figs[sc][v]}
+                _gravity_table(sc, figs[sc], report[sc]["variants"])
+            (out / "replay-gravity.json").write_text(json.dumps(report, indent=2))
+            p1, p2 = plot_gravity(figs, out), plot_cost_by_stage(figs, out)
+            console.print(f"wrote {out / 'replay-gravity.json'}, {p1}, {p2}")
+        ok = True
+    if ok and not os.environ.get("LLMP_KEEP_LOGS"):
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _write_trace(label: str, meta: dict[str, Any], res: dict[str, ReplayResult], out: Path) -> None:
+    sums = {v: summarize(r) for v, r in res.items()}
+    fragmentation_table(label, sums)
+    doc = {"meta": meta, "variants": {v: {**sums[v], "samples": [asdict(s) for s in r.samples],
+                                          "overcommit_examples": r.overcommits[:10]}
+                                      for v, r in res.items()}}
+    (out / f"replay-{label}.json").write_text(json.dumps(doc, indent=2))
+    png = plot_fragmentation(label, res, out)
+    console.print(f"wrote {out / f'replay-{label}.json'} and {png}")
+
+
+def _gravity_table(scenario: str, figs: dict[str, dict[str, Any]], sums: dict[str, dict[str, Any]]) -> None:
+    t = Table(title=f"pipelines, scenario {scenario}: real kube-scheduler on kwok nodes")
+    for c in ("variant", "placed", "co-located (all edges)", "co-located (edges rules allow)", "same leaf",
+              "cross-node GB", "est. cost $", "over-commits", "agreement top"):
+        t.add_column(c, justify="left" if c == "variant" else "right")
+    for v, f in figs.items():
+        s = sums[v]
+        agree = s["agreement_top_share"]
+        t.add_row(v, f"{s['placed']}/{s['pods']}", f"{100 * f['colocated']:.1f}%",
+                  f"{100 * f['colocated_same_class']:.1f}%", f"{100 * f['same_leaf']:.1f}%",
+                  f"{f['cross_node_gb']:,.0f}", f"{f['cost_total']:,.0f}", str(s["overcommits"]),
+                  "-" if agree is None else f"{100 * agree:.1f}%")
+    console.print(t)
+
+
+if __name__ == "__main__":
+    typer.run(main)

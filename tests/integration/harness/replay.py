@@ -1,0 +1,501 @@
+"""Replay a timed pod trace through the real kube-scheduler (+ extender) onto kwok-managed nodes.
+
+Used by bench/replay.py (openb traces, pipeline mixes) and tests/integration/test_replay.py. The
+driver owns a virtual trace clock that runs ``speed`` trace seconds per wall second:
+
+* a pod is created when the clock reaches its arrival time and every pod it waits for (``after``,
+  the previous stage of a pipeline) has Succeeded; it carries kwok's pod-complete delay
+  (duration / speed), so kwok finishes it that long after it starts running and kube-scheduler
+  frees its resources;
+* back-pressure: at most ``window`` created pods may be undecided (neither bound nor marked
+  unschedulable by kube-scheduler); while the window is full the clock stops, so a burst the
+  scheduler cannot keep up with is delayed, never reordered or dropped;
+* idle gaps are skipped: when nothing is undecided or due to finish, the clock jumps to the next
+  arrival (a 149-day trace replays in minutes);
+* a pod that is still unbound at its ``deadline`` (its departure time in the trace) is deleted and
+  counted as failed; pods without one wait until the end of the replay.
+
+kube-scheduler schedules one pod at a time from a FIFO queue and assumes each decision in its cache
+before the next, so decisions follow creation order as in the trace.
+
+Fragmentation is sampled from the pods' own state (a watch): at every 1 % of created pods, GPUs
+allocated on each node (bound pods that have not finished), stranded GPUs (free GPUs on partly used
+GPU nodes) and whole free nodes; any node whose bound pods exceed its capacity is recorded as an
+over-commit.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import httpx
+from kubernetes.client import CoreV1Api
+from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from .controlplane import ControlPlane, metric_value
+from .kwok import complete_after
+from .objects import GPU_RESOURCE, create_pod
+from .procs import port_is_free, wait_until
+from .schedconfig import write_yaml
+
+TERMINAL = ("Succeeded", "Failed")
+AGREEMENT_METRIC = "llm_placement_scheduler_agreement_total"
+AGREEMENT_OUTCOMES = ("top", "tied_top", "lower", "unranked")
+
+
+# ----- scheduler variants ------------------------------------------------------------------------
+def variant_config(cp: ControlPlane, variant: str) -> dict[str, Any]:
+    """KubeSchedulerConfiguration of one variant; every variant serves the ``llm-placement`` profile
+    so the same pod manifests go through each.
+
+    * ``ours``: the chart's file as shipped (extender, its profile's score plugins and weight);
+    * ``default``: kube-scheduler's default profile, nothing configured (what an operator gets);
+    * ``mostalloc``: the default profile with NodeResourcesFit scoring ``MostAllocated`` on
+      ``nvidia.com/gpu`` and every node scored: GPU bin-packing, what an operator would set instead;
+    * ``affinity``: the default profile; the pods themselves carry a preferred podAffinity to their
+      producer (bench/replay.py adds it), kube-scheduler's own data-gravity mechanism.
+    """
+    if variant == "ours":
+        return cp.scheduler_config(with_extender=True)
+    chart = cp.scheduler_config(with_extender=False)
+    cfg: dict[str, Any] = {
+        "apiVersion": chart["apiVersion"],
+        "kind": chart["kind"],
+        # The same client rate limits as ours, so no variant is throttled differently.
+        "clientConnection": chart["clientConnection"],
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": chart["profiles"][0]["schedulerName"]}],
+    }
+    if variant in ("default", "affinity"):
+        return cfg
+    if variant == "mostalloc":
+        cfg["percentageOfNodesToScore"] = 100
+        cfg["profiles"][0]["pluginConfig"] = [
+            {
+                "name": "NodeResourcesFit",
+                "args": {"scoringStrategy": {"type": "MostAllocated",
+                                             "resources": [{"name": GPU_RESOURCE, "weight": 1}]}},
+            }
+        ]
+        return cfg
+    raise ValueError(f"unknown scheduler variant {variant!r}")
+
+
+def restart_scheduler_with(cp: ControlPlane, config: dict[str, Any], tag: str, timeout: float = 60.0) -> None:
+    """Restart the harness's kube-scheduler on ``config`` (same ports, same log file)."""
+    assert cp.scheduler is not None or cp.apiserver is not None
+    path = write_yaml(cp.workdir / f"scheduler-config-{tag}.yaml", config)
+    if cp.scheduler is None:
+        cp.start_scheduler()
+    assert cp.scheduler is not None
+    cp.scheduler.stop()
+    cp.scheduler.argv = [a if not a.startswith("--config=") else f"--config={path}" for a in cp.scheduler.argv]
+    cp.scheduler_config_file = path
+    wait_until(lambda: port_is_free(cp.ports.scheduler), 30, "scheduler port to be free")
+    cp.scheduler.start()
+
+    def ready() -> bool:
+        url = f"https://127.0.0.1:{cp.ports.scheduler}/readyz"
+        return httpx.get(url, verify=False, timeout=2).status_code == 200
+
+    wait_until(ready, timeout, "kube-scheduler /readyz", interval=0.1, watch=[cp.scheduler])
+
+
+def agreement(cp: ControlPlane) -> dict[str, float] | None:
+    """The extender's agreement counter by outcome; None while the extender does not export it."""
+    try:
+        text = cp.extender_metrics()
+    except httpx.HTTPError:
+        return None
+    out = {o: metric_value(text, AGREEMENT_METRIC, {"outcome": o}) for o in AGREEMENT_OUTCOMES}
+    if all(v is None for v in out.values()):
+        return None
+    return {k: float(v or 0.0) for k, v in out.items()}
+
+
+# ----- the trace ---------------------------------------------------------------------------------
+@dataclass
+class ReplayPod:
+    manifest: dict[str, Any]
+    arrive: float = 0.0  # trace seconds
+    duration: float | None = None  # trace seconds of running; None = runs until the replay ends
+    deadline: float | None = None  # trace time after which an unbound pod gives up (failed)
+    after: tuple[str, ...] = ()  # pods that must have Succeeded before this one is created
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
+
+def pod_gpus(manifest: dict[str, Any]) -> int:
+    return sum(
+        int(((c.get("resources") or {}).get("requests") or {}).get(GPU_RESOURCE, "0"))
+        for c in manifest["spec"].get("containers") or []
+    )
+
+
+def _cpu_milli(q: str) -> int:
+    return int(q[:-1]) if q.endswith("m") else int(float(q) * 1000)
+
+
+def pod_cpu_milli(manifest: dict[str, Any]) -> int:
+    return sum(
+        _cpu_milli(str(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0")))
+        for c in manifest["spec"].get("containers") or []
+    )
+
+
+def synthetic_trace(pods: int, seed: int, *, span_s: float = 1500.0, mean_duration_s: float = 600.0,
+                    max_duration_s: float = 1200.0, make_pod: Callable[[str, int], dict[str, Any]]) -> list[ReplayPod]:
+    """A generated trace (no shared data): Poisson arrivals over ``span_s``, exponential durations,
+    GPU counts 1/2/4/8 drawn 60/20/12/8 %. ``make_pod(name, gpus)`` builds each manifest."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(pods):
+        gpus = rng.choices((1, 2, 4, 8), (60, 20, 12, 8))[0]
+        arrive = rng.uniform(0.0, span_s)
+        duration = min(max_duration_s, rng.expovariate(1 / mean_duration_s))
+        out.append(ReplayPod(make_pod(f"r-{i:04d}", gpus), arrive=arrive, duration=duration))
+    out.sort(key=lambda p: p.arrive)
+    return out
+
+
+# ----- pod state from a watch --------------------------------------------------------------------
+class PodState(NamedTuple):
+    node: str | None = None
+    phase: str = "Pending"
+    unschedulable: bool = False
+    deleted: bool = False
+
+
+class PodTracker(threading.Thread):
+    """Every pod of a namespace as the API reports it (list, then watch); thread-safe snapshots."""
+
+    def __init__(self, core: CoreV1Api, namespace: str) -> None:
+        super().__init__(daemon=True, name=f"replay-watch-{namespace}")
+        self.core, self.namespace = core, namespace
+        self.pods: dict[str, PodState] = {}
+        self.lock = threading.Lock()
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.synced = threading.Event()
+        self.version = 0  # bumps on every change, so the driver can wait for news cheaply
+
+    def _see(self, kind: str, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        st = pod.get("status") or {}
+        unschedulable = any(
+            c.get("type") == "PodScheduled" and c.get("status") == "False" for c in st.get("conditions") or []
+        )
+        with self.lock:
+            old = self.pods.get(name, PodState())
+            self.pods[name] = PodState(
+                pod["spec"].get("nodeName") or old.node,
+                st.get("phase") or old.phase,
+                unschedulable,
+                old.deleted or kind == "DELETED",
+            )
+            self.version += 1
+
+    def run(self) -> None:
+        try:
+            data = json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)
+            for p in data["items"]:
+                self._see("ADDED", p)
+            rv = data["metadata"]["resourceVersion"]
+            self.synced.set()
+            while not self.stop_event.is_set():
+                resp = self.core.list_namespaced_pod(
+                    self.namespace, watch=True, resource_version=rv, timeout_seconds=5,
+                    allow_watch_bookmarks=True, _preload_content=False, _request_timeout=(10, 30),
+                )
+                try:
+                    for line in iter_resp_lines(resp):
+                        ev = json.loads(line)
+                        obj = ev.get("object") or {}
+                        if ev.get("type") == "ERROR":
+                            raise RuntimeError(f"watch error: {obj.get('message')}")
+                        rv = obj.get("metadata", {}).get("resourceVersion") or rv
+                        if ev.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                            self._see(ev["type"], obj)
+                        if self.stop_event.is_set():
+                            break
+                finally:
+                    resp.release_conn()
+        except BaseException as exc:  # reported by the driver
+            self.error = exc
+            self.synced.set()
+
+    def snapshot(self) -> dict[str, PodState]:
+        with self.lock:
+            return dict(self.pods)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=40)
+
+
+# ----- results -----------------------------------------------------------------------------------
+@dataclass
+class Sample:
+    created: int  # pods created so far (the x axis: the same for every variant)
+    trace_time: float
+    wall_s: float
+    gpus_allocated: int
+    gpus_free: int
+    gpus_stranded: int  # free GPUs on GPU nodes that are partly used
+    whole_free_nodes: int  # GPU nodes with every GPU free
+    whole_free_8gpu_nodes: int
+    placed: int
+    unschedulable: int
+
+
+@dataclass
+class ReplayResult:
+    variant: str
+    pods: int = 0
+    placed: int = 0
+    failed: int = 0  # never bound (expired at their deadline, or still pending at the end)
+    gpu_pods_failed: int = 0
+    gpus_placed: int = 0
+    gpus_failed: int = 0
+    completed: int = 0  # Succeeded through kwok
+    overcommits: list[str] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    placements: dict[str, str] = field(default_factory=dict)  # pod -> node, every pod ever bound
+    wall_s: float = 0.0
+    trace_span_s: float = 0.0
+    agreement: dict[str, float] | None = None
+    max_nodes_reused: int = 0  # GPU nodes that ran pods one after another (proves resources freed)
+
+
+@dataclass
+class NodeCap:
+    gpus: int
+    cpu_milli: int
+
+
+def node_caps(nodes: list[dict[str, Any]]) -> dict[str, NodeCap]:
+    out = {}
+    for n in nodes:
+        alloc = (n.get("status") or {}).get("allocatable") or {}
+        out[n["metadata"]["name"]] = NodeCap(int(alloc.get(GPU_RESOURCE, "0")), _cpu_milli(str(alloc.get("cpu", "0"))))
+    return out
+
+
+def _sample(created: int, vt: float, wall: float, caps: dict[str, NodeCap], pods: dict[str, ReplayPod],
+            states: dict[str, PodState]) -> tuple[Sample, list[str]]:
+    used_gpu: dict[str, int] = {}
+    used_cpu: dict[str, int] = {}
+    placed = unsched = 0
+    for name, s in states.items():
+        if s.node:
+            placed += 1
+        elif s.unschedulable and not s.deleted:
+            unsched += 1
+        if not s.node or s.deleted or s.phase in TERMINAL or name not in pods:
+            continue
+        m = pods[name].manifest
+        used_gpu[s.node] = used_gpu.get(s.node, 0) + pod_gpus(m)
+        used_cpu[s.node] = used_cpu.get(s.node, 0) + pod_cpu_milli(m)
+    alloc = free = stranded = whole = whole8 = 0
+    over: list[str] = []
+    for node, cap in caps.items():
+        g, c = used_gpu.get(node, 0), used_cpu.get(node, 0)
+        if g > cap.gpus or c > cap.cpu_milli:
+            over.append(f"{node}: {g}/{cap.gpus} GPUs, {c}/{cap.cpu_milli} mCPU")
+        if not cap.gpus:
+            continue
+        f = max(0, cap.gpus - g)
+        alloc += min(g, cap.gpus)
+        free += f
+        if 0 < f < cap.gpus:
+            stranded += f
+        if f == cap.gpus:
+            whole += 1
+            whole8 += cap.gpus == 8
+    return Sample(created, vt, wall, alloc, free, stranded, whole, whole8, placed, unsched), over
+
+
+# ----- the driver --------------------------------------------------------------------------------
+def replay(
+    cp: ControlPlane,
+    namespace: str,
+    nodes: list[dict[str, Any]],
+    trace: list[ReplayPod],
+    *,
+    variant: str,
+    speed: float,
+    window: int = 16,
+    samples: int = 100,
+    settle_s: float = 5.0,
+    timeout_s: float = 3600.0,
+    drain: bool = True,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ReplayResult:
+    """Replay ``trace`` into ``namespace`` (which must exist and be empty) on ``nodes``.
+
+    The caller has started kube-scheduler with the variant's configuration and kwok for the nodes.
+    Returns when every pod has been decided and every pod with a duration has finished (or failed);
+    pods left unbound then count as failed and are deleted with the rest by the caller. With
+    ``drain=False`` it returns as soon as every pod is bound (or gave up), without waiting for the
+    last ones to finish.
+    """
+    core = cp.core
+    caps = node_caps(nodes)
+    by_name = {p.name: p for p in trace}
+    dependents: dict[str, list[str]] = {}
+    for p in trace:
+        for a in p.after:
+            dependents.setdefault(a, []).append(p.name)
+    # Arrival heap of pods whose prerequisites are met: (arrive, index, name).
+    ready: list[tuple[float, int, str]] = []
+    order = {p.name: i for i, p in enumerate(trace)}
+    waiting: dict[str, set[str]] = {p.name: set(p.after) for p in trace if p.after}
+    for p in trace:
+        if not p.after:
+            heapq.heappush(ready, (p.arrive, order[p.name], p.name))
+    result = ReplayResult(variant, pods=len(trace))
+    result.agreement = None
+    before = agreement(cp) if variant == "ours" else None
+
+    tracker = PodTracker(core, namespace)
+    tracker.start()
+    tracker.synced.wait(30)
+    if tracker.error:
+        raise tracker.error
+
+    created: dict[str, float] = {}  # name -> trace time created
+    finished: set[str] = set()
+    expired: set[str] = set()
+    history: dict[str, set[str]] = {}  # node -> pods that ran there
+    every = max(1, len(trace) // samples)
+    vt = 0.0
+    t0 = time.monotonic()
+    last = t0
+    deadline_wall = t0 + timeout_s
+    settled_since: float | None = None
+    try:
+        while True:
+            if tracker.error:
+                raise tracker.error
+            cp.check_alive()
+            now = time.monotonic()
+            if now > deadline_wall:
+                raise TimeoutError(f"replay {variant} did not finish within {timeout_s:.0f}s")
+            states = tracker.snapshot()
+            # Finished producers release their dependents at the current trace time.
+            for name, s in states.items():
+                if s.phase == "Succeeded" and name not in finished:
+                    finished.add(name)
+                    for d in dependents.get(name, ()):
+                        w = waiting.get(d)
+                        if w is not None:
+                            w.discard(name)
+                            if not w:
+                                del waiting[d]
+                                heapq.heappush(ready, (max(vt, by_name[d].arrive), order[d], d))
+            undecided = sum(
+                1 for n in created
+                if n not in expired and not (states.get(n) and (states[n].node or states[n].unschedulable))
+            )
+            running_timed = sum(
+                1 for n, s in states.items()
+                if s.node and s.phase not in TERMINAL and not s.deleted and by_name.get(n)
+                and by_name[n].duration is not None
+            )
+            # Advance the clock unless back-pressured; jump idle gaps.
+            dt = now - last
+            last = now
+            blocked = bool(ready) and ready[0][0] <= vt and undecided >= window
+            if not blocked:
+                vt += dt * speed
+                if ready and undecided == 0 and running_timed == 0 and ready[0][0] > vt:
+                    vt = ready[0][0]
+            # Create what is due.
+            while ready and ready[0][0] <= vt and undecided < window:
+                _, _, name = heapq.heappop(ready)
+                p = by_name[name]
+                manifest = copy.deepcopy(p.manifest)
+                manifest["metadata"].pop("uid", None)
+                manifest["metadata"].pop("namespace", None)
+                manifest.pop("status", None)
+                if p.duration is not None:
+                    manifest["metadata"].setdefault("annotations", {}).update(
+                        complete_after(p.duration / speed)
+                    )
+                create_pod(core, namespace, manifest)
+                created[name] = vt
+                undecided += 1
+                if len(created) % every == 0 or len(created) == len(trace):
+                    smp, over = _sample(len(created), vt, now - t0, caps, by_name, tracker.snapshot())
+                    result.samples.append(smp)
+                    result.overcommits.extend(over)
+                    if on_progress:
+                        on_progress(len(created), len(trace))
+            # Pods that gave up waiting.
+            for name in list(created):
+                p = by_name[name]
+                s = states.get(name)
+                if name in expired or (s and s.node) or p.deadline is None or vt < p.deadline:
+                    continue
+                expired.add(name)
+                try:
+                    core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _preload_content=False)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+            for name, s in states.items():
+                if s.node:
+                    history.setdefault(s.node, set()).add(name)
+            # Done: everything created, decided, and every timed pod finished or gave up.
+            all_in = len(created) == len(trace) and not ready and not waiting
+            unbound = sum(1 for n in created if n not in expired and not (states.get(n) and states[n].node))
+            if all_in and undecided == 0 and (running_timed == 0 or (not drain and unbound == 0)):
+                settled_since = settled_since or now
+                # A few seconds for retries of unschedulable pods after the last departures.
+                if now - settled_since >= settle_s:
+                    break
+            else:
+                settled_since = None
+            time.sleep(0.05)
+        states = tracker.snapshot()
+        smp, over = _sample(len(created), vt, time.monotonic() - t0, caps, by_name, states)
+        result.samples.append(smp)
+        result.overcommits.extend(over)
+    finally:
+        tracker.stop()
+    result.wall_s = time.monotonic() - t0
+    result.trace_span_s = vt
+    for p in trace:
+        s = states.get(p.name)
+        g = pod_gpus(p.manifest)
+        if s is not None and s.node:
+            result.placed += 1
+            result.gpus_placed += g
+            result.placements[p.name] = s.node
+            result.completed += s.phase == "Succeeded"
+        else:
+            result.failed += 1
+            if g:
+                result.gpu_pods_failed += 1
+                result.gpus_failed += g
+    result.max_nodes_reused = sum(
+        1 for node, names in history.items()
+        if caps.get(node) and caps[node].gpus and sum(1 for n in names if pod_gpus(by_name[n].manifest) and
+                                                      states.get(n) and states[n].phase == "Succeeded") >= 2
+    )
+    if variant == "ours":
+        after = agreement(cp)
+        if after is not None:
+            result.agreement = {k: after[k] - (before or {}).get(k, 0.0) for k in after}
+    return result
