@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from app.core.snapshot import ClusterSnapshot
+from app.core.units import quote
 from app.gang.persist import PlanRecord, records_from_pods
 
 log = logging.getLogger(__name__)
@@ -32,12 +34,15 @@ def min_members(items: list[dict[str, Any]]) -> dict[str, int]:
     """ns/name -> spec.minMember for PodGroup objects (unreadable values are skipped)."""
     out: dict[str, int] = {}
     for pg in items:
-        meta = pg.get("metadata") or {}
         try:
-            value = int((pg.get("spec") or {}).get("minMember") or 0)
-        except (TypeError, ValueError):
+            meta = pg.get("metadata") or {}
+            raw = (pg.get("spec") or {}).get("minMember") or 0
+            # Whole numbers only: int() of an infinite float ("1e400" in JSON) raises OverflowError.
+            value = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw <= 2**31 else 0
+            name = meta.get("name")
+        except AttributeError:  # metadata or spec of the wrong type: this object only
             continue
-        if value > 0 and meta.get("name"):
+        if value > 0 and isinstance(name, str) and name:
             out[f"{meta.get('namespace') or 'default'}/{meta['name']}"] = value
     return out
 
@@ -105,12 +110,16 @@ class PodGroupWatcher:
             for line in iter_resp_lines(resp):
                 if self._stop.is_set():
                     return
-                event = json.loads(line)
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    return  # 410 Gone and friends: re-list
-                meta = obj.get("metadata") or {}
-                key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+                try:
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        return  # 410 Gone and friends: re-list
+                    meta = obj.get("metadata") or {}
+                    key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+                except Exception as exc:  # one unreadable event costs only itself
+                    log.warning("podgroup watch: skipped an unreadable event (%s)", quote(str(exc)))
+                    continue
                 with self.lock:
                     if event.get("type") == "DELETED":
                         self.snapshot.podgroup_min_member.pop(key, None)
@@ -124,7 +133,8 @@ class PodGroupWatcher:
 
 
 def load_plan_records(
-    list_pods: Callable[[], bytes], gpu_resources: tuple[str, ...], attempts: int = 10, delay: float = 2.0
+    list_pods: Callable[[], bytes], gpu_resources: tuple[str, ...], attempts: int = 10, delay: float = 2.0,
+    ttl: float | None = None,
 ) -> list[PlanRecord]:
     """Every persisted gang plan of a pending pod (one list of all pods, retried a few times).
 
@@ -136,10 +146,31 @@ def load_plan_records(
     for i in range(attempts):
         try:
             body = list_pods()
-            return records_from_pods(json.loads(body).get("items") or [], gpu_resources)
+            items = json.loads(body).get("items") or []
         except Exception as exc:
             last = exc
             log.warning("cannot list pods to restore gang plans (%s); attempt %d/%d", exc, i + 1, attempts)
             time.sleep(delay)
+        else:
+            return _restorable(items, gpu_resources, now=time.time(), ttl=ttl)
     assert last is not None
     raise last
+
+
+def _restorable(items: list[Any], gpu_resources: tuple[str, ...], now: float,
+                ttl: float | None) -> list[PlanRecord]:
+    """The plans worth restoring; every refusal and unreadable pod is summed up in one log line."""
+    refused: Counter[str] = Counter()
+
+    def skipped(pod: Any, exc: BaseException) -> None:
+        refused["unreadable pod"] += 1
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        name = f"{meta.get('namespace')}/{meta.get('name')}" if isinstance(meta, dict) else "?"
+        log.warning("gang plan restore: skipped pod %s (%s)", quote(name), quote(str(exc)))
+
+    records = records_from_pods([i for i in items if isinstance(i, dict)], gpu_resources, now=now,
+                                ttl=ttl, rejected=lambda why: refused.update([why]), skipped=skipped)
+    if refused:
+        log.warning("gang plans not restored (docs/gangs.md, restored plans): %s",
+                    ", ".join(f"{n} {why}" for why, n in sorted(refused.items())))
+    return records

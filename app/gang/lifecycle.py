@@ -13,7 +13,7 @@ from collections.abc import Callable
 from app.core.reasons import MESSAGE_PREFIX
 from app.gang.book import GangBook, GangState
 from app.gang.ledger import GangPlan, MemberPlan
-from app.gang.persist import PlanRecord, PlanStore
+from app.gang.persist import FUTURE_SKEW_SECONDS, PlanRecord, PlanStore
 from app.gang.report import Reporter
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,10 @@ class Lifecycle:
                 placed = snap.pods.get(m.uid)
                 if placed is not None:
                     ledger.mark_bound(p.gang, m.uid, placed.node)
+            if synced and p.restored and any(m.node not in snap.nodes for m in p.unbound):
+                # Restored plans are only trusted for nodes that exist (docs/gangs.md).
+                self.locked_release(p, "restored plan names a node not in the cluster")
+                continue
             if synced:
                 gone = [m for m in p.members.values() if m.uid not in snap.specs and m.uid not in snap.pods]
                 if gone and not p.complete:
@@ -113,6 +117,10 @@ class Lifecycle:
                 planned_at = max(r.planned_at for r in recs)
                 if planned_at + ledger.ttl <= now:
                     continue  # expired while we were away: plan afresh
+                if planned_at > now + FUTURE_SKEW_SECONDS:
+                    # Never made by us: a plan "from the future" would hold GPUs past the TTL.
+                    log.warning("gang %s: persisted plan dated %.0fs ahead ignored", gang, planned_at - now)
+                    continue
                 epoch = max(r.epoch for r in recs)
                 members = {r.uid: MemberPlan(r.uid, r.pod, r.node, r.gpus) for r in recs}
                 # Members written under different epochs (a crash mid-write) may overlap: keep all

@@ -15,11 +15,15 @@ the API server; writes to one pod are coalesced (only the newest value matters).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
+import math
+import os
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,6 +32,61 @@ from app.core.workload import PREFIX, WorkloadError, parse_workload
 
 log = logging.getLogger(__name__)
 ANNOTATION = PREFIX + "gang-plan"
+# The signing key (docs/gangs.md, "Restored plans"): a file (a mounted Secret) or the value itself.
+# Not a settings key on purpose: settings live in a ConfigMap that many can read.
+KEY_FILE_ENV, KEY_ENV = "LLMP_GANG_PLAN_KEY_FILE", "LLMP_GANG_PLAN_KEY"
+FUTURE_SKEW_SECONDS = 30.0  # a plan "made" further in the future than this is forged or mis-clocked
+MAX_EPOCH = 2**31
+
+
+def load_key(env: dict[str, str] | None = None) -> bytes | None:
+    """The gang-plan signing key from the environment, or None (plans unsigned, see docs/gangs.md)."""
+    env = dict(os.environ) if env is None else env
+    if path := env.get(KEY_FILE_ENV):
+        try:
+            with open(path, "rb") as f:
+                key = f.read().strip()
+        except OSError as exc:
+            raise RuntimeError(f"cannot read the gang-plan key file {path} ({KEY_FILE_ENV}): "
+                               f"{exc.strerror}") from None
+    else:
+        key = env.get(KEY_ENV, "").strip().encode()
+    if key and len(key) < 16:
+        raise RuntimeError(f"the gang-plan key ({KEY_FILE_ENV} or {KEY_ENV}) must be at least 16 bytes")
+    return key or None
+
+
+class PlanSigner:
+    """HMAC-SHA256 over a plan and the pod it is written on, so a tenant who can annotate its own
+    pods cannot forge a reservation that a restarted extender would restore."""
+
+    def __init__(self, key: bytes | None) -> None:
+        self.key = key
+
+    def sign(self, pod: str, gang: str, node: str, planned_at: float, epoch: int) -> str:
+        if self.key is None:
+            return ""
+        msg = json.dumps([pod, gang, node, round(planned_at, 3), epoch], separators=(",", ":"))
+        return hmac.new(self.key, msg.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def verify(self, pod: str, data: dict[str, Any]) -> bool:
+        if self.key is None:
+            return True
+        sig = data.get("sig")
+        want = self.sign(pod, str(data["gang"]), str(data["node"]), float(data.get("planned_at", 0)),
+                         int(data.get("epoch", 0)))
+        return isinstance(sig, str) and hmac.compare_digest(sig, want)
+
+
+_signer: PlanSigner | None = None
+
+
+def default_signer() -> PlanSigner:
+    """The process's signer, from the environment on first use."""
+    global _signer
+    if _signer is None:
+        _signer = PlanSigner(load_key())
+    return _signer
 
 
 class PlanWriter(Protocol):
@@ -52,9 +111,13 @@ class PlanRecord:
     gpus: int
 
 
-def encode(gang: str, node: str, planned_at: float, epoch: int) -> str:
-    return json.dumps({"gang": gang, "node": node, "planned_at": round(planned_at, 3), "epoch": epoch},
-                      separators=(",", ":"), sort_keys=True)
+def encode(gang: str, node: str, planned_at: float, epoch: int, pod: str = "",
+           signer: PlanSigner | None = None) -> str:
+    data: dict[str, Any] = {"gang": gang, "node": node, "planned_at": round(planned_at, 3), "epoch": epoch}
+    sig = (signer or default_signer()).sign(pod, gang, node, planned_at, epoch)
+    if sig:
+        data["sig"] = sig
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
 
 
 def decode(value: str | None) -> dict[str, Any] | None:
@@ -65,38 +128,80 @@ def decode(value: str | None) -> dict[str, Any] | None:
         data = json.loads(value)
     except ValueError:
         return None
-    if not isinstance(data, dict) or not data.get("gang") or not data.get("node"):
+    if not isinstance(data, dict) or not isinstance(data.get("gang"), str) \
+            or not isinstance(data.get("node"), str) or not data["gang"] or not data["node"]:
         return None
-    try:
-        float(data.get("planned_at", 0))
-        int(data.get("epoch", 0))
-    except (TypeError, ValueError):
+    planned_at, epoch = data.get("planned_at", 0), data.get("epoch", 0)
+    if isinstance(planned_at, bool) or not isinstance(planned_at, int | float) \
+            or not math.isfinite(planned_at) or isinstance(epoch, bool) or not isinstance(epoch, int) \
+            or not 0 <= epoch <= MAX_EPOCH:
         return None
     return data
 
 
-def records_from_pods(pods: Iterable[dict[str, Any]], gpu_resources: tuple[str, ...]) -> list[PlanRecord]:
-    """Plans of pods still waiting to be bound (bound pods are facts, not plans)."""
+Reject = Callable[[str], None]
+
+
+def records_from_pods(
+    pods: Iterable[dict[str, Any]], gpu_resources: tuple[str, ...], *, now: float | None = None,
+    ttl: float | None = None, signer: PlanSigner | None = None, rejected: Reject | None = None,
+    skipped: Callable[[Any, BaseException], None] | None = None,
+) -> list[PlanRecord]:
+    """Plans of pods still waiting to be bound (bound pods are facts, not plans).
+
+    Only plans we could have written are kept (docs/gangs.md, "Restored plans"): signed with our
+    key when one is configured, made no later than now (plus clock skew) and, with ``ttl``, not yet
+    expired. ``rejected(reason)`` hears of each refused plan; a pod that cannot be read at all costs
+    only itself (``skipped``).
+    """
+    signer = signer or default_signer()
     out: list[PlanRecord] = []
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        data = decode((meta.get("annotations") or {}).get(ANNOTATION))
-        if data is None:
-            continue
-        phase = (pod.get("status") or {}).get("phase")
-        if (pod.get("spec") or {}).get("nodeName") or phase in TERMINAL_PHASES:
-            continue
         try:
-            spec = parse_workload(pod, gpu_resources)
-        except WorkloadError:
+            rec = _record(pod, gpu_resources, now, ttl, signer, rejected or (lambda _: None))
+        except Exception as exc:
+            if skipped is not None:
+                skipped(pod, exc)
             continue
-        if spec.gang is None or spec.gang.key != data["gang"]:
-            continue  # the pod changed gangs since: the record is stale
-        out.append(PlanRecord(
-            gang=str(data["gang"]), uid=spec.uid or spec.key, pod=spec.key, node=str(data["node"]),
-            planned_at=float(data.get("planned_at", 0)), epoch=int(data.get("epoch", 0)), gpus=spec.gpus,
-        ))
+        if rec is not None:
+            out.append(rec)
     return out
+
+
+def _record(pod: Any, gpu_resources: tuple[str, ...], now: float | None, ttl: float | None,
+            signer: PlanSigner, rejected: Reject) -> PlanRecord | None:
+    meta = pod.get("metadata") or {}
+    value = (meta.get("annotations") or {}).get(ANNOTATION)
+    if not value:
+        return None
+    data = decode(value if isinstance(value, str) else None)
+    if data is None:
+        rejected("unreadable")
+        return None
+    phase = (pod.get("status") or {}).get("phase")
+    if (pod.get("spec") or {}).get("nodeName") or phase in TERMINAL_PHASES:
+        return None
+    try:
+        spec = parse_workload(pod, gpu_resources)
+    except WorkloadError:
+        return None
+    if spec.gang is None or spec.gang.key != data["gang"]:
+        rejected("gang_mismatch")  # the pod changed gangs since, or names a gang it is not in
+        return None
+    if not signer.verify(spec.key, data):
+        rejected("bad_signature" if data.get("sig") else "unsigned")
+        return None
+    planned_at = float(data.get("planned_at", 0))
+    if now is not None and planned_at > now + FUTURE_SKEW_SECONDS:
+        rejected("future")
+        return None
+    if now is not None and ttl is not None and planned_at + ttl <= now:
+        rejected("expired")
+        return None
+    return PlanRecord(
+        gang=str(data["gang"]), uid=spec.uid or spec.key, pod=spec.key, node=str(data["node"]),
+        planned_at=planned_at, epoch=int(data.get("epoch", 0)), gpus=spec.gpus,
+    )
 
 
 class PlanStore:
@@ -111,7 +216,7 @@ class PlanStore:
             return
         for pod, node in members:
             ns, name = pod.split("/", 1)
-            self.writer.annotate(ns, name, {ANNOTATION: encode(gang, node, planned_at, epoch)})
+            self.writer.annotate(ns, name, {ANNOTATION: encode(gang, node, planned_at, epoch, pod)})
 
     def clear(self, pods: Iterable[str]) -> None:
         """An empty value: "no plan" (the pods must still exist; patching a deleted pod fails)."""

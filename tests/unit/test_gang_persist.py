@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import threading
 import time
 from dataclasses import replace
@@ -12,9 +13,17 @@ import pytest
 
 from app.config import Settings
 from app.core.workload import parse_workload
-from app.gang.kube import min_members
+from app.gang.kube import load_plan_records, min_members
 from app.gang.ledger import GangPlan, Ledger, MemberPlan
-from app.gang.persist import ANNOTATION, BackgroundWriter, decode, encode, records_from_pods
+from app.gang.persist import (
+    ANNOTATION,
+    BackgroundWriter,
+    PlanSigner,
+    decode,
+    encode,
+    load_key,
+    records_from_pods,
+)
 from app.sim.fleet import pod_object
 from tests.unit.test_gang_coordinator import Cluster
 
@@ -175,3 +184,100 @@ def test_ledger_accounting() -> None:
 ])
 def test_podgroup_min_member(items: list[dict[str, Any]], want: dict[str, int]) -> None:
     assert min_members(items) == want
+
+
+# --- forged plans (docs/gangs.md, "Restored plans") -------------------------------------------------
+KEY = b"k" * 32
+
+
+def _forged(c: Cluster, name: str, value: str) -> dict[str, Any]:
+    pod = copy.deepcopy(c.pods[name])
+    pod["metadata"]["annotations"][ANNOTATION] = value
+    return pod
+
+
+def test_forged_plan_from_the_future_is_not_restored() -> None:
+    # A tenant annotates its own gang's pods with a plan dated far ahead: before, it was restored
+    # and held 8 GPUs per member long past the reservation TTL.
+    c = Cluster()
+    c.nodes("n", 2, "leaf-1")
+    c.gang("g", 2, create=2)
+    future = time.time() + 10 * 365 * 86400
+    forged = [_forged(c, f"g-{i}", encode("ml/g", "n-0", future, 1, f"ml/g-{i}")) for i in range(2)]
+    fresh = Cluster()
+    assert fresh.gangs.restore(records_from_pods(forged, GPU)) == 0
+    assert fresh.gangs.ledger.total_reserved() == 0
+    assert records_from_pods(forged, GPU, now=time.time()) == []
+
+
+def test_with_a_key_only_plans_signed_for_that_pod_are_restored() -> None:
+    signer = PlanSigner(KEY)
+    c = Cluster()
+    c.nodes("n", 2, "leaf-1")
+    c.gang("g", 2, create=2)
+    now = time.time()
+    good = [_forged(c, f"g-{i}", encode("ml/g", "n-0", now, 1, f"ml/g-{i}", signer)) for i in range(2)]
+    unsigned = [_forged(c, f"g-{i}", encode("ml/g", "n-0", now, 1, f"ml/g-{i}", PlanSigner(None)))
+                for i in range(2)]
+    other_key = [_forged(c, f"g-{i}", encode("ml/g", "n-0", now, 1, f"ml/g-{i}", PlanSigner(b"x" * 32)))
+                 for i in range(2)]
+    # A signed value copied onto another pod does not verify there (the pod is in the signature).
+    copied = [_forged(c, "g-1", encode("ml/g", "n-0", now, 1, "ml/g-0", signer))]
+    reasons: list[str] = []
+    kw: dict[str, Any] = {"now": now, "ttl": 120.0, "signer": signer, "rejected": reasons.append}
+    assert [r.pod for r in records_from_pods(good, GPU, **kw)] == ["ml/g-0", "ml/g-1"]
+    assert records_from_pods(unsigned + other_key + copied, GPU, **kw) == []
+    assert reasons == ["unsigned"] * 2 + ["bad_signature"] * 3
+    # Tampering with a signed value (a later planned_at to outlive the TTL) breaks the signature.
+    data = decode(good[0]["metadata"]["annotations"][ANNOTATION])
+    assert data is not None
+    data["planned_at"] = now + 3600
+    tampered = _forged(c, "g-0", json.dumps(data))
+    assert records_from_pods([tampered], GPU, **kw) == []
+
+
+def test_key_from_the_environment() -> None:
+    assert load_key({}) is None
+    assert load_key({"LLMP_GANG_PLAN_KEY": "s" * 20}) == b"s" * 20
+    with pytest.raises(RuntimeError, match="at least 16 bytes"):
+        load_key({"LLMP_GANG_PLAN_KEY": "short"})
+    with pytest.raises(RuntimeError, match="LLMP_GANG_PLAN_KEY_FILE"):
+        load_key({"LLMP_GANG_PLAN_KEY_FILE": "/nonexistent/key"})
+
+
+def test_restored_plan_on_a_node_that_does_not_exist_is_released() -> None:
+    c = Cluster()
+    c.nodes("n", 2, "leaf-1")
+    c.gang("g", 2, create=2)
+    now = time.time()
+    forged = [_forged(c, f"g-{i}", encode("ml/g", "ghost-node", now, 1, f"ml/g-{i}")) for i in range(2)]
+    fresh = restart_with(c, forged)
+    assert fresh.gangs.ledger.total_reserved() == 0
+
+
+def test_poison_pod_in_the_restore_list_costs_only_itself() -> None:
+    c = Cluster()
+    c.nodes("n", 2, "leaf-1")
+    c.gang("g", 2, create=2)
+    now = time.time()
+    good = [_forged(c, f"g-{i}", encode("ml/g", "n-0", now, 1, f"ml/g-{i}")) for i in range(2)]
+    poison = copy.deepcopy(good[0])
+    poison["metadata"]["name"] = "poison"
+    poison["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1e400"}}
+    weird = {"metadata": "x", "spec": []}
+    got = records_from_pods([poison, weird, *good], GPU, now=now, skipped=lambda *_: None)
+    assert [r.pod for r in got] == ["ml/g-0", "ml/g-1"]
+    body = json.dumps({"items": [poison, weird, *good]}).encode()
+    assert len(load_plan_records(lambda: body, GPU, attempts=1, delay=0)) == 2
+
+
+def restart_with(c: Cluster, listed: list[dict[str, Any]]) -> Cluster:
+    fresh = Cluster()
+    for facts in c.service.snapshot.nodes.values():
+        fresh.service.snapshot.upsert_node(facts)
+    fresh.gangs.restore(records_from_pods(listed, GPU))
+    for pod in listed:
+        fresh.add(pod)
+    fresh.gangs.lifecycle.maybe_sweep()
+    fresh.gangs.lifecycle.locked_sweep(time.time(), force=True)
+    return fresh
