@@ -58,7 +58,13 @@ def serve(
         )
     if cache is not None:
         cache.start()
-    uvicorn.run(create_app(service), host=settings.host, port=settings.port,
+    from app.api.access import KubernetesAccess, OpenAccess
+    from app.cluster.binder import Binder
+
+    binder = service.binder
+    open_explain = settings.explain_auth == "none" or not isinstance(binder, Binder)
+    access = OpenAccess() if open_explain else KubernetesAccess(binder.rest)  # type: ignore[union-attr]
+    uvicorn.run(create_app(service, access), host=settings.host, port=settings.port,
                 log_level=settings.log_level, access_log=False)
 
 
@@ -123,6 +129,9 @@ def explain(
     pod: Annotated[str, typer.Argument(help="namespace/name")],
     url: Annotated[str, typer.Option(help="Extender base URL.")] = "http://127.0.0.1:8888",
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+    token: Annotated[str | None, typer.Option(
+        envvar="LLMP_EXPLAIN_TOKEN",
+        help="Bearer token of someone who may get the pod (e.g. $(kubectl create token NAME)).")] = None,
 ) -> None:
     """Explain why a pod went where it did (or why it waits), from a running extender."""
     import httpx
@@ -132,7 +141,8 @@ def explain(
         console.print("[red]give the pod as namespace/name[/red]")
         raise typer.Exit(2)
     try:
-        resp = httpx.get(f"{url.rstrip('/')}/explain/{ns}/{name}", timeout=10)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        resp = httpx.get(f"{url.rstrip('/')}/explain/{ns}/{name}", headers=headers, timeout=10)
     except httpx.HTTPError as exc:
         console.print(f"[red]cannot reach the extender at {url}: {exc}[/red]")
         raise typer.Exit(1) from None

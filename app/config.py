@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     # How weighted totals become kube-scheduler's 0-10: "rank" bands keep every difference in order
     # (docs/scoring.md); "linear" is round(10 x total), which rounds small preferences away.
     score_mapping: ScoreMapping = ScoreMapping.RANK
+    # /explain shows where pods run: "kubernetes" lets only callers whose bearer token may get the
+    # pod read it (TokenReview + SubjectAccessReview); "none" leaves it open (no API server to ask).
+    explain_auth: Literal["kubernetes", "none"] = "kubernetes"
     tier_bandwidth_gbps: TierBandwidth = TierBandwidth()
 
     # Decode efficiency: the share of peak HBM bandwidth real inference engines reach.

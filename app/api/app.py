@@ -8,12 +8,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import __version__
+from app.api.access import ExplainAccess, OpenAccess
 from app.api.fastpath import VerbFastPath
 from app.api.routes import extender_router, ops_router
 from app.service import ExtenderService
 
 
-def create_fastapi(service: ExtenderService) -> FastAPI:
+def create_fastapi(service: ExtenderService, access: ExplainAccess | None = None) -> FastAPI:
     """Every route, verbs included (the fast path in front of it handles POSTs to the verbs)."""
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -24,10 +25,12 @@ def create_fastapi(service: ExtenderService) -> FastAPI:
     app = FastAPI(title="llm-placement", version=__version__, docs_url=None, redoc_url=None,
                   lifespan=lifespan)
     app.state.service = service
+    app.state.access = access or OpenAccess()
     app.include_router(extender_router(), prefix=service.settings.url_prefix)
     app.include_router(ops_router())
     return app
 
 
-def create_app(service: ExtenderService) -> VerbFastPath:
-    return VerbFastPath(service, create_fastapi(service))
+def create_app(service: ExtenderService, access: ExplainAccess | None = None) -> VerbFastPath:
+    """``access``: who may read explain (default open: no API server to ask, e.g. the demo)."""
+    return VerbFastPath(service, create_fastapi(service, access))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
 from app.api import wire
+from app.api.access import ExplainAccess
 from app.core.reasons import MESSAGE_PREFIX
 from app.service import ExtenderService
 
@@ -84,9 +86,15 @@ def ops_router() -> APIRouter:
         return Response(b'{"status":"cache not synced"}', status_code=503, media_type=JSON)
 
     @router.get("/explain/{namespace}/{name}")
-    async def explain(namespace: str, name: str, service: ExtenderService = Depends(get_service)) -> Any:
+    async def explain(namespace: str, name: str, request: Request,
+                      service: ExtenderService = Depends(get_service)) -> Any:
         from app.explain import explain_pod
 
+        access: ExplainAccess = request.app.state.access
+        status, reason = await asyncio.to_thread(
+            access.check, request.headers.get("authorization"), namespace, name)
+        if status != 200:
+            raise HTTPException(status_code=status, detail=reason)
         result = explain_pod(service, namespace, name)
         if result is None:
             raise HTTPException(status_code=404, detail=f"pod {namespace}/{name} not found")

@@ -37,6 +37,7 @@ from .harness import (
     wait_for_node_name,
     wait_until,
 )
+from .harness.tokens import pod_reader_token
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +117,10 @@ def _finish(cp: ControlPlane, cluster: ClusterScope, name: str, namespace: str |
 
 
 def _explain(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
-    r = httpx.get(f"{cp.extender_base}/explain/{namespace}/{name}", timeout=10)
+    # explain answers only callers who may get the pod (docs/extender-protocol.md).
+    token = pod_reader_token(cp.api, namespace, "gravity-reader")
+    r = httpx.get(f"{cp.extender_base}/explain/{namespace}/{name}",
+                  headers={"Authorization": f"Bearer {token}"}, timeout=10)
     assert r.status_code == 200, r.text
     out: dict[str, Any] = r.json()
     return out
@@ -145,6 +149,9 @@ def test_five_stage_pipeline_follows_its_data(
     # The corpus comes from another team's namespace: a cross-namespace edge.
     data_ns = f"{ns}-data"
     ensure_namespace(cluster.core, data_ns)
+    # The curated data lives in another namespace, which shares it with the pipeline's (opt-in:
+    # docs/data-gravity.md); without it the cross-namespace edge is never followed.
+    cluster.core.patch_namespace(data_ns, {"metadata": {"annotations": {"llm-placement.io/share-with": ns}}})
     prep, pretrain, sft, quant, serve = (unique(s) for s in ("prep", "pretrain", "sft", "quantize", "serve"))
     edges_before = {
         s: _edges(cp, s, "fabric") + _edges(cp, s, "node") + _edges(cp, s, "nvlink")

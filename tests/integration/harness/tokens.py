@@ -1,0 +1,37 @@
+"""Bearer tokens of ServiceAccounts with chosen read rights, for the explain authorization tests."""
+
+from __future__ import annotations
+
+from kubernetes.client import ApiClient, CoreV1Api, RbacAuthorizationV1Api
+from kubernetes.client.rest import ApiException
+
+
+def _create(fn: object, *args: object) -> None:
+    try:
+        fn(*args)  # type: ignore[operator]
+    except ApiException as exc:
+        if exc.status != 409:  # already there from an earlier test: fine
+            raise
+
+
+def pod_reader_token(api: ApiClient, namespace: str, name: str, cluster_wide: bool = False) -> str:
+    """A token for ServiceAccount ``namespace/name`` that may get pods in its namespace (or all)."""
+    core, rbac = CoreV1Api(api), RbacAuthorizationV1Api(api)
+    _create(core.create_namespaced_service_account, namespace,
+            {"metadata": {"name": name}})
+    rule = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    subject = [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+    if cluster_wide:
+        role = f"{namespace}-{name}-pod-reader"
+        _create(rbac.create_cluster_role, {"metadata": {"name": role}, "rules": rule})
+        _create(rbac.create_cluster_role_binding, {
+            "metadata": {"name": role}, "subjects": subject,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}})
+    else:
+        _create(rbac.create_namespaced_role, namespace, {"metadata": {"name": f"{name}-pod-reader"}, "rules": rule})
+        _create(rbac.create_namespaced_role_binding, namespace, {
+            "metadata": {"name": f"{name}-pod-reader"}, "subjects": subject,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-pod-reader"}})
+    req = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 3600}})
+    return str(req.status.token)
