@@ -70,8 +70,8 @@ bench: $(STAMP) controlplane kwok
 	$(BIN)/python bench/trace_sim.py
 	$(BIN)/python bench/data_gravity.py
 	$(BIN)/python bench/scheduler_throughput.py --quick
-	$(BIN)/python bench/replay.py --trace multigpu50 --trace default
-	$(BIN)/python bench/replay.py --gravity cpu --gravity gpu --gravity gpu-small
+	$(BIN)/python bench/replay.py --trace multigpu50 --trace default --sharing skip
+	$(BIN)/python bench/replay.py --gravity cpu --gravity gpu --gravity gpu-small --gravity-speed 600
 
 ## For laptops with Docker (not exercised in this repository's CI: no Docker engine there).
 kind-up:

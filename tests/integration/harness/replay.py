@@ -375,7 +375,12 @@ def replay(
         raise tracker.error
 
     created: dict[str, float] = {}  # name -> trace time created
-    finished: set[str] = set()
+    open_: set[str] = set()  # created, not bound, not given up
+    waiting_on = set(dependents)  # producers whose success someone still waits for
+    timed = {p.name for p in trace if p.duration is not None}
+    seen_version = -1
+    states: dict[str, PodState] = {}
+    running_timed = 0
     expired: set[str] = set()
     history: dict[str, set[str]] = {}  # node -> pods that ran there
     every = max(1, len(trace) // samples)
@@ -392,11 +397,14 @@ def replay(
             now = time.monotonic()
             if now > deadline_wall:
                 raise TimeoutError(f"replay {variant} did not finish within {timeout_s:.0f}s")
-            states = tracker.snapshot()
-            # Finished producers release their dependents at the current trace time.
-            for name, s in states.items():
-                if s.phase == "Succeeded" and name not in finished:
-                    finished.add(name)
+            if tracker.version != seen_version:
+                # Recount only when the watch brought news: a scan over thousands of pods at every
+                # tick would take a core from the control plane on a 2-core machine.
+                seen_version = tracker.version
+                states = tracker.snapshot()
+                # Finished producers release their dependents at the current trace time.
+                for name in [n for n in waiting_on if states.get(n) and states[n].phase == "Succeeded"]:
+                    waiting_on.discard(name)
                     for d in dependents.get(name, ()):
                         w = waiting.get(d)
                         if w is not None:
@@ -404,15 +412,13 @@ def replay(
                             if not w:
                                 del waiting[d]
                                 heapq.heappush(ready, (max(vt, by_name[d].arrive), order[d], d))
-            undecided = sum(
-                1 for n in created
-                if n not in expired and not (states.get(n) and (states[n].node or states[n].unschedulable))
-            )
-            running_timed = sum(
-                1 for n, s in states.items()
-                if s.node and s.phase not in TERMINAL and not s.deleted and by_name.get(n)
-                and by_name[n].duration is not None
-            )
+                for n in [n for n in open_ if states.get(n) and states[n].node]:
+                    open_.discard(n)
+                running_timed = sum(
+                    1 for n, st in states.items()
+                    if st.node and st.phase not in TERMINAL and not st.deleted and n in timed
+                )
+            undecided = sum(1 for n in open_ if not (states.get(n) and states[n].unschedulable))
             # Advance the clock unless back-pressured; jump idle gaps.
             dt = now - last
             last = now
@@ -435,6 +441,7 @@ def replay(
                     )
                 create_pod(core, namespace, manifest)
                 created[name] = vt
+                open_.add(name)
                 undecided += 1
                 if len(created) % every == 0 or len(created) == len(trace):
                     smp, over = _sample(len(created), vt, now - t0, caps, by_name, tracker.snapshot())
@@ -443,24 +450,17 @@ def replay(
                     if on_progress:
                         on_progress(len(created), len(trace))
             # Pods that gave up waiting.
-            for name in list(created):
-                p = by_name[name]
-                s = states.get(name)
-                if name in expired or (s and s.node) or p.deadline is None or vt < p.deadline:
-                    continue
+            for name in [n for n in open_ if by_name[n].deadline is not None and vt >= by_name[n].deadline]:
+                open_.discard(name)
                 expired.add(name)
                 try:
                     core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _preload_content=False)
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
-            for name, s in states.items():
-                if s.node:
-                    history.setdefault(s.node, set()).add(name)
             # Done: everything created, decided, and every timed pod finished or gave up.
             all_in = len(created) == len(trace) and not ready and not waiting
-            unbound = sum(1 for n in created if n not in expired and not (states.get(n) and states[n].node))
-            if all_in and undecided == 0 and (running_timed == 0 or (not drain and unbound == 0)):
+            if all_in and undecided == 0 and (running_timed == 0 or (not drain and not open_)):
                 settled_since = settled_since or now
                 # A few seconds for retries of unschedulable pods after the last departures.
                 if now - settled_since >= settle_s:
@@ -469,6 +469,9 @@ def replay(
                 settled_since = None
             time.sleep(0.05)
         states = tracker.snapshot()
+        for name, st in states.items():
+            if st.node:
+                history.setdefault(st.node, set()).add(name)
         smp, over = _sample(len(created), vt, time.monotonic() - t0, caps, by_name, states)
         result.samples.append(smp)
         result.overcommits.extend(over)
