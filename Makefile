@@ -71,7 +71,7 @@ bench: $(STAMP) controlplane kwok
 	$(BIN)/python bench/data_gravity.py
 	$(BIN)/python bench/scheduler_throughput.py --quick
 	$(BIN)/python bench/replay.py --trace multigpu50 --trace default --sharing skip
-	$(BIN)/python bench/replay.py --gravity cpu --gravity gpu --gravity gpu-small --gravity-speed 600
+	$(BIN)/python bench/replay.py --gravity gpu --gravity cpu --pipelines 12 --gravity-speed 1200
 
 ## For laptops with Docker (not exercised in this repository's CI: no Docker engine there).
 kind-up:

@@ -66,6 +66,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import typer  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -83,7 +84,6 @@ from tests.integration.harness import (  # noqa: E402
     ensure_namespace,
     find_binaries,
     gpu_node,
-    list_pods,
     llm_pod,
 )
 from tests.integration.harness.kwok import Kwok, build_kwok, kwok_node_labels  # noqa: E402
@@ -283,6 +283,22 @@ class Bench:
         self.cp.wait_extender_cache_nodes(len(nodes), timeout=300)
         console.print(f"{len(nodes)} kwok nodes created in {time.monotonic() - t0:.0f}s")
 
+    def clear(self, ns: str, timeout: float = 900.0) -> None:
+        """Delete every pod of ``ns`` and wait until none is left.
+
+        With thousands of pods the apiserver's delete-collection call outlives its own 60 s request
+        timeout (504) while the deletion goes on server-side, so a timeout is retried, not fatal.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                delete_all_pods(self.cp.core, ns, timeout=60)
+                return
+            except (ApiException, AssertionError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+
     def run(self, label: str, nodes: list[dict[str, Any]], pods: list[ReplayPod], variant: str, speed: float,
             window: int, timeout: float) -> ReplayResult:
         ns = f"replay-{label}-{variant}".lower()[:60]
@@ -294,9 +310,7 @@ class Bench:
             r = replay(self.cp, ns, nodes, pods, variant=variant, speed=speed, window=window,
                        timeout_s=timeout, on_progress=lambda done, _t: progress.update(task, completed=done))
         t0 = time.monotonic()
-        delete_all_pods(self.cp.core, ns, timeout=600)
-        while list_pods(self.cp.core, ns):
-            time.sleep(0.5)
+        self.clear(ns)
         console.print(f"  {label} {variant}: {r.placed}/{r.pods} placed, {r.wall_s:.0f}s "
                       f"(cleanup {time.monotonic() - t0:.0f}s)"
                       + (f", agreement {r.agreement}" if r.agreement is not None else ""))
@@ -482,7 +496,7 @@ def main(
                     figs[sc][v] = gravity_figures(nodes, vp, r)
                     report[sc]["variants"][v] = {**summarize(r), **figs[sc][v]}
                 _gravity_table(sc, figs[sc], report[sc]["variants"])
-            (out / "replay-gravity.json").write_text(json.dumps(report, indent=2))
+                (out / "replay-gravity.json").write_text(json.dumps(report, indent=2))
             p1, p2 = plot_gravity(figs, out), plot_cost_by_stage(figs, out)
             console.print(f"wrote {out / 'replay-gravity.json'}, {p1}, {p2}")
         ok = True
