@@ -195,7 +195,12 @@ def main(
         results = {}
         with Progress(console=console, transient=True) as progress:
             for kind in run:
-                results[kind] = replay(kind, nodes, events, progress, seed)
+                o = results[kind] = replay(kind, nodes, events, progress, seed)
+                # Printed as each run ends: a long replay that is stopped keeps what it measured.
+                console.print(f"{WHAT_IF} {t} {kind}: placed {o.placed}, GPU pods failed {o.gpu_failed}, "
+                              f"GPUs placed {o.gpus_placed}, GPUs failed {o.gpus_failed}, stranded/free mean "
+                              f"{statistics.mean(o.stranded_share or [0]):.3f}, whole 8-GPU nodes mean "
+                              f"{statistics.mean(o.free_whole_nodes or [0]):.1f}, {o.seconds:.0f}s")
         for kind, o in results.items():
             table.add_row(t, kind, str(o.placed), str(o.gpu_failed), str(o.gpus_placed), str(o.gpus_failed),
                           f"{statistics.mean(o.stranded_share or [0]):.3f}",
