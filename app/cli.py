@@ -166,6 +166,10 @@ def render_explain(data: dict[str, Any]) -> None:
             console.print(f"depends on [bold]{edge['producer']}[/bold] ({edge['gb']} GB): {where}")
         for note in gravity.get("notes", []):
             console.print(f"[yellow]{note}[/yellow]")
+    chosen = next((e for e in data.get("nodes", []) if e["node"] == data.get("chosen")), None)
+    if chosen and chosen.get("memory_breakdown"):
+        parts = " + ".join(f"{k} {v:g}" for k, v in chosen["memory_breakdown"].items() if v)
+        console.print(f"memory on {chosen['node']}: {chosen['per_gpu_gb']:g} GB per GPU = {parts}")
     table = Table()
     for col in ("node", "feasible", "score", "detail"):
         table.add_column(col)

@@ -11,7 +11,7 @@ from typing import Any
 from app.core.gravity import GravityModel
 from app.core.placer import UNKNOWN
 from app.core.reasons import problem_key
-from app.core.workload import WorkloadError, WorkloadSpec
+from app.core.workload import TRAINING_STAGES, WorkloadError, WorkloadSpec
 from app.service import AGREEMENT_TEXT, ExtenderService
 
 
@@ -56,6 +56,8 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
                 "gpu": f.node.gpu.name if f.node.gpu else None,
                 "precision": f.sizing.precision.value,
                 "per_gpu_gb": round(f.sizing.per_gpu_gb, 2),
+                # What per_gpu_gb (or the host memory) is made of (docs/stage-policy.md).
+                "memory_breakdown": {k: round(v, 2) for k, v in f.sizing.breakdown},
                 "ms_per_token": round(f.ms_per_token, 2) if f.ms_per_token else None,
                 "hourly_cost": round(f.pod_hourly_cost, 4),
                 "score": s.score if s else 0,
@@ -97,6 +99,8 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         "gpus": spec.gpus,
         "model_params": spec.model_params,
         "precision": spec.precision.value,
+        "finetune_method": spec.effective_finetune_method.value if spec.stage in TRAINING_STAGES else None,
+        "active_params": spec.active_params,
         "gang": spec.gang.key if spec.gang else None,
         "bound_node": bound[0] if bound and not bound[1] else None,
         "chosen": ranked[0]["node"] if ranked else None,

@@ -117,6 +117,8 @@ def _memory_problem(
         if sizing.per_gpu_gb > usable:
             n = f" on {spec.gpus} GPU" + ("s" if spec.gpus > 1 else "")
             if spec.stage in TRAINING_STAGES:
+                method = spec.effective_finetune_method.value
+                what += "" if method == "full" else f" {method}"
                 return reject(ReasonCode.GPU_MEMORY,
                               f"{what} training needs {sizing.per_gpu_gb:.0f} GB per GPU{n}; "
                               "GPU memory too small")

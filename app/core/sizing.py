@@ -7,6 +7,17 @@ Rules of thumb, documented so users can argue with them (and override with ``kv-
   layers``; grouped-query attention keeps 1/4 of the heads below 30B and 1/8 from 30B (Llama-3 style);
 * training with mixed-precision Adam holds ~16 bytes per parameter (weights, grads, fp32 master, two
   moments), sharded across every GPU of the gang (FSDP / ZeRO-3), plus activations;
+* LoRA / QLoRA (``finetune-method``) train small adapters on a frozen base: the base is held at its
+  precision (QLoRA: 4-bit NF4 with double-quantised constants, ~4.127 bits per parameter as the
+  QLoRA paper reports), only the adapters carry gradients, fp32 master and Adam moments (16 bytes per
+  trainable parameter), and activations follow the architecture (one checkpoint per layer with
+  gradient checkpointing, plus one layer recomputed, ~34 bytes per token per hidden unit as in
+  "Reducing Activation Recomputation in Large Transformer Models", flash attention assumed);
+* mixture of experts (``active-params``): memory holds every expert, but a decode step reads only
+  the experts its batch touches. With B sequences each reading a share a = active / total, a step
+  touches 1 - (1 - a)^B of the weights (independent routing; an upper bound, since shared layers
+  are read once whatever B is). The KV cache follows the attention, so it is estimated from the
+  active parameters;
 * decode time per token = bytes read per step / (GPUs x HBM bandwidth x efficiency): decode is
   memory-bound, so bandwidth, not FLOPS, sets the latency.
 """
@@ -15,12 +26,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.core.workload import CPU_STAGES, TRAINING_STAGES, Precision, Stage, WorkloadSpec
+from app.core.workload import (
+    CPU_STAGES,
+    TRAINING_STAGES,
+    FinetuneMethod,
+    Precision,
+    Stage,
+    WorkloadSpec,
+)
 
 TRAIN_BYTES_PER_PARAM = 16.0
 RUNTIME_OVERHEAD_GB = 1.0  # CUDA context, allocator, engine buffers per GPU
 ACTIVATION_SHARE = 0.2  # activations as a share of sharded training state
 GQA_BIG_MODEL_PARAMS = 30e9
+# QLoRA paper: NF4 weights (4 bits) plus double-quantised block constants (0.127 bits per parameter).
+NF4_BYTES_PER_PARAM = 4.127 / 8
+ADAPTER_BYTES_PER_PARAM = 16.0  # same mixed-precision Adam state as full training, adapters only
+# Default adapter: LoRA rank 16 on every linear layer of a Llama-style block (q, k, v, o: 2h each;
+# gate, up, down: h + 2.7h each), i.e. r x ~19h per layer; 7B -> ~42M, 70B -> ~190M parameters.
+DEFAULT_LORA_RANK = 16
+LORA_WIDTH_PER_RANK = 19.0
+# Tokens in one micro-batch of an adapter fine-tune (e.g. 4 sequences of 2,048), for activations.
+ADAPTER_TOKENS_PER_STEP = 8192
+CHECKPOINT_BYTES_PER_HIDDEN = 2.0  # one bf16 layer input kept per layer (gradient checkpointing)
+LAYER_ACTIVATION_BYTES_PER_HIDDEN = 34.0  # the layer being recomputed, flash attention
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,15 +61,23 @@ class Sizing:
     kv_cache_gb: float
     per_gpu_gb: float  # memory needed on each GPU the pod gets (0 for CPU pods)
     host_memory_gb: float  # RAM the node must hold (CPU-served models, quantisation jobs)
+    # Per-GPU (or host) GB by part, for explain: what the total is made of.
+    breakdown: tuple[tuple[str, float], ...] = ()
+    read_gb: float | None = None  # bytes one decode step reads when not weights + KV (MoE)
 
 
 def weights_gb(params: float, precision: Precision) -> float:
     return params * precision.bytes_per_param / 1e9
 
 
-def kv_bytes_per_token(params: float) -> float:
+def shape(params: float) -> tuple[float, float]:
+    """(layers, hidden) of a dense transformer of ``params`` parameters, by the rule above."""
     layers = (params / (12 * 128.0**2)) ** (1 / 3)
-    hidden = 128.0 * layers
+    return layers, 128.0 * layers
+
+
+def kv_bytes_per_token(params: float) -> float:
+    layers, hidden = shape(params)
     gqa = 1 / 8 if params >= GQA_BIG_MODEL_PARAMS else 1 / 4
     return 2 * layers * hidden * 2.0 * gqa
 
@@ -51,7 +88,54 @@ def kv_cache_gb(spec: WorkloadSpec, default_context: int, default_concurrency: i
     if spec.stage is not Stage.SERVING or spec.model_params is None:
         return 0.0
     tokens = (spec.context_tokens or default_context) * (spec.concurrency or default_concurrency)
-    return tokens * kv_bytes_per_token(spec.model_params) / 1e9
+    attention = spec.active_params or spec.model_params
+    return tokens * kv_bytes_per_token(attention) / 1e9
+
+
+def default_adapter_params(params: float) -> float:
+    layers, hidden = shape(params)
+    return DEFAULT_LORA_RANK * LORA_WIDTH_PER_RANK * layers * hidden
+
+
+def adapter_activation_gb(params: float) -> float:
+    layers, hidden = shape(params)
+    per_token = hidden * (layers * CHECKPOINT_BYTES_PER_HIDDEN + LAYER_ACTIVATION_BYTES_PER_HIDDEN)
+    return ADAPTER_TOKENS_PER_STEP * per_token / 1e9
+
+
+def moe_read_share(spec: WorkloadSpec, default_concurrency: int) -> float:
+    """Share of the weights one decode step reads: 1 for dense, the touched experts for MoE."""
+    if spec.active_params is None or spec.model_params is None or spec.model_params <= 0:
+        return 1.0
+    a = min(1.0, spec.active_params / spec.model_params)
+    batch = spec.concurrency or default_concurrency
+    return min(1.0, 1 - (1 - a) ** batch)
+
+
+def _adapter_training(
+    spec: WorkloadSpec, precision: Precision, params: float, alignment_extra_headroom: float
+) -> Sizing:
+    """LoRA / QLoRA: frozen base + adapters with optimizer state + activations, per GPU."""
+    qlora = spec.effective_finetune_method is FinetuneMethod.QLORA
+    base = params * (NF4_BYTES_PER_PARAM if qlora else precision.bytes_per_param) / 1e9
+    trainable = spec.trainable_params or default_adapter_params(params)
+    adapters = trainable * ADAPTER_BYTES_PER_PARAM / 1e9
+    acts = adapter_activation_gb(params)
+    shards = max(gang_gpus(spec), 1)  # FSDP shards base and adapters alike; DDP would not
+    # The headroom covers what varies with the batch (activations, optimizer buffers), not the
+    # frozen base, whose size is known exactly.
+    extra = alignment_extra_headroom if spec.stage is Stage.ALIGNMENT else 0.0
+    parts: tuple[tuple[str, float], ...] = (
+        ("frozen weights" + (" (nf4)" if qlora else f" ({precision.value})"), base / shards),
+        ("adapters + gradients + Adam", adapters / shards),
+        ("activations", acts / shards),
+        ("headroom", (adapters + acts) / shards * extra),
+    )
+    if gang_gpus(spec) == 0:
+        host = sum(v for _, v in parts)
+        return Sizing(precision, base, 0.0, 0.0, host, parts)
+    parts += (("runtime", RUNTIME_OVERHEAD_GB),)
+    return Sizing(precision, base, 0.0, sum(v for _, v in parts), 0.0, parts)
 
 
 def gang_gpus(spec: WorkloadSpec) -> int:
@@ -73,30 +157,43 @@ def size(
         return Sizing(precision, 0.0, 0.0, 0.0, 0.0)
     w = weights_gb(spec.model_params, precision)
     if spec.stage in TRAINING_STAGES:
+        if spec.effective_finetune_method is not FinetuneMethod.FULL:
+            return _adapter_training(spec, precision, spec.model_params, alignment_extra_headroom)
         total = spec.model_params * TRAIN_BYTES_PER_PARAM / 1e9
         shards = gang_gpus(spec)
         if shards == 0:
             return Sizing(precision, w, 0.0, 0.0, total * (1 + ACTIVATION_SHARE))
-        per_gpu = total / shards * (1 + ACTIVATION_SHARE) + RUNTIME_OVERHEAD_GB
+        state = total / shards
+        parts: tuple[tuple[str, float], ...] = (
+            ("weights + gradients + fp32 master + Adam", state),
+            ("activations", state * ACTIVATION_SHARE),
+            ("runtime", RUNTIME_OVERHEAD_GB),
+        )
+        per_gpu = state * (1 + ACTIVATION_SHARE) + RUNTIME_OVERHEAD_GB
         if spec.stage is Stage.ALIGNMENT:
+            parts += (("headroom", per_gpu * alignment_extra_headroom),)
             per_gpu *= 1 + alignment_extra_headroom
-        return Sizing(precision, w, 0.0, per_gpu, 0.0)
+        return Sizing(precision, w, 0.0, per_gpu, 0.0, parts)
     if spec.stage in CPU_STAGES:
         # Quantising or packaging loads the weights into RAM at their source precision, plus a copy
         # of the output; 1.2x leaves room for the process itself.
         return Sizing(precision, w, 0.0, 0.0, w * 1.2 if spec.stage is Stage.DEPLOYMENT else 0.0)
     kv = kv_cache_gb(spec, default_context, default_concurrency)
+    share = moe_read_share(spec, default_concurrency)
+    read = w * share + kv if share < 1.0 else None
     if spec.gpus > 0:
         per_gpu = (w + kv) / spec.gpus + RUNTIME_OVERHEAD_GB
-        return Sizing(precision, w, kv, per_gpu, 0.0)
-    return Sizing(precision, w, kv, 0.0, (w + kv) * 1.1)
+        serving = (("weights", w / spec.gpus), ("kv cache", kv / spec.gpus),
+                   ("runtime", RUNTIME_OVERHEAD_GB))
+        return Sizing(precision, w, kv, per_gpu, 0.0, serving, read)
+    return Sizing(precision, w, kv, 0.0, (w + kv) * 1.1, (("weights", w), ("kv cache", kv)), read)
 
 
 def decode_ms_per_token(
     sizing: Sizing, gpus: int, bandwidth_tbs: float, efficiency: float
 ) -> float | None:
     """Predicted ms per output token, or None when there is nothing to read (unsized pod)."""
-    read_gb = sizing.weights_gb + sizing.kv_cache_gb
+    read_gb = sizing.read_gb if sizing.read_gb is not None else sizing.weights_gb + sizing.kv_cache_gb
     if read_gb <= 0 or bandwidth_tbs <= 0:
         return None
     lanes = max(gpus, 1)

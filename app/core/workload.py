@@ -30,7 +30,7 @@ ANNOTATION_KEYS: tuple[str, ...] = (
     "stage", "model-params", "precision", "precision-fallback", "context-tokens", "concurrency",
     "kv-cache-gb", "latency-class", "max-ms-per-token", "gpu-preference",
     "topology-required-placement", "topology-preferred-placement", "depends-on", "input-data-gb",
-    "colocation", "gang-name", "gang-size",
+    "colocation", "gang-name", "gang-size", "finetune-method", "trainable-params", "active-params",
 )
 # Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
 WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan")
@@ -91,6 +91,14 @@ _BYTES = {
 
 
 class LatencyClass(StrEnum):
+class FinetuneMethod(StrEnum):
+    """How a training pod updates the model (docs/stage-policy.md, "Memory sizing")."""
+
+    FULL = "full"  # every parameter trained: weights, gradients, fp32 master and Adam moments
+    LORA = "lora"  # frozen base at its precision + small trainable adapters
+    QLORA = "qlora"  # frozen base quantised to 4-bit NF4 + adapters
+
+
     INTERACTIVE = "interactive"
     BATCH = "batch"
 
@@ -128,6 +136,9 @@ class WorkloadSpec(BaseModel):
     latency_class: LatencyClass | None = None
     max_ms_per_token: float | None = None
     gpu_preference: tuple[str, ...] = ()
+    finetune_method: FinetuneMethod | None = None
+    trainable_params: float | None = None
+    active_params: float | None = None  # mixture of experts: parameters read per token
     topology_required: str | None = None
     topology_preferred: str | None = None
     depends_on: tuple[str, ...] = ()
@@ -152,6 +163,13 @@ class WorkloadSpec(BaseModel):
         return LatencyClass.INTERACTIVE if self.stage is Stage.SERVING else None
 
     @property
+    @property
+    def effective_finetune_method(self) -> FinetuneMethod:
+        """``full`` unless the pod says otherwise; trainable-params alone means adapters (LoRA)."""
+        if self.finetune_method is not None:
+            return self.finetune_method
+        return FinetuneMethod.LORA if self.trainable_params is not None else FinetuneMethod.FULL
+
     def precisions(self) -> tuple[Precision, ...]:
         """The declared precision first, then fallbacks in the order the user gave."""
         return (self.precision, *(p for p in self.precision_fallback if p != self.precision))
@@ -399,6 +417,24 @@ def parse_workload(
         ("topology-required-placement", "topology_required"),
         ("topology-preferred-placement", "topology_preferred"),
         ("colocation", "colocation_required"),
+
+    def finetune(raw: str) -> FinetuneMethod:
+        try:
+            return FinetuneMethod(raw.lower())
+        except ValueError:
+            raise ValueError(f'finetune-method "{quote(raw)}" is not full, lora or qlora') from None
+
+    def params_of(key: str) -> Any:
+        def parse(raw: str) -> float:
+            try:
+                return parse_param_count(raw)
+            except ValueError as exc:  # the shared parser names model-params; name this key
+                raise ValueError(str(exc).replace("model-params", key, 1)) from None
+        return parse
+
+    attempt("finetune-method", finetune)
+    attempt("trainable-params", params_of("trainable-params"))
+    attempt("active-params", params_of("active-params"))
     ):
         if (raw := get(key)) is not None:
             if len(raw) > MAX_NAME_CHARS:
@@ -431,3 +467,15 @@ def parse_workload(
     if problems:
         raise WorkloadError(problems)
     return WorkloadSpec(**fields)
+    total = fields.get("model_params")
+    for key in ("trainable-params", "active-params"):
+        part = fields.get(key.replace("-", "_"))
+        if part is None:
+            continue
+        if total is None:
+            problems.append(AnnotationProblem(key, f"{key} is set but model-params is missing"))
+        elif part > total:
+            problems.append(AnnotationProblem(key, f"{key} is larger than model-params"))
+    if fields.get("finetune_method") is FinetuneMethod.FULL and "trainable_params" in fields:
+        problems.append(AnnotationProblem(
+            "trainable-params", "trainable-params applies to finetune-method lora or qlora, not full"))

@@ -34,6 +34,9 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "colocation": ("nvlink", "colocation_required"),
     "gang-name": ("g", "gang"),
     "gang-size": ("4", "gang"),
+    "finetune-method": ("qlora", "finetune_method"),
+    "trainable-params": ("40M", "trainable_params"),
+    "active-params": ("1B", "active_params"),
 }
 
 
@@ -58,6 +61,11 @@ def test_every_listed_key_is_read_by_the_parser() -> None:
             spec = parse_workload(_pod({key: value}, {"scheduling.x-k8s.io/pod-group": "g"}))
             assert spec.gang is not None and spec.gang.size == 4
             continue
+        elif key in ("trainable-params", "active-params"):
+            # Parts of the model: meaningful only with the total it is a part of.
+            with pytest.raises(WorkloadError, match="model-params is missing"):
+                parse_workload(_pod({key: value}))
+            spec = parse_workload(_pod({key: value, "model-params": "7B"}))
         else:
             spec = parse_workload(_pod({key: value}))
         assert getattr(spec, field) != getattr(base, field), f"{key} did not change {field}"
