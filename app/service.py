@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app.api import wire
@@ -19,17 +19,20 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.feasibility import NodeFit, Rejection, evaluate
 from app.core.gravity import MISSING, GravityModel
-from app.core.nodes import facts_for
+from app.core.nodes import NodeFacts, facts_for
 from app.core.placer import FilterDecision, GangHook, GravityHook, Placer
 from app.core.ranking import Agreement, agreement, best_nodes
 from app.core.reasons import MESSAGE_PREFIX, problem_key
 from app.core.scoring import NodeScore
 from app.core.snapshot import ClusterSnapshot, NodeUsage
+from app.core.units import quote
 from app.core.workload import PREFIX, TRAINING_STAGES, WorkloadError, WorkloadSpec
 from app.metrics import Metrics
 from app.quality import ClusterQuality, QualityPublisher, capture, compute
+from app.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
+_RATE_LOG = RateLimitedLog(log)
 DECISION_MEMORY = 20_000
 AGREEMENT_TEXT = {
     Agreement.TOP: "kube-scheduler followed our ranking (our best node)",
@@ -65,16 +68,28 @@ class GangBindHook(Protocol):
 class Remembered:
     spec: WorkloadSpec
     fit: NodeFit | None
-    scores: dict[str, NodeScore]
     at: float
     fits: dict[str, NodeFit] | None = None  # this cycle's filter verdicts, reused by prioritize
     agreement: Agreement | None = None  # set at bind: how kube-scheduler's node ranked in ``scores``
+    # prioritize's answer as computed; the by-node map is built only when a bind or explain asks
+    # (a dict of 5,000 entries per scheduling cycle was measurable on the hot path).
+    score_list: list[NodeScore] = field(default_factory=list)
+    _by_node: dict[str, NodeScore] | None = None
+
+    def set_scores(self, scores: list[NodeScore]) -> None:
+        self.score_list, self._by_node = scores, None
+
+    @property
+    def scores(self) -> dict[str, NodeScore]:
+        if self._by_node is None:
+            self._by_node = {s.node: s for s in self.score_list}
+        return self._by_node
 
     def agreement_with(self, node: str) -> Agreement:
         """How ``node`` ranks in this cycle's scores (kube-scheduler skips prioritize for one node)."""
-        if not self.scores and self.fits is not None and list(self.fits) == [node]:
+        if not self.score_list and self.fits is not None and list(self.fits) == [node]:
             return Agreement.TOP
-        return agreement(node, {n: s.total for n, s in self.scores.items()})
+        return agreement(node, {s.node: s.total for s in self.score_list})
 
 
 class ExtenderService:
@@ -140,7 +155,7 @@ class ExtenderService:
                 known = prior.fits if prior is not None and fresh else None
                 scores = self.placer.prioritize(args.pod, args.names(), known)
                 self._remember_scores(args.pod, scores)
-            return wire.priority_list([(s.node, s.score) for s in scores])
+            return wire.priority_list(scores)
         except Exception as exc:
             # kube-scheduler ignores prioritize errors silently, so count them for alerting.
             kind = "malformed" if isinstance(exc, wire.WireError) else "internal"
@@ -394,10 +409,21 @@ class ExtenderService:
             meta = n.get("metadata") or {}
             name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
             if name and (not rv or self._node_rv.get(name) != rv or name not in self.snapshot.nodes):
-                self.snapshot.upsert_node(
-                    facts_for(n, self.catalog, self.policies.node_facts)
-                )
+                facts = self._facts_or_skip(n)
+                if facts is None:
+                    continue
+                self.snapshot.upsert_node(facts)
                 self._node_rv[name] = rv
+
+    def _facts_or_skip(self, node: dict[str, Any]) -> NodeFacts | None:
+        """A node from a request that cannot be read is skipped (counted, one rate-limited line):
+        it is then unknown to us and rejected as not cached, while the other nodes are judged."""
+        try:
+            return facts_for(node, self.catalog, self.policies.node_facts)
+        except Exception as exc:
+            self.metrics.skipped_objects.labels("request_nodes").inc()
+            _RATE_LOG.warning("absorb", f"request node skipped: {type(exc).__name__}: {quote(str(exc))}")
+            return None
 
     def _remember(self, decision: FilterDecision) -> None:
         spec = decision.spec
@@ -406,7 +432,7 @@ class ExtenderService:
         fit = next(iter(decision.fits.values())) if len(decision.fits) == 1 else None
         # A new filter call is a new scheduling cycle: the previous cycle's scores no longer describe
         # the candidates (and kube-scheduler skips prioritize when one node is left).
-        self._memory[spec.uid] = Remembered(spec, fit, {}, time.time(), decision.fits)
+        self._memory[spec.uid] = Remembered(spec, fit, time.time(), decision.fits)
         self._memory.move_to_end(spec.uid)
         while len(self._memory) > DECISION_MEMORY:
             self._memory.popitem(last=False)
@@ -414,7 +440,7 @@ class ExtenderService:
     def _remember_scores(self, pod: dict[str, Any], scores: list[NodeScore]) -> None:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if uid and uid in self._memory:
-            self._memory[uid].scores = {s.node: s for s in scores}
+            self._memory[uid].set_scores(scores)
 
     def _count_filter(self, d: FilterDecision) -> None:
         stage = d.spec.stage.value if d.spec and d.spec.stage else "none"

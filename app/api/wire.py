@@ -8,10 +8,13 @@ orjson straight from bytes: on a 5,000-name request this is the hot path.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
+
+MAX_NAME = 1024  # longer than any Kubernetes name: refused rather than carried into logs and events
 
 
 class WireError(ValueError):
@@ -61,16 +64,33 @@ def _object(body: bytes, verb: str) -> dict[str, Any]:
     return {str(k).lower(): v for k, v in data.items()}
 
 
+def _check_object(obj: dict[str, Any], what: str, verb: str) -> None:
+    """The parts of a Pod or Node every verb reads must have their Kubernetes types (docs/
+    extender-protocol.md): a string where an object belongs is answered as malformed, not a 500."""
+    for part in ("metadata", "spec", "status"):
+        if obj.get(part) is not None and not isinstance(obj[part], dict):
+            raise WireError(f"malformed {verb} request: {what}.{part} must be an object")
+    meta = obj.get("metadata") or {}
+    for key in ("name", "namespace", "uid", "resourceVersion"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise WireError(f"malformed {verb} request: {what}.metadata.{key} must be a string")
+    for key in ("labels", "annotations"):
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            raise WireError(f"malformed {verb} request: {what}.metadata.{key} must be an object")
+
+
 def parse_extender_args(body: bytes, verb: str = "filter") -> ExtenderArgs:
     data = _object(body, verb)
     pod = data.get("pod")
     if not isinstance(pod, dict):
         raise WireError(f"malformed {verb} request: Pod is missing or not an object")
+    _check_object(pod, "Pod", verb)
     names = data.get("nodenames")
     nodes_obj = data.get("nodes")
     node_list: list[dict[str, Any]] | None = None
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        # map(type) runs in C: on 5,000 names a generator of isinstance calls cost ~0.3 ms.
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise WireError(f"malformed {verb} request: NodeNames must be a list of strings")
     elif nodes_obj is not None:
         items = nodes_obj.get("items") if isinstance(nodes_obj, dict) else None
@@ -78,6 +98,8 @@ def parse_extender_args(body: bytes, verb: str = "filter") -> ExtenderArgs:
             items = []
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise WireError(f"malformed {verb} request: Nodes.items must be a list of Node objects")
+        for item in items:
+            _check_object(item, "Nodes.items[]", verb)
         node_list = items
     return ExtenderArgs(pod=pod, nodes=node_list, node_names=names)
 
@@ -88,7 +110,11 @@ def parse_binding_args(body: bytes) -> BindingArgs:
     for key in ("podname", "podnamespace", "poduid", "node"):
         v = data.get(key)
         if key != "poduid" and (not isinstance(v, str) or not v):
-            raise WireError(f"malformed bind request: {key} is missing")
+            raise WireError(f"malformed bind request: {key} is missing or not a string")
+        if key == "poduid" and v is not None and not isinstance(v, str):
+            raise WireError("malformed bind request: poduid must be a string")
+        if isinstance(v, str) and len(v) > MAX_NAME:
+            raise WireError(f"malformed bind request: {key} longer than {MAX_NAME} characters")
         fields[key] = str(v or "")
     return BindingArgs(fields["podname"], fields["podnamespace"], fields["poduid"], fields["node"])
 
@@ -98,6 +124,7 @@ def parse_preemption_args(body: bytes) -> PreemptionArgs:
     pod = data.get("pod")
     if not isinstance(pod, dict):
         raise WireError("malformed preempt request: Pod is missing or not an object")
+    _check_object(pod, "Pod", "preempt")
     victims: dict[str, list[str]] = {}
     pdb: dict[str, int] = {}
     raw = data.get("nodenametometavictims") or data.get("nodenametovictims") or {}
@@ -105,16 +132,22 @@ def parse_preemption_args(body: bytes) -> PreemptionArgs:
         raise WireError("malformed preempt request: victims must be a map of node to victims")
     for node, v in raw.items():
         v = v or {}
+        if not isinstance(v, dict):
+            raise WireError("malformed preempt request: victims of a node must be an object")
         pods = v.get("Pods") or v.get("pods") or []
+        if not isinstance(pods, list):
+            raise WireError("malformed preempt request: victims' Pods must be a list")
         uids: list[str] = []
         for p in pods:
             if not isinstance(p, dict):
                 continue
-            uid = p.get("UID") or p.get("uid") or (p.get("metadata") or {}).get("uid")
-            if uid:
-                uids.append(str(uid))
+            meta = p.get("metadata")
+            uid = p.get("UID") or p.get("uid") or (meta.get("uid") if isinstance(meta, dict) else None)
+            if isinstance(uid, str) and uid:
+                uids.append(uid)
         victims[str(node)] = uids
-        pdb[str(node)] = int(v.get("NumPDBViolations") or v.get("numPDBViolations") or 0)
+        n = v.get("NumPDBViolations") or v.get("numPDBViolations") or 0
+        pdb[str(node)] = n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**31 else 0
     return PreemptionArgs(pod=pod, victims=victims, pdb_violations=pdb)
 
 
@@ -142,8 +175,13 @@ def filter_result(
     return orjson.dumps(result)
 
 
-def priority_list(scores: list[tuple[str, int]]) -> bytes:
-    return orjson.dumps([{"Host": h, "Score": int(s)} for h, s in scores])
+class Scored(Protocol):
+    node: str
+    score: int
+
+
+def priority_list(scores: Sequence[Scored]) -> bytes:
+    return orjson.dumps([{"Host": s.node, "Score": s.score} for s in scores])
 
 
 def binding_result(error: str = "") -> bytes:
