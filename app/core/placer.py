@@ -169,9 +169,12 @@ class Placer:
             spec = self.parse(pod)
         except WorkloadError:
             return [NodeScore(n, 0, 0.0) for n in node_names]
-        if known_fits is not None and all(n in known_fits for n in node_names):
+        if known_fits is not None and known_fits.keys() >= set(node_names):
             fits = {n: known_fits[n] for n in node_names}
         else:
             fits, _ = self.evaluate_nodes(spec, node_names)
-        scored = {s.node: s for s in self.score(spec, list(fits.values()))}
+        scores = self.score(spec, list(fits.values()))
+        if len(scores) == len(node_names):
+            return scores  # every node kept, in request order: the common case, no re-mapping
+        scored = {s.node: s for s in scores}
         return [scored.get(n) or NodeScore(n, 0, 0.0) for n in node_names]
