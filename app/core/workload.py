@@ -90,7 +90,6 @@ _BYTES = {
 }
 
 
-class LatencyClass(StrEnum):
 class FinetuneMethod(StrEnum):
     """How a training pod updates the model (docs/stage-policy.md, "Memory sizing")."""
 
@@ -99,6 +98,7 @@ class FinetuneMethod(StrEnum):
     QLORA = "qlora"  # frozen base quantised to 4-bit NF4 + adapters
 
 
+class LatencyClass(StrEnum):
     INTERACTIVE = "interactive"
     BATCH = "batch"
 
@@ -135,10 +135,10 @@ class WorkloadSpec(BaseModel):
     kv_cache_gb: float | None = None
     latency_class: LatencyClass | None = None
     max_ms_per_token: float | None = None
-    gpu_preference: tuple[str, ...] = ()
     finetune_method: FinetuneMethod | None = None
     trainable_params: float | None = None
     active_params: float | None = None  # mixture of experts: parameters read per token
+    gpu_preference: tuple[str, ...] = ()
     topology_required: str | None = None
     topology_preferred: str | None = None
     depends_on: tuple[str, ...] = ()
@@ -163,13 +163,13 @@ class WorkloadSpec(BaseModel):
         return LatencyClass.INTERACTIVE if self.stage is Stage.SERVING else None
 
     @property
-    @property
     def effective_finetune_method(self) -> FinetuneMethod:
         """``full`` unless the pod says otherwise; trainable-params alone means adapters (LoRA)."""
         if self.finetune_method is not None:
             return self.finetune_method
         return FinetuneMethod.LORA if self.trainable_params is not None else FinetuneMethod.FULL
 
+    @property
     def precisions(self) -> tuple[Precision, ...]:
         """The declared precision first, then fallbacks in the order the user gave."""
         return (self.precision, *(p for p in self.precision_fallback if p != self.precision))
@@ -411,12 +411,6 @@ def parse_workload(
             raise ValueError(f'latency-class "{quote(raw)}" is not interactive or batch') from None
 
     attempt("latency-class", latency)
-    attempt("gpu-preference", lambda raw: _split(raw, "gpu-preference"))
-    attempt("depends-on", lambda raw: _split(raw, "depends-on"))
-    for key, field in (
-        ("topology-required-placement", "topology_required"),
-        ("topology-preferred-placement", "topology_preferred"),
-        ("colocation", "colocation_required"),
 
     def finetune(raw: str) -> FinetuneMethod:
         try:
@@ -435,6 +429,12 @@ def parse_workload(
     attempt("finetune-method", finetune)
     attempt("trainable-params", params_of("trainable-params"))
     attempt("active-params", params_of("active-params"))
+    attempt("gpu-preference", lambda raw: _split(raw, "gpu-preference"))
+    attempt("depends-on", lambda raw: _split(raw, "depends-on"))
+    for key, field in (
+        ("topology-required-placement", "topology_required"),
+        ("topology-preferred-placement", "topology_preferred"),
+        ("colocation", "colocation_required"),
     ):
         if (raw := get(key)) is not None:
             if len(raw) > MAX_NAME_CHARS:
@@ -464,9 +464,6 @@ def parse_workload(
 
     if fields.get("stage") is Stage.SERVING and "model_params" not in fields and "kv_cache_gb" in fields:
         problems.append(AnnotationProblem("kv-cache-gb", "kv-cache-gb is set but model-params is missing"))
-    if problems:
-        raise WorkloadError(problems)
-    return WorkloadSpec(**fields)
     total = fields.get("model_params")
     for key in ("trainable-params", "active-params"):
         part = fields.get(key.replace("-", "_"))
@@ -479,3 +476,6 @@ def parse_workload(
     if fields.get("finetune_method") is FinetuneMethod.FULL and "trainable_params" in fields:
         problems.append(AnnotationProblem(
             "trainable-params", "trainable-params applies to finetune-method lora or qlora, not full"))
+    if problems:
+        raise WorkloadError(problems)
+    return WorkloadSpec(**fields)
