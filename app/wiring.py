@@ -12,6 +12,7 @@ from kubernetes import client
 from app.cluster.binder import Binder
 from app.cluster.cache import ClusterCache
 from app.cluster.client import api_client, raw
+from app.cluster.dra import DraWatcher
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import GravityModel
@@ -117,6 +118,8 @@ def build_live(
         log.info("restored %d gang plan(s) from pod annotations", restored)
         PodGroupWatcher(client.CustomObjectsApi(api), raw, service.snapshot, service.lock).start()
     cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics)
+    # GPUs through Dynamic Resource Allocation, when the cluster serves resource.k8s.io (docs/dra.md).
+    DraWatcher(api, cache).start()
 
     changes = 0
 

@@ -78,7 +78,9 @@ class Gone(Exception):
 def apply_node(
     snapshot: ClusterSnapshot, catalog: GpuCatalog, settings: Settings, node: dict[str, Any]
 ) -> None:
-    snapshot.upsert_node(facts_for(node, catalog, settings.policies().node_facts))
+    policy = settings.policies().node_facts
+    # GPUs published in ResourceSlices read like GFD labels (docs/dra.md); a no-op without DRA.
+    snapshot.upsert_node(facts_for(snapshot.dra.overlay(node, policy.labels), catalog, policy))
 
 
 def apply_pod(

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from app.core.dra import DraIndex
 from app.core.nodes import NodeFacts
 from app.core.workload import TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
 
@@ -65,6 +66,9 @@ class ClusterSnapshot:
         # namespace -> namespaces it shares its pods' data with (Namespace annotation
         # llm-placement.io/share-with, docs/data-gravity.md); "*" shares with every namespace.
         self.namespace_shares: dict[str, frozenset[str]] = {}
+        # GPUs published through DRA ResourceSlices and the claims pods hold (docs/dra.md); empty
+        # on clusters without the resource.k8s.io API.
+        self.dra = DraIndex()
         self.generation = 0  # bumps on every change; caches key on it
 
     # --- nodes ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ problem is collected so one event can name all of them; nothing here raises on o
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -213,12 +214,17 @@ def pod_resources(pod: dict[str, Any], gpu_resources: tuple[str, ...]) -> tuple[
     for c in _sequence(spec.get("initContainers"), "spec.initContainers"):
         for i, v in enumerate(one(c)):
             totals[i] = max(totals[i], v)
+    if CLAIM_GPUS is not None:
+        totals[0] += CLAIM_GPUS(pod)
     if not totals[0] <= MAX_GPUS:
         raise ValueError(f"pod requests {totals[0]:g} GPUs, more than any node has")
     return round(totals[0]), totals[1], totals[2]
 
 
 MAX_GPUS = 1e6
+# Full GPUs a pod holds or asks for through DRA ResourceClaims (docs/dra.md): installed by the
+# cluster adapter once the resource.k8s.io API answers; None counts extended resources only.
+CLAIM_GPUS: Callable[[dict[str, Any]], int] | None = None
 
 
 def _mapping(value: Any, what: str) -> dict[str, Any]:

@@ -223,7 +223,9 @@ def test_extender_rbac_is_least_privilege() -> None:
               for res in rule["resources"] for v in rule["verbs"]}
     for needed in [("", "nodes", "watch"), ("", "pods", "patch"), ("", "pods/binding", "create"),
                    ("", "events", "create"), ("events.k8s.io", "events", "create"),
-                   ("scheduling.x-k8s.io", "podgroups", "list")]:
+                   ("scheduling.x-k8s.io", "podgroups", "list"),
+                   *[("resource.k8s.io", res, v) for res in ("resourceslices", "resourceclaims",
+                     "resourceclaimtemplates", "deviceclasses") for v in ("get", "list", "watch")]]:
         assert needed in grants, needed
     assert not any("*" in t for t in grants), "wildcards in the extender's rules"
     dangerous = {"delete", "deletecollection", "escalate", "bind", "impersonate"}

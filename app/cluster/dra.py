@@ -1,0 +1,230 @@
+"""List+watch of the DRA objects (resource.k8s.io/v1) into ``snapshot.dra`` (docs/dra.md).
+
+ResourceSlices become node facts (the affected Node is re-read and re-applied), DeviceClasses tell
+which claims ask for GPUs of the driver, ResourceClaims and ResourceClaimTemplates give a pod's GPU
+demand and, once allocated, its usage. Clusters without the API (404) or without the right to read
+it (403) are looked at again every minute; until then placement reads extended resources only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from app.cluster.cache import ClusterCache, apply_node, apply_pod
+from app.cluster.client import raw
+from app.core import workload
+from app.core.units import quote
+
+log = logging.getLogger(__name__)
+GROUP, VERSION = "resource.k8s.io", "v1"
+# Classes first: a claim's demand depends on its class's driver.
+KINDS = ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims")
+ABSENT_RETRY = 60.0
+
+
+class DraWatcher:
+    """Background threads keeping ``cache.snapshot.dra`` in step with the resource.k8s.io objects."""
+
+    def __init__(self, api: client.ApiClient, cache: ClusterCache) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.cache = cache
+        self.snapshot = cache.snapshot
+        self.lock = cache.lock
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.present: dict[str, bool] = {k: False for k in KINDS}
+
+    def start(self) -> None:
+        for kind in KINDS:
+            t = threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # --- applying ----------------------------------------------------------------------------------
+    def _put(self, kind: str, obj: dict[str, Any], deleted: bool) -> tuple[set[str], list[dict[str, Any]]]:
+        """Fold one object in (lock held); returns (nodes to re-read, pods whose usage may change)."""
+        dra = self.snapshot.dra
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        key = f"{meta.get('namespace') or 'default'}/{name}"
+        nodes: set[str] = set()
+        pods: list[dict[str, Any]] = []
+        if kind == "resourceslices":
+            node = dra.drop_slice(name) if deleted else dra.put_slice(obj)
+            if node:
+                nodes.add(node)
+        elif kind == "deviceclasses":
+            if deleted:
+                dra.classes.pop(name, None)
+            else:
+                dra.put_class(obj)
+        elif kind == "resourceclaimtemplates":
+            if deleted:
+                dra.templates.pop(key, None)
+            else:
+                dra.put_template(obj)
+        else:
+            if deleted:
+                dra.claims.pop(key, None)
+            else:
+                dra.put_claim(obj)
+                reserved = (obj.get("status") or {}).get("reservedFor") or []
+                pods = [r for r in reserved if isinstance(r, dict) and r.get("resource") == "pods"]
+                for r in pods:
+                    r.setdefault("namespace", meta.get("namespace") or "default")
+        self.snapshot.generation += 1
+        return nodes, pods
+
+    def _refresh(self, nodes: set[str], pods: list[dict[str, Any]]) -> None:
+        """Re-apply nodes whose slices changed and pods whose claims' usage changed."""
+        for name in sorted(nodes):
+            try:
+                node = json.loads(raw(self.core.read_node, name, _request_timeout=30))
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("DRA: node %s not re-read (%s)", quote(name), exc.status)
+                continue
+            with self.lock:
+                if name in self.snapshot.nodes:
+                    self.cache._guarded("nodes", node, apply_node, self.snapshot, self.cache.catalog,
+                                        self.cache.settings, node)
+        for ref in pods:
+            uid = str(ref.get("uid") or "")
+            with self.lock:
+                placed = self.snapshot.pods.get(uid)
+            if placed is None:
+                continue  # not bound yet: its demand is read afresh on every filter
+            try:
+                pod = json.loads(raw(self.core.read_namespaced_pod, str(ref.get("name")),
+                                     str(ref.get("namespace")), _request_timeout=30))
+            except ApiException:
+                continue
+            with self.lock:
+                placed = self.snapshot.pods.get(uid)
+                if placed is None:
+                    continue
+                gpus = workload.pod_resources(pod, tuple(self.cache.settings.labels.gpu_resource))[0]
+                if gpus != placed.gpus:
+                    # The claim was allocated (or changed) after the pod was counted: recount it.
+                    self.snapshot.finish(uid)
+                    apply_pod(self.snapshot, self.cache.settings, pod)
+
+    def _replace(self, kind: str, items: list[dict[str, Any]]) -> tuple[set[str], list[dict[str, Any]]]:
+        dra = self.snapshot.dra
+        nodes: set[str] = set()
+        pods: list[dict[str, Any]] = []
+        with self.lock:
+            if kind == "resourceslices":
+                nodes |= set(dra.by_node)
+                dra.slices.clear()
+                dra.by_node.clear()
+            elif kind == "deviceclasses":
+                dra.classes.clear()
+            elif kind == "resourceclaimtemplates":
+                dra.templates.clear()
+            else:
+                dra.claims.clear()
+            for obj in items:
+                try:
+                    n, p = self._put(kind, obj, False)
+                except Exception as exc:  # one unreadable object costs only itself
+                    self.cache.skipped(kind, obj, exc)
+                    continue
+                nodes |= n
+                pods += p
+            if kind == "resourceslices":
+                dra.enabled = True
+            # Pods parsed from now on count their claims' GPUs.
+            workload.CLAIM_GPUS = dra.pod_gpus
+        return nodes, pods
+
+    # --- list + watch ------------------------------------------------------------------------------
+    def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": 60}
+            if token:
+                kwargs["_continue"] = token
+            data = json.loads(raw(self.custom.list_cluster_custom_object, GROUP, VERSION, kind, **kwargs))
+            items.extend(i for i in data.get("items") or [] if isinstance(i, dict))
+            meta = data.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    def _run(self, kind: str) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                items, rv = self._list(kind)
+                self.present[kind] = True
+                self._refresh(*self._replace(kind, items))
+                self._notify()
+                self._watch(kind, rv)
+                backoff = 0.5
+            except ApiException as exc:
+                if exc.status in (403, 404):
+                    # No DRA API on this cluster (or no right to read it): extended resources only.
+                    if self.present[kind] or backoff == 0.5:
+                        log.info("DRA %s unavailable (%s); GPUs from extended resources only",
+                                 kind, exc.status)
+                    self.present[kind] = False
+                    backoff = 1.0
+                    self._stop.wait(ABSENT_RETRY)
+                    continue
+                log.warning("DRA %s watch failed (%s); retrying in %.1fs", kind, exc.reason, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+            except Exception as exc:  # the watch must outlive API hiccups
+                log.warning("DRA %s watch failed (%s); retrying in %.1fs", kind, quote(str(exc)), backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _notify(self) -> None:
+        if self.cache.on_change:
+            self.cache.on_change()
+
+    def _watch(self, kind: str, rv: str) -> None:
+        resp: Any = self.custom.list_cluster_custom_object(
+            GROUP, VERSION, kind, watch=True, resource_version=rv, allow_watch_bookmarks=True,
+            timeout_seconds=240, _preload_content=False, _request_timeout=(10, 300),
+        )
+        try:
+            for line in iter_resp_lines(resp):
+                if self._stop.is_set():
+                    return
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                    etype = event.get("type")
+                    obj = event.get("object") or {}
+                except Exception as exc:  # an unreadable event costs only itself
+                    self.cache.skipped(kind, None, exc)
+                    continue
+                if etype == "ERROR":
+                    return  # 410 Gone and friends: re-list
+                if etype == "BOOKMARK" or not isinstance(obj, dict):
+                    continue
+                try:
+                    with self.lock:
+                        changed = self._put(kind, obj, etype == "DELETED")
+                except Exception as exc:
+                    self.cache.skipped(kind, obj, exc)
+                    continue
+                self._refresh(*changed)
+                self._notify()
+        finally:
+            resp.release_conn()
