@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from app.api.routes import too_large
+from app.api.routes import answer
 from app.service import ExtenderService
 
 Scope = MutableMapping[str, Any]
@@ -40,19 +40,7 @@ class VerbFastPath:
         if verb is None or scope.get("method") != "POST":
             await self.fallback(scope, receive, send)
             return
-        body = await self._read(scope, receive)
-        svc = self.service
-        if body is None:
-            svc.metrics.request_errors.labels(verb, "too_large").inc()
-            out = too_large(verb, self.limit)
-        elif verb == "filter":
-            out = svc.filter(body)
-        elif verb == "prioritize":
-            out = svc.prioritize(body)
-        elif verb == "bind":
-            out = await svc.bind(body)
-        else:
-            out = svc.preempt(body)
+        out = await answer(self.service, verb, await self._read(scope, receive))
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*JSON_HEADERS, (b"content-length", str(len(out)).encode())]})
         await send({"type": "http.response.body", "body": out})

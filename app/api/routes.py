@@ -47,6 +47,20 @@ def too_large(verb: str, limit: int) -> bytes:
     return wire.filter_result(None, [], {}, {}, msg)
 
 
+async def answer(service: ExtenderService, verb: str, body: bytes | None) -> bytes:
+    """The response body for one verb call (``body`` None: it was over ``max_body_bytes``)."""
+    if body is None:
+        service.metrics.request_errors.labels(verb, "too_large").inc()
+        return too_large(verb, service.settings.max_body_bytes)
+    if verb == "filter":
+        return service.filter(body)
+    if verb == "prioritize":
+        return service.prioritize(body)
+    if verb == "bind":
+        return await service.bind(body)
+    return service.preempt(body)
+
+
 def extender_router() -> APIRouter:
     router = APIRouter()
 
@@ -55,19 +69,7 @@ def extender_router() -> APIRouter:
         limit = service.settings.max_body_bytes
         if verb not in ("filter", "prioritize", "bind", "preempt"):
             raise HTTPException(status_code=404, detail=f"unknown extender verb {verb!r}")
-        body = await read_body(request, limit)
-        if body is None:
-            service.metrics.request_errors.labels(verb, "too_large").inc()
-            return Response(too_large(verb, limit), media_type=JSON)
-        if verb == "filter":
-            out = service.filter(body)
-        elif verb == "prioritize":
-            out = service.prioritize(body)
-        elif verb == "bind":
-            out = await service.bind(body)
-        else:
-            out = service.preempt(body)
-        return Response(out, media_type=JSON)
+        return Response(await answer(service, verb, await read_body(request, limit)), media_type=JSON)
 
     return router
 
