@@ -6,10 +6,11 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from app.config import ConfigError, Settings, load_settings
@@ -35,6 +36,8 @@ def serve(
     config: ConfigOpt = None,
     host: Annotated[str | None, typer.Option(help="Listen address for the extender verbs.")] = None,
     port: Annotated[int | None, typer.Option(help="Listen port for the extender verbs.")] = None,
+    kubeconfig: Annotated[str | None, typer.Option(
+        help="Kubeconfig file (else LLMP_KUBECONFIG, KUBECONFIG, ~/.kube/config, in-cluster).")] = None,
 ) -> None:
     """Run the extender (filter / prioritize / bind / preempt) for kube-scheduler."""
     import uvicorn
@@ -43,19 +46,31 @@ def serve(
     from app.api.app import create_app
     from app.wiring import build_live
 
-    settings = _settings(config, host=host, port=port)
+    settings = _settings(config, host=host, port=port, kubeconfig=kubeconfig)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Bind, watch and metrics threads share the GIL with the event loop that answers filter calls.
     # With the default 5 ms switch interval a filter request can wait a full interval per handoff
     # behind a bind thread; 0.5 ms keeps kube-scheduler's synchronous path short.
     sys.setswitchinterval(settings.gil_switch_interval_seconds)
-    service, cache = build_live(settings)
+    # Our own one-line warnings say what failed; urllib3's per-retry lines only multiply them.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    try:
+        service, cache = build_live(settings)
+    except Exception as exc:
+        _fail_start(exc, settings.kubeconfig)
     if settings.metrics_port:
-        # Metrics listen on all interfaces so Prometheus can scrape the pod; the verbs stay on host.
-        start_http_server(
-            settings.metrics_port, addr=settings.metrics_host, registry=service.metrics.registry
-        )
+        # Loopback unless metrics_host says otherwise (the chart sets 0.0.0.0 so Prometheus can
+        # scrape the pod); the verbs stay on ``host``.
+        try:
+            start_http_server(
+                settings.metrics_port, addr=settings.metrics_host, registry=service.metrics.registry
+            )
+        except OSError as exc:
+            console.print(f"[red]cannot listen for metrics on {settings.metrics_host}:{settings.metrics_port}"
+                          f": {exc.strerror}; set metrics_port (0 turns metrics off) or free the port[/red]",
+                          soft_wrap=True, highlight=False)
+            raise typer.Exit(2) from None
     if cache is not None:
         cache.start()
     from app.api.access import KubernetesAccess, OpenAccess
@@ -66,6 +81,22 @@ def serve(
     access = OpenAccess() if open_explain else KubernetesAccess(binder.rest)  # type: ignore[union-attr]
     uvicorn.run(create_app(service, access), host=settings.host, port=settings.port,
                 log_level=settings.log_level, access_log=False)
+
+
+def _fail_start(exc: Exception, kubeconfig: str | None) -> NoReturn:
+    """Start-up failed: say what and what to do in one or two lines, no traceback."""
+    from app.cluster.client import CredentialsError
+
+    text = escape(" ".join(str(exc).split())[:400])
+    if isinstance(exc, CredentialsError):
+        console.print(f"[red]{text}[/red]", soft_wrap=True, markup=True, highlight=False)
+    else:
+        console.print(f"[red]cannot start: {type(exc).__name__}: {text}[/red]", soft_wrap=True,
+                      highlight=False)
+        console.print("check that the API server in your kubeconfig is reachable and these credentials "
+                      "may list pods and nodes (helm/llm-placement/files/extender-rbac-rules.yaml)",
+                      soft_wrap=True, highlight=False)
+    raise typer.Exit(1)
 
 
 @cli.command()

@@ -75,7 +75,8 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8888, ge=1, le=65535)
-    metrics_host: str = "0.0.0.0"
+    # Loopback by default: exposing metrics is a deployment decision (the chart sets 0.0.0.0).
+    metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9090, ge=0, le=65535)
     url_prefix: str = "/scheduler"
     kubeconfig: str | None = None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
@@ -12,12 +14,54 @@ from kubernetes import client, config
 POOL_SIZE = 32
 
 
-def api_client(kubeconfig: str | None) -> client.ApiClient:
-    cfg = client.Configuration()
+class CredentialsError(RuntimeError):
+    """No usable Kubernetes credentials; the message says what to do (one line)."""
+
+
+HOW = ("pass --kubeconfig, set LLMP_KUBECONFIG or KUBECONFIG, create ~/.kube/config, or run in a pod "
+       "with a service account")
+
+
+def resolve_credentials(kubeconfig: str | None, env: Mapping[str, str] | None = None,
+                        home: Path | None = None) -> tuple[str, str | None]:
+    """Where credentials come from, in kubectl's order (README, Settings): the flag or
+    LLMP_KUBECONFIG (``kubeconfig``), then KUBECONFIG (a path list), then ~/.kube/config, then the
+    in-cluster service account. Returns (source, path); path None means in-cluster."""
+    env = os.environ if env is None else env
+    home = Path.home() if home is None else home
     if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    else:
-        config.load_incluster_config(client_configuration=cfg)
+        if not Path(kubeconfig).expanduser().is_file():
+            raise CredentialsError(f"kubeconfig {kubeconfig} (--kubeconfig or LLMP_KUBECONFIG) "
+                                   "does not exist")
+        return "--kubeconfig/LLMP_KUBECONFIG", str(Path(kubeconfig).expanduser())
+    if paths := [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]:
+        found = [p for p in paths if Path(p).expanduser().is_file()]
+        if not found:
+            raise CredentialsError(f"KUBECONFIG names no existing file ({env['KUBECONFIG']}); {HOW}")
+        return "KUBECONFIG", env["KUBECONFIG"]
+    default = home / ".kube" / "config"
+    if default.is_file():
+        return "~/.kube/config", str(default)
+    if env.get("KUBERNETES_SERVICE_HOST") and env.get("KUBERNETES_SERVICE_PORT"):
+        return "in-cluster service account", None
+    raise CredentialsError(f"no Kubernetes credentials found: {HOW}")
+
+
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    source, path = resolve_credentials(kubeconfig)
+    cfg = client.Configuration()
+    try:
+        if path is None:
+            config.load_incluster_config(client_configuration=cfg)
+        elif source == "KUBECONFIG":
+            # The client merges a KUBECONFIG path list the way kubectl does.
+            config.load_kube_config(client_configuration=cfg)
+        else:
+            config.load_kube_config(config_file=path, client_configuration=cfg)
+    except Exception as exc:  # ConfigException, a YAML error, a missing token file...
+        detail = " ".join(str(exc).split())[:300]
+        raise CredentialsError(f"cannot use credentials from {source}"
+                               f"{f' ({path})' if path else ''}: {detail}; {HOW}") from None
     cfg.connection_pool_maxsize = POOL_SIZE
     return client.ApiClient(configuration=cfg)
 

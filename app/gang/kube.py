@@ -149,8 +149,11 @@ def load_plan_records(
             items = json.loads(body).get("items") or []
         except Exception as exc:
             last = exc
-            log.warning("cannot list pods to restore gang plans (%s); attempt %d/%d", exc, i + 1, attempts)
-            time.sleep(delay)
+            if i == 0:  # one line, not one per attempt
+                log.warning("cannot list pods to restore gang plans (%s); retrying %d times every %.0fs",
+                            quote(" ".join(str(exc).split())), attempts - 1, delay)
+            if i + 1 < attempts:
+                time.sleep(delay)
         else:
             return _restorable(items, gpu_resources, now=time.time(), ttl=ttl)
     assert last is not None
