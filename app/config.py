@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     # Latency an interactive (chat) service should reach when the pod sets no max-ms-per-token:
     # ~20 tokens/s, faster than people read. A soft target: slower nodes score lower, not zero.
     default_interactive_ms_per_token: float = Field(50.0, gt=0)
+    # Hold such a pod to that target in filter too, but only when some candidate node meets it
+    # (otherwise the fastest available still serves it, scored lower): docs/stage-policy.md.
+    default_target_filter: bool = True
     cpu_stages_may_use_gpu_nodes: bool = False
     default_cpu_hourly_cost: float = Field(0.05, ge=0)
     # Per GPU-hour for GPUs missing from the catalog (conservative: priced like a large GPU).
@@ -130,6 +133,8 @@ class Settings(BaseSettings):
                 default_context_tokens=self.default_context_tokens,
                 default_concurrency=self.default_concurrency,
                 bandwidth_efficiency=self.bandwidth_efficiency,
+                default_interactive_ms_per_token=self.default_interactive_ms_per_token,
+                default_target_filter=self.default_target_filter,
             )
             scoring = ScoringPolicy(
                 weights=MappingProxyType(dict(self.weights)),

@@ -22,8 +22,8 @@ Traces (openb: ATC'23 "Beware of Fragmentation", 1,213 GPU nodes, read in place 
 
 * traces with times (``default``): pods arrive at ``creation_time``, run ``deletion_time -
   creation_time`` and complete through kwok; the clock runs ``span / (--minutes x 60)`` trace
-  seconds per wall second and skips idle gaps; a pod still unbound at its deletion time gives up
-  (failed). Pods that did not finish by the end of the trace are still running when it ends.
+  seconds per wall second and skips idle gaps; a pod waits in kube-scheduler's queue until placed
+  (its compressed lifetime is shorter than a scheduling cycle, so a deadline would fail it).
 * traces without times (``multigpu50`` and the other inflated mixes): every pod arrives in file
   order and none leaves (the cluster fills up, as in the paper's own simulator); pods that do not
   fit stay pending and count as failed at the end.
@@ -137,7 +137,9 @@ def openb_trace(
             if created not in (None, "") and deleted not in (None, ""):
                 timed = True
                 c, d = float(created), float(deleted)
-                pods.append(ReplayPod(m, arrive=c, duration=max(0.0, d - c), deadline=d))
+                # No deadline: compressed lifetimes are milliseconds of wall time, shorter than one
+                # scheduling cycle, so a pod waits in kube-scheduler's queue as it would in a cluster.
+                pods.append(ReplayPod(m, arrive=c, duration=max(0.0, d - c)))
             else:
                 pods.append(ReplayPod(m))
     pods.sort(key=lambda p: p.arrive)  # stable: file order at equal times

@@ -15,7 +15,7 @@ from app.core.sizing import Sizing, decode_ms_per_token, size
 from app.core.snapshot import NodeUsage
 from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Precision, Stage, WorkloadSpec
 
-__all__ = ["NodeFit", "Rejection", "evaluate", "pod_hourly_cost"]
+__all__ = ["NodeFit", "Rejection", "apply_default_target", "evaluate", "pod_hourly_cost"]
 
 
 @dataclass(slots=True)  # not frozen: thousands are made per request and frozen init is slow
@@ -106,6 +106,33 @@ def evaluate(
         first_problem = first_problem or problem
     assert first_problem is not None
     return first_problem
+
+
+def apply_default_target(
+    spec: WorkloadSpec, fits: dict[str, NodeFit], rejections: dict[str, Rejection],
+    policy: FeasibilityPolicy,
+) -> None:
+    """Interactive serving without max-ms-per-token: drop the feasible nodes that miss the default
+    target, but only when at least one feasible node meets it (docs/stage-policy.md).
+
+    A pod that names no target still serves people; placing it on a node predicted too slow when a
+    fast enough one is free is a silent miss. When no candidate meets the target the pod is not
+    refused: the slower nodes stay feasible and the bandwidth term ranks them.
+    """
+    if (not policy.default_target_filter or spec.stage is not Stage.SERVING
+            or spec.max_ms_per_token is not None
+            or spec.effective_latency_class is not LatencyClass.INTERACTIVE):
+        return
+    target = policy.default_interactive_ms_per_token
+    slow = [n for n, f in fits.items() if f.ms_per_token is not None and f.ms_per_token > target]
+    if not slow or len(slow) == len(fits):
+        return
+    why = reject(ReasonCode.LATENCY_SLO,
+                 f"misses the default interactive target of {target:g} ms/token that other nodes "
+                 "meet (set max-ms-per-token or latency-class: batch to choose otherwise)")
+    for n in slow:
+        del fits[n]
+        rejections[n] = why
 
 
 def _memory_problem(

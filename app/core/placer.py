@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from app.core.feasibility import NodeFit, evaluate
+from app.core.feasibility import NodeFit, apply_default_target, evaluate
 from app.core.policy import PlacementPolicy
 from app.core.reasons import MESSAGE_CHARS, MESSAGE_PREFIX, ReasonCode, Rejection, clip, reject
 from app.core.scoring import GravityFn, NodeScore, score_nodes
@@ -119,6 +119,8 @@ class Placer:
             else:
                 fit = cast(NodeFit, verdict)
                 fits[name] = fit if fit.node is facts else fit.on(facts)
+        # Needs every candidate's verdict: filtered only when another node meets the target.
+        apply_default_target(spec, fits, rejections, self.policy.feasibility)
         if spec.gang is not None and self.gangs is not None:
             fits, rejections = self.gangs.filter_member(spec, fits, rejections, node_names)
         return fits, rejections

@@ -91,6 +91,10 @@ class FeasibilityPolicy:
     default_context_tokens: int
     default_concurrency: int
     bandwidth_efficiency: float  # share of peak HBM bandwidth decode reaches
+    # Interactive serving without max-ms-per-token: the target it is held to, and whether a node
+    # missing it is filtered out when another candidate meets it (docs/stage-policy.md).
+    default_interactive_ms_per_token: float = 50.0
+    default_target_filter: bool = True
 
 
 @dataclass(frozen=True, slots=True)

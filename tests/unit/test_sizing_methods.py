@@ -149,3 +149,33 @@ def test_moe_is_placed_by_active_bandwidth(service: ExtenderService) -> None:
     assert set(fits) == {"h100"}
     fits, _ = service.placer.evaluate_nodes(spec_of("serving", active_params="3B", **base), ["l4", "h100"])
     assert set(fits) == {"l4", "h100"}
+
+
+def _chat(**ann: str) -> Any:
+    return spec_of("serving", model_params="7B", precision="int8", **ann)
+
+
+def test_default_interactive_target_filters_only_when_some_node_meets_it(service: ExtenderService) -> None:
+    # 7B int8 + 4,096 x 8 tokens of KV: ~11.6 GB read per token. T4 (320 GB/s x 0.6) predicts ~60
+    # ms/token, above the default 50; an H100 meets it, so the T4 is filtered out.
+    fits, rejections = service.placer.evaluate_nodes(_chat(), ["t4", "h100"])
+    assert set(fits) == {"h100"}
+    assert rejections["t4"].code.value == "latency_slo"
+    assert "default interactive target of 50 ms/token" in rejections["t4"].message
+    # When no candidate meets it, the pod is not refused: the slow node stays feasible.
+    fits, _ = service.placer.evaluate_nodes(_chat(), ["t4"])
+    assert set(fits) == {"t4"} and (fits["t4"].ms_per_token or 0) > 50
+    # An explicit target, batch serving, or the setting turned off: the default does not filter.
+    fits, _ = service.placer.evaluate_nodes(_chat(max_ms_per_token="80"), ["t4", "h100"])
+    assert set(fits) == {"t4", "h100"}
+    fits, _ = service.placer.evaluate_nodes(_chat(latency_class="batch"), ["t4", "h100"])
+    assert set(fits) == {"t4", "h100"}
+
+
+def test_default_target_filter_can_be_turned_off() -> None:
+    svc = build_core(Settings(cluster_source="none", metrics_port=0, default_target_filter=False),
+                     GpuCatalog.load())
+    for name, product in (("t4", "Tesla-T4"), ("h100", "NVIDIA-H100-80GB-HBM3")):
+        svc.absorb_node(node_object(name, gpus=4, product=product))
+    fits, _ = svc.placer.evaluate_nodes(_chat(), ["t4", "h100"])
+    assert set(fits) == {"t4", "h100"}
