@@ -1,0 +1,85 @@
+"""A hostile (or careless) tenant on the real control plane: one bad pod must cost only itself.
+
+A pod in another namespace, for a scheduler nobody runs, requests ``nvidia.com/gpu: "1e400"`` (the
+API server stores it as written). Before the fix its OverflowError killed the extender's pod watch
+in a loop: later pods went unseen and a deleted pod's GPUs stayed counted; after a restart /readyz
+stayed 503. Here other pods keep being placed, a deleted pod's GPUs are freed, and a restarted
+extender becomes ready with the poison pod still present.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from .conftest import ClusterScope
+from .harness import (
+    create_pod,
+    ensure_namespace,
+    get_pod,
+    gpu_node,
+    llm_pod,
+    wait_for_event,
+    wait_for_node_name,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def poison_pod(name: str) -> dict[str, object]:
+    pod = llm_pod(name, scheduler_name="nobody-runs-this-scheduler")
+    pod["spec"]["containers"][0]["resources"] = {  # type: ignore[index]
+        "requests": {"nvidia.com/gpu": "1e400"}, "limits": {"nvidia.com/gpu": "1e400"}}
+    return pod
+
+
+def test_poison_pod_in_another_namespace_costs_only_itself(cluster: ClusterScope,
+                                                           unique: Callable[[str], str]) -> None:
+    core, cp = cluster.core, cluster.cp
+    [node] = cluster.add_nodes([gpu_node(cluster.node_name("h"), "H100", gpus=8, index=1)])
+    other = cluster.namespace + "-b"
+    ensure_namespace(core, other)
+    poison = unique("poison")
+    stored = create_pod(core, other, poison_pod(poison))
+    # Stored (canonicalised) as written: an infinite float to any parser that reads it naively.
+    assert stored["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] in ("1e400", "10e399")
+
+    # The watch still delivers pods: a full-node pod is placed, deleted, and its GPUs come back.
+    first = unique("first")
+    create_pod(core, cluster.namespace, llm_pod(first, stage="serving", model_params="7B", gpus=8))
+    assert wait_for_node_name(core, cluster.namespace, first) == node
+    core.delete_namespaced_pod(first, cluster.namespace, grace_period_seconds=0)
+    second = unique("second")
+    create_pod(core, cluster.namespace, llm_pod(second, stage="serving", model_params="7B", gpus=8))
+    assert wait_for_node_name(core, cluster.namespace, second) == node
+
+    # A restart lists the poison pod again: the extender must still become ready and place pods.
+    core.delete_namespaced_pod(second, cluster.namespace, grace_period_seconds=0)
+    cp.restart_extender(crash=True)
+    url = f"http://127.0.0.1:{cp.ports.extender}/readyz"
+    wait_until(lambda: _ready(url), timeout=30, what="extender ready with a poison pod in the cluster")
+    third = unique("third")
+    create_pod(core, cluster.namespace, llm_pod(third, stage="serving", model_params="7B", gpus=8))
+    assert wait_for_node_name(core, cluster.namespace, third) == node
+    assert get_pod(core, other, poison)["spec"].get("nodeName") in (None, "")
+
+
+def test_unknown_annotation_key_is_a_warning_event(cluster: ClusterScope,
+                                                    unique: Callable[[str], str]) -> None:
+    core = cluster.core
+    cluster.add_nodes([gpu_node(cluster.node_name("w"), "H100", gpus=8, index=2)])
+    name = unique("typo")
+    create_pod(core, cluster.namespace, llm_pod(name, stage="serving", gpus=1,
+                                                annotations={"llm-placement.io/model-param": "7B"}))
+    wait_for_event(core, cluster.namespace, name, "UnknownAnnotation",
+                   "did you mean llm-placement.io/model-params?")
+
+
+def _ready(url: str) -> bool | None:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200 or None
+    except httpx.HTTPError:
+        return None
