@@ -482,8 +482,11 @@ def main(
             for t in trace:
                 pods, meta = openb_trace(data, t, sharing, minutes)
                 console.print(f"openb {t}: {meta}")
-                res = {v: bench.run(t, nodes, pods, v, meta["speed"], window, timeout) for v in variants}
-                _write_trace(f"openb-{t}", meta, res, out)
+                res = {}
+                for v in variants:
+                    res[v] = bench.run(t, nodes, pods, v, meta["speed"], window, timeout)
+                    # After every variant, so a later failure does not lose a long replay.
+                    _write_trace(f"openb-{t}", meta, res, out)
         if gravity:
             figs: dict[str, dict[str, dict[str, Any]]] = {}
             report: dict[str, Any] = {}

@@ -143,7 +143,9 @@ def test_node_without_gpu_labels_does_not_crash(service: ExtenderService) -> Non
 def test_weights_per_stage_come_from_config(service: ExtenderService) -> None:
     pod = pod_object("p", stage="serving", gpus=1, annotations={
         "llm-placement.io/model-params": "7B", "llm-placement.io/precision": "int8"})
-    assert ranked(service, pod)[0] == "t4-0"
+    # The default target only scores here (the T4 misses it), so the cheapest hour wins.
+    soft = Settings(cluster_source="none", metrics_port=0, default_target_filter=False)
+    assert ranked(mixed_service(soft), pod)[0] == "t4-0"
     # Make speed everything: the fastest GPU now wins.
     zero = dict.fromkeys(("memory_fit", "cost", "separation", "packing", "preference", "node_class",
                           "gravity", "precision"), 0.0)
@@ -154,7 +156,8 @@ def test_weights_per_stage_come_from_config(service: ExtenderService) -> None:
 
 def test_fp8_needs_fp8_hardware_and_falls_back(service: ExtenderService) -> None:
     pod = pod_object("p", stage="serving", gpus=1, annotations={
-        "llm-placement.io/model-params": "13B", "llm-placement.io/precision": "fp8"})
+        "llm-placement.io/model-params": "13B", "llm-placement.io/precision": "fp8",
+        "llm-placement.io/latency-class": "batch"})  # no latency target: only the hardware counts
     d = service.placer.filter(pod, NAMES)
     assert "fp8 needs a GPU with FP8 support" in d.unresolvable["a100-0"]
     assert "h100-0" in d.passed and "l4-0" in d.passed  # Hopper and Ada have FP8
