@@ -111,6 +111,9 @@ class Settings(BaseSettings):
     # Hold such a pod to that target in filter too, but only when some candidate node meets it
     # (otherwise the fastest available still serves it, scored lower): docs/stage-policy.md.
     default_target_filter: bool = True
+    # Share of a GPU's dense BF16 tensor TFLOPS that prefill reaches, for max-ttft-ms. An assumption
+    # (prefill is compute-bound; engines reach roughly half of peak): calibrate it to measurements.
+    prefill_efficiency: float = Field(0.5, gt=0, le=1)
     cpu_stages_may_use_gpu_nodes: bool = False
     default_cpu_hourly_cost: float = Field(0.05, ge=0)
     # Per GPU-hour for GPUs missing from the catalog (conservative: priced like a large GPU).
@@ -135,6 +138,7 @@ class Settings(BaseSettings):
                 bandwidth_efficiency=self.bandwidth_efficiency,
                 default_interactive_ms_per_token=self.default_interactive_ms_per_token,
                 default_target_filter=self.default_target_filter,
+                prefill_efficiency=self.prefill_efficiency,
             )
             scoring = ScoringPolicy(
                 weights=MappingProxyType(dict(self.weights)),

@@ -59,6 +59,7 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
                 # What per_gpu_gb (or the host memory) is made of (docs/stage-policy.md).
                 "memory_breakdown": {k: round(v, 2) for k, v in f.sizing.breakdown},
                 "ms_per_token": round(f.ms_per_token, 2) if f.ms_per_token else None,
+                "ttft_ms": round(f.ttft_ms, 1) if f.ttft_ms else None,
                 "hourly_cost": round(f.pod_hourly_cost, 4),
                 "score": s.score if s else 0,
                 "total": round(s.total, 4) if s else 0.0,

@@ -11,9 +11,17 @@ from dataclasses import dataclass
 from app.core.nodes import CPU_MEMORY_BANDWIDTH_TBS, NodeFacts
 from app.core.policy import FeasibilityPolicy
 from app.core.reasons import ReasonCode, Rejection, reject
-from app.core.sizing import Sizing, decode_ms_per_token, size
+from app.core.sizing import Sizing, decode_ms_per_token, prefill_ms, size
 from app.core.snapshot import NodeUsage
-from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Precision, Stage, WorkloadSpec
+from app.core.workload import (
+    CPU_STAGES,
+    TRAINING_STAGES,
+    LatencyClass,
+    Precision,
+    ServingRole,
+    Stage,
+    WorkloadSpec,
+)
 
 __all__ = ["NodeFit", "Rejection", "apply_default_target", "evaluate", "pod_hourly_cost"]
 
@@ -27,10 +35,12 @@ class NodeFit:
     ms_per_token: float | None
     pod_hourly_cost: float
     fallback_used: bool
+    ttft_ms: float | None = None  # predicted time to first token (prefill), when a target asks
 
     def on(self, node: NodeFacts) -> NodeFit:
         """The same verdict for another node of identical shape."""
-        return NodeFit(node, self.sizing, self.ms_per_token, self.pod_hourly_cost, self.fallback_used)
+        return NodeFit(node, self.sizing, self.ms_per_token, self.pod_hourly_cost, self.fallback_used,
+                       self.ttft_ms)
 
 
 def _fmt_params(p: float) -> str:
@@ -95,14 +105,26 @@ def evaluate(
         if problem is None and spec.stage is Stage.SERVING and spec.model_params is not None:
             bw = node.gpu_bandwidth_tbs if spec.gpus > 0 else CPU_MEMORY_BANDWIDTH_TBS
             ms = decode_ms_per_token(sizing, spec.gpus, bw, policy.bandwidth_efficiency)
-            if spec.max_ms_per_token is not None and (ms is None or ms > spec.max_ms_per_token):
+            decodes = spec.serving_role is not ServingRole.PREFILL
+            if decodes and spec.max_ms_per_token is not None and (ms is None or ms > spec.max_ms_per_token):
                 problem = reject(
                     ReasonCode.LATENCY_SLO,
                     f"cannot meet {spec.max_ms_per_token:g} ms/token: memory bandwidth too low"
                     + (f" at {precision.value}" if len(spec.precisions) > 1 else "")
                 )
+        ttft: float | None = None
+        if (problem is None and spec.max_ttft_ms is not None and spec.stage is Stage.SERVING
+                and spec.serving_role is not ServingRole.DECODE and spec.model_params is not None):
+            tflops = node.gpu.bf16_tflops if spec.gpus > 0 and node.gpu else 0.0
+            ttft = prefill_ms(spec, spec.gpus, tflops, policy.prefill_efficiency,
+                              policy.default_context_tokens)
+            if ttft is None or ttft > spec.max_ttft_ms:
+                problem = reject(ReasonCode.LATENCY_SLO,
+                                 f"cannot meet {spec.max_ttft_ms:g} ms to first token: "
+                                 + ("compute too low" if ttft is not None else "GPU compute unknown"))
         if problem is None:
-            return NodeFit(node, sizing, ms, pod_hourly_cost(spec, node), fallback_used=i > 0)
+            return NodeFit(node, sizing, ms, pod_hourly_cost(spec, node), fallback_used=i > 0,
+                           ttft_ms=ttft)
         first_problem = first_problem or problem
     assert first_problem is not None
     return first_problem
@@ -120,7 +142,7 @@ def apply_default_target(
     refused: the slower nodes stay feasible and the bandwidth term ranks them.
     """
     if (not policy.default_target_filter or spec.stage is not Stage.SERVING
-            or spec.max_ms_per_token is not None
+            or spec.max_ms_per_token is not None or spec.serving_role is ServingRole.PREFILL
             or spec.effective_latency_class is not LatencyClass.INTERACTIVE):
         return
     target = policy.default_interactive_ms_per_token

@@ -95,6 +95,7 @@ class FeasibilityPolicy:
     # missing it is filtered out when another candidate meets it (docs/stage-policy.md).
     default_interactive_ms_per_token: float = 50.0
     default_target_filter: bool = True
+    prefill_efficiency: float = 0.5  # share of dense BF16 TFLOPS prefill reaches (an assumption)
 
 
 @dataclass(frozen=True, slots=True)

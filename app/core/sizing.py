@@ -189,6 +189,18 @@ def size(
     return Sizing(precision, w, kv, 0.0, (w + kv) * 1.1, (("weights", w), ("kv cache", kv)), read)
 
 
+def prefill_ms(
+    spec: WorkloadSpec, gpus: int, tflops: float, efficiency: float, default_prompt: int
+) -> float | None:
+    """Predicted time to first token: prefill is compute-bound, ~2 FLOPs per active parameter per
+    prompt token, at a share ``efficiency`` of the GPUs' dense BF16 tensor throughput."""
+    params = spec.active_params or spec.model_params
+    if params is None or tflops <= 0:
+        return None
+    tokens = spec.prompt_tokens or default_prompt
+    return 2 * tokens * params / (max(gpus, 1) * tflops * 1e12 * efficiency) * 1e3
+
+
 def decode_ms_per_token(
     sizing: Sizing, gpus: int, bandwidth_tbs: float, efficiency: float
 ) -> float | None:

@@ -32,6 +32,7 @@ ANNOTATION_KEYS: tuple[str, ...] = (
     "kv-cache-gb", "latency-class", "max-ms-per-token", "gpu-preference",
     "topology-required-placement", "topology-preferred-placement", "depends-on", "input-data-gb",
     "colocation", "gang-name", "gang-size", "finetune-method", "trainable-params", "active-params",
+    "serving-role", "prompt-tokens", "max-ttft-ms",
 )
 # Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
 WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan")
@@ -99,6 +100,14 @@ class FinetuneMethod(StrEnum):
     QLORA = "qlora"  # frozen base quantised to 4-bit NF4 + adapters
 
 
+class ServingRole(StrEnum):
+    """Which phase of inference a serving pod runs (disaggregated prefill/decode serving)."""
+
+    PREFILL = "prefill"  # compute-bound: reads the prompt, hands the KV cache on
+    DECODE = "decode"  # bandwidth-bound: generates tokens
+    BOTH = "both"
+
+
 class LatencyClass(StrEnum):
     INTERACTIVE = "interactive"
     BATCH = "batch"
@@ -139,6 +148,9 @@ class WorkloadSpec(BaseModel):
     finetune_method: FinetuneMethod | None = None
     trainable_params: float | None = None
     active_params: float | None = None  # mixture of experts: parameters read per token
+    serving_role: ServingRole = ServingRole.BOTH
+    prompt_tokens: int | None = None
+    max_ttft_ms: float | None = None
     gpu_preference: tuple[str, ...] = ()
     topology_required: str | None = None
     topology_preferred: str | None = None
@@ -433,6 +445,16 @@ def parse_workload(
         return parse
 
     attempt("finetune-method", finetune)
+
+    def role(raw: str) -> ServingRole:
+        try:
+            return ServingRole(raw.lower())
+        except ValueError:
+            raise ValueError(f'serving-role "{quote(raw)}" is not prefill, decode or both') from None
+
+    attempt("serving-role", role)
+    attempt("prompt-tokens", lambda raw: parse_positive_int("prompt-tokens", raw))
+    attempt("max-ttft-ms", lambda raw: parse_positive_number("max-ttft-ms", raw))
     attempt("trainable-params", params_of("trainable-params"))
     attempt("active-params", params_of("active-params"))
     attempt("gpu-preference", lambda raw: _split(raw, "gpu-preference"))

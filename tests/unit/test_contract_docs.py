@@ -37,6 +37,9 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "finetune-method": ("qlora", "finetune_method"),
     "trainable-params": ("40M", "trainable_params"),
     "active-params": ("1B", "active_params"),
+    "serving-role": ("prefill", "serving_role"),
+    "prompt-tokens": ("2000", "prompt_tokens"),
+    "max-ttft-ms": ("500", "max_ttft_ms"),
 }
 
 

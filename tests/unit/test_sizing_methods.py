@@ -179,3 +179,26 @@ def test_default_target_filter_can_be_turned_off() -> None:
         svc.absorb_node(node_object(name, gpus=4, product=product))
     fits, _ = svc.placer.evaluate_nodes(_chat(), ["t4", "h100"])
     assert set(fits) == {"t4", "h100"}
+
+
+def test_time_to_first_token_uses_the_catalogs_tflops(service: ExtenderService) -> None:
+    # 7B bf16, 4,000-token prompt: 2 x 4,000 x 7e9 = 56 TFLOP. At half of the data-sheet dense BF16
+    # figure: H100 SXM (989 TFLOPS) ~113 ms, L4 (121 TFLOPS) ~926 ms, T4 (65 FP16 TFLOPS) ~1.7 s.
+    ann = {"model_params": "7B", "prompt_tokens": "4000", "max_ttft_ms": "500", "latency_class": "batch"}
+    fits, rejections = service.placer.evaluate_nodes(spec_of("serving", **ann), ["l4", "t4", "h100"])
+    assert set(fits) == {"h100"}
+    assert fits["h100"].ttft_ms == pytest.approx(2 * 4000 * 7e9 / (989e12 * 0.5) * 1e3)
+    assert "cannot meet 500 ms to first token: compute too low" in rejections["l4"].message
+    # MoE prefill computes with the active parameters only.
+    fits, _ = service.placer.evaluate_nodes(spec_of("serving", active_params="1B", **ann), ["l4"])
+    assert set(fits) == {"l4"}
+    # A decode pod is not held to the TTFT target; a prefill pod not to a ms/token target.
+    fits, _ = service.placer.evaluate_nodes(spec_of("serving", serving_role="decode", **ann), ["l4"])
+    assert set(fits) == {"l4"}
+    fits, _ = service.placer.evaluate_nodes(
+        spec_of("serving", serving_role="prefill", max_ms_per_token="1", **ann), ["h100"])
+    assert set(fits) == {"h100"}
+    with pytest.raises(WorkloadError, match='serving-role "mixed" is not prefill, decode or both'):
+        spec_of("serving", serving_role="mixed")
+    with pytest.raises(WorkloadError, match='max-ttft-ms "-3" must be greater than zero'):
+        spec_of("serving", max_ttft_ms="-3")
