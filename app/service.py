@@ -175,6 +175,9 @@ class ExtenderService:
             except wire.WireError as exc:
                 self.metrics.request_errors.labels("bind", "malformed").inc()
                 return wire.binding_result(MESSAGE_PREFIX + str(exc))
+            if self.binder is None:
+                self.metrics.request_errors.labels("bind", "refused").inc()
+                return wire.binding_result(MESSAGE_PREFIX + "no API server connection to bind with")
             uid = args.pod_uid
             early = self._assume_at_bind_start(uid, args.node)
             spec = await asyncio.to_thread(self._spec_for, args.pod_namespace, args.pod_name, args.pod_uid)

@@ -86,7 +86,10 @@ def test_placement_in_both_modes(
     create_pod(
         core,
         ns,
-        llm_pod(small, stage="serving", model_params="7B", precision="int8", gpus=1, cpu="8", memory="32Gi"),
+        # A relaxed SLO the user states: without one, the 50 ms/token interactive default keeps it
+        # off L4/T4 whenever a faster node is free (docs/stage-policy.md).
+        llm_pod(small, stage="serving", model_params="7B", precision="int8", gpus=1, cpu="8", memory="32Gi",
+                max_ms_per_token=150),
     )
     create_pod(core, ns, llm_pod(prep, stage="data-prep", cpu="2", memory="8Gi"))
     assert _key(nodes[wait_for_node_name(core, ns, big)]) == "H100"
