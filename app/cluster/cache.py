@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from kubernetes import client
@@ -123,6 +123,29 @@ def apply_pod(
         placed = PlacedPod(uid=uid, key=key, node=node, gpus=gpus, cpu_millis=cpu, memory_bytes=mem,
                            stage=None, latency_class=None, gang=None)
     snapshot.place(placed)
+
+
+def watch_events(
+    resp: Any, stop: threading.Event, unreadable: Callable[[Exception], None]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(type, object) for each event of a watch stream, until ``stop``.
+
+    An unreadable line costs only itself: it goes to ``unreadable`` and the stream goes on.
+    """
+    for line in iter_resp_lines(resp):
+        if stop.is_set():
+            return
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+            etype, obj = str(event.get("type")), event.get("object") or {}
+            if not isinstance(obj, dict):
+                raise TypeError(f"watch event object is {type(obj).__name__}, not an object")
+        except Exception as exc:
+            unreadable(exc)
+            continue
+        yield etype, obj
 
 
 class ClusterCache:
@@ -361,20 +384,8 @@ class ClusterCache:
         resp = fn(watch=True, resource_version=rv, allow_watch_bookmarks=True, timeout_seconds=240,
                   _preload_content=False, _request_timeout=(10, 300))
         try:
-            for line in iter_resp_lines(resp):
-                if self._stop.is_set():
-                    break
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                    etype = event.get("type")
-                    obj = event.get("object") or {}
-                    meta = obj.get("metadata") or {}
-                    new_rv = meta.get("resourceVersion")
-                except Exception as exc:  # an unreadable event costs only itself
-                    self.skipped(kind, None, exc)
-                    continue
+            for etype, obj in watch_events(resp, self._stop, lambda exc: self.skipped(kind, None, exc)):
+                new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                 if etype == "ERROR":
                     if obj.get("code") == 410:
                         raise Gone()

@@ -15,9 +15,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
-from app.cluster.cache import ClusterCache, apply_node, apply_pod
+from app.cluster.cache import ClusterCache, apply_node, apply_pod, watch_events
 from app.cluster.client import raw
 from app.core import workload
 from app.core.units import quote
@@ -202,21 +201,10 @@ class DraWatcher:
             timeout_seconds=240, _preload_content=False, _request_timeout=(10, 300),
         )
         try:
-            for line in iter_resp_lines(resp):
-                if self._stop.is_set():
-                    return
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                    etype = event.get("type")
-                    obj = event.get("object") or {}
-                except Exception as exc:  # an unreadable event costs only itself
-                    self.cache.skipped(kind, None, exc)
-                    continue
+            for etype, obj in watch_events(resp, self._stop, lambda exc: self.cache.skipped(kind, None, exc)):
                 if etype == "ERROR":
                     return  # 410 Gone and friends: re-list
-                if etype == "BOOKMARK" or not isinstance(obj, dict):
+                if etype == "BOOKMARK":
                     continue
                 try:
                     with self.lock:
