@@ -92,6 +92,9 @@ class Settings(BaseSettings):
     # How weighted totals become kube-scheduler's 0-10: "rank" bands keep every difference in order
     # (docs/scoring.md); "linear" is round(10 x total), which rounds small preferences away.
     score_mapping: ScoreMapping = ScoreMapping.RANK
+    # A GPU pod never opens a whole node while a partly used node of the same shape can take it
+    # (docs/scoring.md): off only to measure what the guard is worth.
+    whole_node_guard: bool = True
     # /explain shows where pods run: "kubernetes" lets only callers whose bearer token may get the
     # pod read it (TokenReview + SubjectAccessReview); "none" leaves it open (no API server to ask).
     explain_auth: Literal["kubernetes", "none"] = "kubernetes"
@@ -145,6 +148,7 @@ class Settings(BaseSettings):
                 memory_headroom=self.memory_headroom,
                 default_interactive_ms_per_token=self.default_interactive_ms_per_token,
                 score_mapping=self.score_mapping,
+                whole_node_guard=self.whole_node_guard,
             )
             self._policies = Policies(
                 placement=PlacementPolicy(feasibility, scoring, tuple(self.labels.gpu_resource)),

@@ -66,6 +66,9 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
                 "terms": {t: round(v, 3) for t, v in (s.terms if s else {}).items()},
                 "weights": s.weights if s else {},
             }
+            if s is not None and s.guarded_by:
+                # Ranked just below a partly used node of the same shape (docs/scoring.md).
+                entry["whole_node_guard"] = f"kept whole: {s.guarded_by} (same shape, partly used) fits"
         else:
             r = rejections.get(n) or UNKNOWN
             # "rule" is the rejections metric's label for the same verdict (docs/metrics.md).

@@ -106,6 +106,8 @@ class ScoringPolicy:
     memory_headroom: float
     default_interactive_ms_per_token: float
     score_mapping: ScoreMapping
+    # Rank a whole GPU node below a partly used node of the same shape that fits (docs/scoring.md).
+    whole_node_guard: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,8 @@ class NodeScore:
     total: float  # the unrounded weighted mean in [0, 1]; breaks ties in explain output
     terms: dict[str, float] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
+    # Set when the whole-node guard ranked this node below a partly used node of its shape.
+    guarded_by: str | None = None
 
     def top_terms(self, n: int = 3) -> list[tuple[str, float]]:
         contrib = {t: self.terms[t] * self.weights.get(t, 0.0) for t in self.terms}
@@ -190,7 +192,46 @@ def score_nodes(
             terms = {**terms, "gravity": g}
             total = weighted(terms)
         out.append(NodeScore(name, 0, total, terms, w))
+    if gpu_pod and policy.whole_node_guard:
+        _guard_whole_nodes(spec, fits, usage, out)
     # The integer kube-scheduler sees is a band relative to the other candidates (app.core.ranking).
     for s, band in zip(out, band_scores([s.total for s in out], policy.score_mapping), strict=True):
         s.score = band
     return out
+
+
+GUARD_GAP = 1e-6  # well above ranking.EQUAL_TOTAL, far below any difference a weight produces
+
+
+def _guard_whole_nodes(
+    spec: WorkloadSpec, fits: Sequence[NodeFit], usage: Mapping[str, NodeUsage], out: list[NodeScore]
+) -> None:
+    """Never open a whole GPU node while a partly used node of the same shape can take the pod.
+
+    The weighted mean trades packing against gravity and cost, and through the real kube-scheduler
+    that trade left slightly more stranded GPUs and fewer whole nodes than plain GPU bin-packing
+    (MostAllocated) on the pipeline replays (docs/scoring.md). Within one shape the trade is never
+    worth it: the sibling is the same hardware at the same price, and the whole node is what the next
+    8-GPU job needs. Across shapes cost and memory fit still decide, so small work keeps going to
+    cheap GPUs. A pod that fills a whole node exactly does not open it. A sibling whose tenants the
+    stage must keep apart from (separation) does not count: isolation is worth a whole node.
+    """
+    empty = NodeUsage()
+    best_sibling: dict[int, NodeScore] = {}
+    opening: list[tuple[NodeScore, int]] = []
+    for f, s in zip(fits, out, strict=True):
+        node = f.node
+        if node.gpu_count <= 0:
+            continue
+        used = (usage.get(node.name) or empty).gpus
+        if used == 0 and spec.gpus < node.gpu_count:
+            opening.append((s, node.shape_id))
+        elif s.terms.get("separation", 1.0) >= 1.0:
+            b = best_sibling.get(node.shape_id)
+            if b is None or s.total > b.total:
+                best_sibling[node.shape_id] = s
+    for s, shape in opening:
+        b = best_sibling.get(shape)
+        if b is not None and s.total > b.total - GUARD_GAP:
+            s.total = b.total - GUARD_GAP
+            s.guarded_by = b.node

@@ -1,0 +1,105 @@
+"""The whole-node guard: a GPU pod never opens a whole node while a same-shape partly used node fits."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from app.config import Settings
+from app.core.catalog import GpuCatalog
+from app.core.snapshot import placed_from_spec
+from app.core.workload import parse_workload
+from app.explain import explain_spec
+from app.service import ExtenderService
+from app.sim.fleet import node_object, pod_object
+from app.wiring import build_core
+
+ANN = "llm-placement.io/"
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def _service(catalog: GpuCatalog, guard: bool = True) -> ExtenderService:
+    return build_core(Settings(cluster_source="none", metrics_port=0, whole_node_guard=guard), catalog)
+
+
+def _run(service: ExtenderService, pod: dict[str, Any], node: str, finished: bool = False) -> None:
+    spec = parse_workload(pod)
+    service.snapshot.track_spec(spec)
+    service.snapshot.place(placed_from_spec(spec, node))
+    if finished:
+        service.snapshot.untrack_spec(spec.uid)
+        service.snapshot.finish(spec.uid, now=time.time())
+
+
+def _best(service: ExtenderService, pod: dict[str, Any], names: list[str]) -> set[str]:
+    body = json.dumps({"Pod": pod, "NodeNames": names}).encode()
+    service.filter(body)
+    prio = {e["Host"]: e["Score"] for e in json.loads(service.prioritize(body))}
+    top = max(prio.values())
+    return {n for n, s in prio.items() if s == top}
+
+
+def _gravity_case(service: ExtenderService) -> tuple[dict[str, Any], list[str]]:
+    """Eight H100s; a finished producer's node (h100-5) is whole again, h100-3 runs one small job."""
+    names = [f"h100-{i}" for i in range(8)]
+    for n in names:
+        service.absorb_node(node_object(n, gpus=8, product=H100, cpu="128", memory="1Ti"))
+    _run(service, pod_object("busy", stage="alignment", gpus=1, uid="u-busy",
+                             annotations={ANN + "model-params": "1B"}), "h100-3")
+    _run(service, pod_object("pretrain", stage="pretraining", gpus=8, uid="u-pre",
+                             annotations={ANN + "model-params": "1B"}), "h100-5", finished=True)
+    consumer = pod_object("sft", stage="alignment", gpus=2, uid="u-sft",
+                          annotations={ANN + "model-params": "1B", ANN + "depends-on": "pretrain",
+                                       ANN + "input-data-gb": "40"})
+    return consumer, names
+
+
+def test_gravity_does_not_open_a_whole_node_of_the_same_shape(catalog: GpuCatalog) -> None:
+    service = _service(catalog)
+    consumer, names = _gravity_case(service)
+    assert _best(service, consumer, names) == {"h100-3"}
+    out = explain_spec(service, parse_workload(consumer))
+    guarded = {e["node"]: e.get("whole_node_guard") for e in out["nodes"]}
+    assert guarded["h100-5"] and "h100-3" in guarded["h100-5"]
+    assert guarded["h100-3"] is None
+
+
+def test_without_the_guard_gravity_opens_the_producers_whole_node(catalog: GpuCatalog) -> None:
+    # The trade the guard removes: the same case picks the producer's (whole) node.
+    service = _service(catalog, guard=False)
+    consumer, names = _gravity_case(service)
+    assert _best(service, consumer, names) == {"h100-5"}
+
+
+def test_a_pod_that_fills_a_whole_node_is_not_held_back(catalog: GpuCatalog) -> None:
+    service = _service(catalog)
+    _, names = _gravity_case(service)
+    full = pod_object("train8", stage="alignment", gpus=8, uid="u-8", annotations={ANN + "model-params": "1B",
+                      ANN + "depends-on": "pretrain", ANN + "input-data-gb": "40"})
+    assert _best(service, full, names) == {"h100-5"}
+
+
+def test_other_shapes_still_compete_on_cost(catalog: GpuCatalog) -> None:
+    # Serving a small model: a whole L4 node stays cheaper than a partly used H100 node.
+    service = _service(catalog)
+    service.absorb_node(node_object("h100-0", gpus=8, product=H100, cpu="128", memory="1Ti"))
+    service.absorb_node(node_object("l4-0", gpus=4, product="NVIDIA-L4", cpu="48", memory="192Gi"))
+    _run(service, pod_object("busy", stage="serving", gpus=1, uid="u-busy",
+                             annotations={ANN + "model-params": "1B"}), "h100-0")
+    serve = pod_object("chat", stage="serving", gpus=1, uid="u-chat",
+                       annotations={ANN + "model-params": "1B", ANN + "latency-class": "interactive"})
+    assert _best(service, serve, ["h100-0", "l4-0"]) == {"l4-0"}
+
+
+def test_isolation_is_worth_a_whole_node(catalog: GpuCatalog) -> None:
+    # Interactive serving keeps away from training even if that opens a whole node of the same shape.
+    service = _service(catalog)
+    names = ["h100-0", "h100-1"]
+    for n in names:
+        service.absorb_node(node_object(n, gpus=8, product=H100, cpu="128", memory="1Ti"))
+    _run(service, pod_object("sft", stage="alignment", gpus=1, uid="u-sft",
+                             annotations={ANN + "model-params": "1B"}), "h100-0")
+    chat = pod_object("chat", stage="serving", gpus=1, uid="u-chat",
+                      annotations={ANN + "model-params": "1B", ANN + "latency-class": "interactive"})
+    assert _best(service, chat, names) == {"h100-1"}
