@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from app.binding import AGREEMENT_TEXT
 from app.core.gravity import GravityModel
 from app.core.placer import UNKNOWN
 from app.core.reasons import problem_key
 from app.core.workload import TRAINING_STAGES, WorkloadError, WorkloadSpec
-from app.service import AGREEMENT_TEXT, ExtenderService
+from app.service import ExtenderService
 
 
 def _find_spec(service: ExtenderService, namespace: str, name: str) -> WorkloadSpec | dict[str, Any] | None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
 from dataclasses import replace
 
 from kubernetes import client
 
+from app.binding import BinderLike, PodBinding
 from app.cluster.binder import Binder
 from app.cluster.cache import ClusterCache
 from app.cluster.client import api_client, raw
@@ -17,13 +19,14 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import GravityModel
 from app.core.snapshot import ClusterSnapshot
-from app.core.workload import WorkloadSpec
+from app.decisions import DecisionMemory
+from app.gang.book import GangBook
 from app.gang.coordinator import GangCoordinator, GangRuntime
 from app.gang.kube import PodGroupWatcher, load_plan_records
 from app.gang.persist import BackgroundWriter
 from app.metrics import Metrics
 from app.quality import DEFAULT_REFRESH_SECONDS, QualityRefresher
-from app.service import BinderLike, ExtenderService
+from app.service import ExtenderService
 
 log = logging.getLogger(__name__)
 
@@ -36,27 +39,35 @@ def build_core(
     gang_runtime: GangRuntime | None = None,
     live_gangs: bool = False,
 ) -> ExtenderService:
+    """Every part built once, in dependency order, with what it needs (nothing attached later)."""
+    policies = settings.policies()
     snapshot = ClusterSnapshot()
+    lock = threading.RLock()
+    metrics = metrics or Metrics()
+    memory = DecisionMemory()
+    # The gangs' reservation book exists first: data gravity pulls consumers to where a planned gang
+    # producer's members will run before any of them is bound.
+    book = GangBook(snapshot, policies.gang.reservation_ttl_seconds)
+
+    def planned(gang: str) -> list[str]:
+        plan = book.ledger.get(gang)
+        return [m.node for m in plan.members.values()] if plan is not None else []
+
     # Data gravity reads the same snapshot the placer does (producers' nodes, finished producers).
-    gravity = GravityModel(snapshot, settings.policies().gravity)
-    service = ExtenderService(
-        settings, catalog, snapshot=snapshot, metrics=metrics, binder=binder, gravity=gravity
-    )
+    gravity = GravityModel(snapshot, policies.gravity, planned=planned)
+    binding = PodBinding(binder, snapshot, lock, metrics, memory, policies.placement.feasibility, gravity)
+    ready = threading.Event()
     if live_gangs:
         # Member deletions are only trusted once the watch has listed everything (after a restart
         # the snapshot starts empty and every restored member would look deleted), and plans are
         # made off the request path (filter runs on the server's event loop).
-        gang_runtime = replace(gang_runtime or GangRuntime(), synced=service.ready.is_set, background=True)
-    gangs = attach_gangs(service, gang_runtime)
-
-    def planned(gang: str) -> list[str]:
-        # A gang that holds a reservation but has no member bound yet: its output will be where the
-        # plan puts its members, so consumers can already be pulled there.
-        plan = gangs.ledger.get(gang)
-        return [m.node for m in plan.members.values()] if plan is not None else []
-
-    gravity.planned = planned
-    return service
+        gang_runtime = replace(gang_runtime or GangRuntime(), synced=ready.is_set, background=True)
+    writer = BackgroundWriter(binder) if binder is not None else None
+    # The bind barrier gets the one capability it needs: bind this member to this node.
+    gangs = GangCoordinator(policies.gang, snapshot, lock, binding.bind_spec, GangMetricsAdapter(metrics),
+                            writer, gang_runtime, book=book)
+    return ExtenderService(settings, catalog, snapshot=snapshot, lock=lock, metrics=metrics, memory=memory,
+                           gravity=gravity, gangs=gangs, gang_binder=gangs, binding=binding, ready=ready)
 
 
 class GangMetricsAdapter:
@@ -82,20 +93,6 @@ class GangMetricsAdapter:
         self.m.reservations.set(gpus)
 
 
-def attach_gangs(service: ExtenderService, runtime: GangRuntime | None = None) -> GangCoordinator:
-    """Gang planning (filter), reservations and the all-or-nothing bind barrier (app.gang)."""
-    writer = BackgroundWriter(service.binder) if service.binder is not None else None
-
-    def bind(spec: WorkloadSpec, node: str) -> str:
-        return service.bind_one(spec.namespace, spec.name, spec.uid, node, spec)
-
-    gangs = GangCoordinator(service.policies.gang, service.snapshot, service.lock, bind,
-                            GangMetricsAdapter(service.metrics), writer, runtime)
-    service.placer.gangs = gangs
-    service.gang_binder = gangs
-    return gangs
-
-
 def build_live(
     settings: Settings, metrics: Metrics | None = None
 ) -> tuple[ExtenderService, ClusterCache | None]:
@@ -117,10 +114,6 @@ def build_live(
         restored = gangs.restore(records)
         log.info("restored %d gang plan(s) from pod annotations", restored)
         PodGroupWatcher(client.CustomObjectsApi(api), raw, service.snapshot, service.lock).start()
-    cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics)
-    # GPUs through Dynamic Resource Allocation, when the cluster serves resource.k8s.io (docs/dra.md).
-    DraWatcher(api, cache).start()
-
     changes = 0
 
     def mark_ready() -> None:
@@ -140,7 +133,12 @@ def build_live(
             snap = service.snapshot
             log.info("cache synced: %d nodes, %d pods", len(snap.nodes), len(snap.pods))
 
-    cache.on_change = mark_ready
+    # Unreadable pods and unknown annotation keys are reported on the pod through the service's
+    # binder, the same event writer the verbs use.
+    cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics,
+                         on_change=mark_ready, events=service.binder)
+    # GPUs through Dynamic Resource Allocation, when the cluster serves resource.k8s.io (docs/dra.md).
+    DraWatcher(api, cache).start()
     start_quality_refresher(service)
     return service, cache
 

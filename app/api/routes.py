@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
-from app.api import wire
+from app import wire
 from app.api.access import ExplainAccess
 from app.core.reasons import MESSAGE_PREFIX
 from app.service import ExtenderService

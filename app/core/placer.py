@@ -15,7 +15,7 @@ from app.core.policy import PlacementPolicy
 from app.core.reasons import MESSAGE_CHARS, MESSAGE_PREFIX, ReasonCode, Rejection, clip, reject
 from app.core.scoring import GravityFn, NodeScore, score_nodes
 from app.core.snapshot import ClusterSnapshot, NodeUsage
-from app.core.workload import WorkloadError, WorkloadSpec, parse_workload
+from app.core.workload import TRAINING_STAGES, WorkloadError, WorkloadSpec, parse_workload
 
 NOT_CACHED = reject(ReasonCode.NOT_CACHED, "node not in the extender's cache yet", unresolvable=False)
 UNKNOWN = reject(ReasonCode.OTHER, "rejected")
@@ -84,6 +84,26 @@ class Placer:
 
     def usage(self, node: str) -> NodeUsage:
         return self.snapshot.usage.get(node) or NodeUsage()
+
+    def fits_without(self, spec: WorkloadSpec, node: str, victims: Sequence[str]) -> bool:
+        """Would our rules pass on ``node`` once ``victims`` (pod uids) are evicted? (preemption)"""
+        facts = self.snapshot.nodes.get(node)
+        if facts is None:
+            return False
+        u = self.usage(node)
+        known = [u.pods[v] for v in victims if v in u.pods]
+        trial = NodeUsage(gpus=u.gpus - sum(p.gpus for p in known), cpu_millis=u.cpu_millis,
+                          memory_bytes=u.memory_bytes,
+                          pods={k: v for k, v in u.pods.items() if k not in victims},
+                          stages=u.stages.copy(), interactive=u.interactive, training=u.training)
+        for p in known:
+            if p.stage is not None:
+                trial.stages[p.stage.value] -= 1
+                trial.training -= p.stage in TRAINING_STAGES
+        free = facts.gpu_count - trial.gpus
+        if self.gangs is not None:
+            free -= self.gangs.reserved_gpus(node, spec.gang.key if spec.gang else None)
+        return not isinstance(evaluate(spec, facts, trial, free, self.policy.feasibility), Rejection)
 
     def evaluate_nodes(
         self, spec: WorkloadSpec, node_names: Sequence[str]

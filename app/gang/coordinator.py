@@ -77,13 +77,15 @@ class GangCoordinator:
         runtime: GangRuntime | None = None,
         workers: int = 2,
         lookahead: int = 2,
+        book: GangBook | None = None,
     ) -> None:
         rt = runtime or GangRuntime()
         self.lock = lock
         self.clock = rt.clock
         self.background = rt.background
         self.writer = writer
-        self.book = GangBook(snapshot, policy.reservation_ttl_seconds)
+        # Given when others must read the reservations before this object exists (data gravity).
+        self.book = book or GangBook(snapshot, policy.reservation_ttl_seconds)
         self.reporter = Reporter(metrics or NoMetrics(), writer)
         store = PlanStore(writer)
         # Back-edges between the parts go through these lambdas (resolved when called).

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.api import wire
+from app import wire
 from app.api.app import create_app
 from app.config import Settings
 from app.core.catalog import GpuCatalog

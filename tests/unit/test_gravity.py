@@ -461,7 +461,7 @@ def test_bind_records_edge_distance_and_cross_node_gb() -> None:
     run(svc.snapshot, spec("pt-0", stage="pretraining", gpus=8, gang="pt"), "n1")
     run(svc.snapshot, spec("pt-1", stage="pretraining", gpus=8, gang="pt"), "n3")
     consumer = spec("sft", stage="alignment", gpus=8, depends="pt, ghost", gb=100)
-    assert svc.bind_one("ml", "sft", consumer.uid, "n2", consumer) == ""
+    assert svc.binding.bind_one("ml", "sft", consumer.uid, "n2", consumer) == ""
     edges = "llm_placement_dependency_edges_total"
     assert sample(svc, edges, {"stage": "alignment", "distance": "nvlink"}) == 1
     assert sample(svc, edges, {"stage": "alignment", "distance": MISSING}) == 1
@@ -475,7 +475,7 @@ def test_bind_on_the_producers_node_moves_nothing_across_nodes() -> None:
     svc, binder = service_with(topology())
     run(svc.snapshot, spec("p", gpus=4), "n1")
     consumer = spec("c", gpus=4, depends="p", gb=40)
-    assert svc.bind_one("ml", "c", consumer.uid, "n1", consumer) == ""
+    assert svc.binding.bind_one("ml", "c", consumer.uid, "n1", consumer) == ""
     assert sample(svc, "llm_placement_dependency_edges_total", {"stage": "alignment", "distance": "node"}) == 1
     assert sample(svc, "llm_placement_cross_node_data_gigabytes_total", {"stage": "alignment"}) == 0
     assert not [r for r, _, _ in binder.events if r == "ProducerNotFound"]

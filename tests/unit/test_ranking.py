@@ -110,7 +110,7 @@ def test_bind_counts_agreement(service: ExtenderService) -> None:
             return None
 
     binder = Binder()
-    service.binder = binder
+    service = ExtenderService(service.settings, service.catalog, binder=binder)
     names = _eight_h100(service)
     service.snapshot.place(PlacedPod("busy", "default/busy", "h100-3", 1, 1000, 1 << 30, Stage.ALIGNMENT, None, None))
 
@@ -126,7 +126,7 @@ def test_bind_counts_agreement(service: ExtenderService) -> None:
         prio = _priorities(service, pod, names)
         assert prio[chosen] == (10 if chosen == "h100-3" else 9)
         spec = service.placer.parse(pod)
-        assert service.bind_one("default", f"sft-{i}", f"u-{i}", chosen, spec) == ""
+        assert service.binding.bind_one("default", f"sft-{i}", f"u-{i}", chosen, spec) == ""
     assert sample("top") == 1.0 and sample("lower") == 1.0 and sample("tied_top") == 0.0
     assert "followed our ranking" in binder.events[0]
     assert "ranked lower" in binder.events[1]
