@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit e2e lint lint-docker typecheck controlplane kwok helm manifests system-deps bench kind-up kind-e2e kind-down clean
+.PHONY: demo test unit e2e lint lint-docker typecheck controlplane kwok kustomize helm manifests system-deps bench kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/llm-placement demo
 
 ## Everything CI runs: lint, types, unit tests, then the real control plane, helm and Prometheus suites.
-test: $(STAMP) system-deps controlplane kwok helm
+test: $(STAMP) system-deps controlplane kwok kustomize helm
 	$(BIN)/ruff check app tests bench scripts
 	$(BIN)/mypy app
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
@@ -50,6 +50,10 @@ controlplane:
 ## kwok (fake kubelets for the trace replays) from its Go module, cached next to the control plane.
 kwok:
 	bash scripts/build-kwok.sh >/dev/null
+
+## kustomize (what `kubectl kustomize` embeds) from its Go module, for the example kustomizations.
+kustomize:
+	bash scripts/build-kustomize.sh >/dev/null
 
 ## helm from its Go module, cached outside the clone.
 helm:
