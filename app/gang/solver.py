@@ -218,7 +218,7 @@ def _solve(
     if start is not None and not model.covers(start):
         start = greedy(index, allowed)  # the baseline left the pruned set: a hint inside it
     if start is not None:
-        out.start_objective = model.objective_of(model.hint(start))
+        out.start_objective = objective_of(model, hint(model, start))
     elif fix:
         return out
     if lower is not None:
@@ -235,7 +235,7 @@ def _solve(
     stats["branches"] = float(solver.num_branches)
     out.status = STATUS.get(code, "unknown")
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        out.assignment = model.decode(solver, prefer or set())
+        out.assignment = decode(model, solver, prefer or set())
         out.objective = solver.objective_value + model.constant
         out.bound = solver.best_objective_bound + model.constant
         if out.assignment is None:
@@ -292,11 +292,11 @@ class _Model:
         self.obj_vars: list[cp_model.IntVar] = []
         self.obj_coefs: list[int] = []
         self.constant = 0  # objective terms fixed by bound members
-        self._class_of = {n.name: i for i in self.ids for n in index.classes[i].nodes}
+        self.class_of = {n.name: i for i in self.ids for n in index.classes[i].nodes}
         self._build()
 
     def covers(self, assignment: Assignment) -> bool:
-        return all(n in self._class_of for n in assignment)
+        return all(n in self.class_of for n in assignment)
 
     def _obj(self, var: cp_model.IntVar, coef: int) -> None:
         if coef:
@@ -523,74 +523,75 @@ class _Model:
     def bound_below(self, lower: int) -> None:
         self.m.add(_wsum(self.obj_vars, self.obj_coefs) >= lower - self.constant)
 
-    # --- hint / decode --------------------------------------------------------------------------
-    def hint_values(self, assignment: Assignment) -> dict[cp_model.IntVar, int]:
-        """Every model variable's value for ``assignment`` (which must use model classes only)."""
-        index = self.index
-        values: dict[cp_model.IntVar, int] = {}
-        xs: dict[tuple[str, int], int] = defaultdict(int)
-        us: dict[int, int] = defaultdict(int)
-        used: list[Candidate] = list(index.fixed)
-        for node, per_shape in assignment.items():
-            i = self._class_of[node]
-            for key, cnt in per_shape.items():
-                xs[(key, i)] += cnt
-            if sum(per_shape.values()) and i in self.u:
-                us[i] += 1
-                used.append(index.by_name[node])
-        for xkey, var in self.x.items():
-            values[var] = xs.get(xkey, 0)
-        for i, var in self.u.items():
-            values[var] = us.get(i, 0)
-        used_doms = {(ti, t.domain_of[n.name]) for ti, t in enumerate(index.tiers[:-1]) for n in used}
-        for ykey, var in self.y.items():
-            values[var] = int(ykey in used_doms)
-        for d, var in self.r.items():
-            values[var] = int(any(n.required == d for n in used))
-        for d, var in self.p.items():
-            values[var] = int(any(n.preferred == d for n in used))
-        for gm, var in self.models.items():
-            values[var] = int(any(n.gpu_model == gm for n in used))
-        if self.z is not None:
-            values[self.z] = int(any(not n.rdma for n in used))
-        return values
 
-    def hint(self, assignment: Assignment) -> dict[cp_model.IntVar, int]:
-        values = self.hint_values(assignment)
-        for var, value in values.items():
-            self.m.add_hint(var, value)
-        return values
+# --- between plans and model variables (the warm start in, the solution out) ----------------------
+def hint_values(model: _Model, assignment: Assignment) -> dict[cp_model.IntVar, int]:
+    """Every model variable's value for ``assignment`` (which must use model classes only)."""
+    index = model.index
+    values: dict[cp_model.IntVar, int] = {}
+    xs: dict[tuple[str, int], int] = defaultdict(int)
+    us: dict[int, int] = defaultdict(int)
+    used: list[Candidate] = list(index.fixed)
+    for node, per_shape in assignment.items():
+        i = model.class_of[node]
+        for key, cnt in per_shape.items():
+            xs[(key, i)] += cnt
+        if sum(per_shape.values()) and i in model.u:
+            us[i] += 1
+            used.append(index.by_name[node])
+    for xkey, var in model.x.items():
+        values[var] = xs.get(xkey, 0)
+    for i, var in model.u.items():
+        values[var] = us.get(i, 0)
+    used_doms = {(ti, t.domain_of[n.name]) for ti, t in enumerate(index.tiers[:-1]) for n in used}
+    for ykey, var in model.y.items():
+        values[var] = int(ykey in used_doms)
+    for d, var in model.r.items():
+        values[var] = int(any(n.required == d for n in used))
+    for d, var in model.p.items():
+        values[var] = int(any(n.preferred == d for n in used))
+    for gm, var in model.models.items():
+        values[var] = int(any(n.gpu_model == gm for n in used))
+    if model.z is not None:
+        values[model.z] = int(any(not n.rdma for n in used))
+    return values
 
-    def objective_of(self, values: dict[cp_model.IntVar, int]) -> int:
-        return self.constant + sum(c * values.get(v, 0) for v, c in zip(self.obj_vars, self.obj_coefs,
-                                                                          strict=True))
+def hint(model: _Model, assignment: Assignment) -> dict[cp_model.IntVar, int]:
+    values = hint_values(model, assignment)
+    for var, value in values.items():
+        model.m.add_hint(var, value)
+    return values
 
-    def decode(self, solver: cp_model.CpSolver, prefer: set[str]) -> Assignment | None:
-        """Members per node. Identical nodes of a class are filled in order (nodes a previous plan
-        used first, then by name); several shapes are packed first-fit decreasing. None when the
-        aggregated class capacity could not be packed (the caller falls back to the warm start)."""
-        out: Assignment = {}
-        shapes = sorted(self.problem.shapes, key=lambda s: (-s.gpus, -s.cpu_millis, -s.memory_bytes, s.key))
-        for i in self.ids:
-            c = self.index.classes[i]
-            wanted = {s.key: solver.value(self.x[(s.key, i)]) for s in shapes if (s.key, i) in self.x}
-            if not any(wanted.values()):
-                continue
-            nodes = sorted(c.nodes, key=lambda n: (n.name not in prefer, n.name))
-            if len(wanted) == 1:
-                (key, cnt), = wanted.items()
-                for n in nodes:
-                    if cnt <= 0:
-                        break
-                    take = min(cnt, c.caps[key])
-                    out[n.name] = {key: take}
-                    cnt -= take
-                continue
-            packed = first_fit(nodes, shapes, wanted)
-            if packed is None:
-                return None
-            out.update(packed)
-        return out
+def objective_of(model: _Model, values: dict[cp_model.IntVar, int]) -> int:
+    return model.constant + sum(c * values.get(v, 0) for v, c in zip(model.obj_vars, model.obj_coefs,
+                                                                      strict=True))
+
+def decode(model: _Model, solver: cp_model.CpSolver, prefer: set[str]) -> Assignment | None:
+    """Members per node. Identical nodes of a class are filled in order (nodes a previous plan
+    used first, then by name); several shapes are packed first-fit decreasing. None when the
+    aggregated class capacity could not be packed (the caller falls back to the warm start)."""
+    out: Assignment = {}
+    shapes = sorted(model.problem.shapes, key=lambda s: (-s.gpus, -s.cpu_millis, -s.memory_bytes, s.key))
+    for i in model.ids:
+        c = model.index.classes[i]
+        wanted = {s.key: solver.value(model.x[(s.key, i)]) for s in shapes if (s.key, i) in model.x}
+        if not any(wanted.values()):
+            continue
+        nodes = sorted(c.nodes, key=lambda n: (n.name not in prefer, n.name))
+        if len(wanted) == 1:
+            (key, cnt), = wanted.items()
+            for n in nodes:
+                if cnt <= 0:
+                    break
+                take = min(cnt, c.caps[key])
+                out[n.name] = {key: take}
+                cnt -= take
+            continue
+        packed = first_fit(nodes, shapes, wanted)
+        if packed is None:
+            return None
+        out.update(packed)
+    return out
 
 
 def _sum(xs: list[cp_model.IntVar]) -> cp_model.LinearExprT:
