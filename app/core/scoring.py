@@ -176,24 +176,40 @@ def score_nodes(
     def weighted(terms: dict[str, float]) -> float:
         return sum(terms[t] * w[t] for t in TERMS) / total_w if total_w > 0 else 0.0
 
-    memo: dict[tuple[object, ...], tuple[dict[str, float], float]] = {}
+    # The whole-node guard's two facts about a node also follow from its key: does the pod open a
+    # whole node there, and may that node stand in for a whole one of its shape (see _guard).
+    guard = gpu_pod and policy.whole_node_guard
+    memo: dict[tuple[object, ...], tuple[dict[str, float], float, bool, bool]] = {}
     out: list[NodeScore] = []
+    opening: list[tuple[NodeScore, int]] = []
+    best_sibling: dict[int, NodeScore] = {}
     empty = NodeUsage()
     for f in fits:
-        name = f.node.name
+        node = f.node
+        name = node.name
         u = usage.get(name) or empty
-        key = (f.node.shape_id, f.sizing.precision, u.gpus, u.cpu_millis, u.training > 0, u.interactive > 0)
+        key = (node.shape_id, f.sizing.precision, u.gpus, u.cpu_millis, u.training > 0, u.interactive > 0)
         hit = memo.get(key)
         if hit is None:
             terms = base_terms(f, u)
-            hit = memo[key] = (terms, weighted(terms))
-        terms, total = hit
-        if gravity is not None and (g := gravity(f.node.name)) is not None:
+            opens = node.gpu_count > 0 and u.gpus == 0 and spec.gpus < node.gpu_count
+            sibling = node.gpu_count > 0 and not opens and terms["separation"] >= 1.0
+            hit = memo[key] = (terms, weighted(terms), opens, sibling)
+        terms, total, opens, sibling = hit
+        if gravity is not None and (g := gravity(name)) is not None:
             terms = {**terms, "gravity": g}
             total = weighted(terms)
-        out.append(NodeScore(name, 0, total, terms, w))
-    if gpu_pod and policy.whole_node_guard:
-        _guard_whole_nodes(spec, fits, usage, out)
+        score = NodeScore(name, 0, total, terms, w)
+        out.append(score)
+        if guard:
+            if opens:
+                opening.append((score, node.shape_id))
+            elif sibling:
+                b = best_sibling.get(node.shape_id)
+                if b is None or total > b.total:
+                    best_sibling[node.shape_id] = score
+    if opening and best_sibling:
+        _guard(opening, best_sibling)
     # The integer kube-scheduler sees is a band relative to the other candidates (app.core.ranking).
     for s, band in zip(out, band_scores([s.total for s in out], policy.score_mapping), strict=True):
         s.score = band
@@ -203,9 +219,7 @@ def score_nodes(
 GUARD_GAP = 1e-6  # well above ranking.EQUAL_TOTAL, far below any difference a weight produces
 
 
-def _guard_whole_nodes(
-    spec: WorkloadSpec, fits: Sequence[NodeFit], usage: Mapping[str, NodeUsage], out: list[NodeScore]
-) -> None:
+def _guard(opening: list[tuple[NodeScore, int]], best_sibling: dict[int, NodeScore]) -> None:
     """Never open a whole GPU node while a partly used node of the same shape can take the pod.
 
     The weighted mean trades packing against gravity and cost, and through the real kube-scheduler
@@ -216,20 +230,6 @@ def _guard_whole_nodes(
     cheap GPUs. A pod that fills a whole node exactly does not open it. A sibling whose tenants the
     stage must keep apart from (separation) does not count: isolation is worth a whole node.
     """
-    empty = NodeUsage()
-    best_sibling: dict[int, NodeScore] = {}
-    opening: list[tuple[NodeScore, int]] = []
-    for f, s in zip(fits, out, strict=True):
-        node = f.node
-        if node.gpu_count <= 0:
-            continue
-        used = (usage.get(node.name) or empty).gpus
-        if used == 0 and spec.gpus < node.gpu_count:
-            opening.append((s, node.shape_id))
-        elif s.terms.get("separation", 1.0) >= 1.0:
-            b = best_sibling.get(node.shape_id)
-            if b is None or s.total > b.total:
-                best_sibling[node.shape_id] = s
     for s, shape in opening:
         b = best_sibling.get(shape)
         if b is not None and s.total > b.total - GUARD_GAP:
