@@ -60,6 +60,14 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
                 "memory_breakdown": {k: round(v, 2) for k, v in f.sizing.breakdown},
                 "ms_per_token": round(f.ms_per_token, 2) if f.ms_per_token else None,
                 "ttft_ms": round(f.ttft_ms, 1) if f.ttft_ms else None,
+                # The all-reduce part of ms_per_token and ttft_ms for multi-GPU serving
+                # (docs/stage-policy.md, "Tensor-parallel communication").
+                "tensor_parallel": None if f.tp is None else {
+                    "gpus": f.tp.gpus, "link": f.tp.link.name, "link_kind": f.tp.link.kind,
+                    "link_gb_per_s": f.tp.link.gb_per_s,
+                    "ms_per_token": round(f.tp.per_token_ms, 3),
+                    "prefill_ms": round(f.tp.prefill_ms, 1),
+                },
                 "hourly_cost": round(f.pod_hourly_cost, 4),
                 "score": s.score if s else 0,
                 "total": round(s.total, 4) if s else 0.0,
