@@ -41,7 +41,8 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         bound = service.snapshot.node_of(spec.key)
         gravity = service.placer.gravity
         pull = (gravity.explain(spec, names, list(fits))
-                if isinstance(gravity, GravityModel) and spec.depends_on else None)
+                if isinstance(gravity, GravityModel) and (spec.depends_on or spec.serving_group)
+                else None)
         free_by_domain: Counter[str] = Counter()
         for n, facts in service.snapshot.nodes.items():
             if facts.has_gpus:
