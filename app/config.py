@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, PrivateAttr, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.core.policy import (
@@ -28,6 +28,7 @@ from app.core.policy import (
     TierBandwidth,
     tier_names,
 )
+from app.core.profiles import ProfileBook, ProfileError
 from app.core.ranking import ScoreMapping
 
 __all__ = ["ConfigError", "NodeLabelKeys", "Settings", "StageWeights", "TierBandwidth", "load_settings"]
@@ -117,6 +118,9 @@ class Settings(BaseSettings):
     # Share of a GPU's dense BF16 tensor TFLOPS that prefill reaches, for max-ttft-ms. An assumption
     # (prefill is compute-bound; engines reach roughly half of peak): calibrate it to measurements.
     prefill_efficiency: float = Field(0.5, gt=0, le=1)
+    # Measured serving profiles (YAML or JSON) that replace the estimates for the pods they match:
+    # docs/stage-policy.md, "Measured profiles". Read and validated once, at start.
+    profiles_file: str | None = None
     cpu_stages_may_use_gpu_nodes: bool = False
     default_cpu_hourly_cost: float = Field(0.05, ge=0)
     # Per GPU-hour for GPUs missing from the catalog (conservative: priced like a large GPU).
@@ -128,6 +132,18 @@ class Settings(BaseSettings):
     producer_memory_seconds: float = Field(3600.0, ge=0)
 
     _policies: Policies | None = PrivateAttr(default=None)
+    _profiles: ProfileBook | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _load_profiles(self) -> Settings:
+        # A bad profiles file fails the configuration, naming the entry and the field: a scheduler
+        # must not run on silently ignored measurements.
+        if self.profiles_file:
+            try:
+                self._profiles = ProfileBook.load(self.profiles_file)
+            except ProfileError as exc:
+                raise ValueError(f"profiles_file: {exc}") from None
+        return self
 
     def policies(self) -> Policies:
         """Each pure component's own typed, immutable slice of these settings (built once)."""
@@ -142,6 +158,7 @@ class Settings(BaseSettings):
                 default_interactive_ms_per_token=self.default_interactive_ms_per_token,
                 default_target_filter=self.default_target_filter,
                 prefill_efficiency=self.prefill_efficiency,
+                profiles=self._profiles,
             )
             scoring = ScoringPolicy(
                 weights=MappingProxyType(dict(self.weights)),

@@ -42,7 +42,8 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         bound = service.snapshot.node_of(spec.key)
         gravity = service.placer.gravity
         pull = (gravity.explain(spec, names, list(fits))
-                if isinstance(gravity, GravityModel) and spec.depends_on else None)
+                if isinstance(gravity, GravityModel) and (spec.depends_on or spec.serving_group)
+                else None)
         free_by_domain: Counter[str] = Counter()
         for n, facts in service.snapshot.nodes.items():
             if facts.has_gpus:
@@ -61,6 +62,27 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
                 "memory_breakdown": {k: round(v, 2) for k, v in f.sizing.breakdown},
                 "ms_per_token": round(f.ms_per_token, 2) if f.ms_per_token else None,
                 "ttft_ms": round(f.ttft_ms, 1) if f.ttft_ms else None,
+                # Whether each figure is a measurement (settings profiles_file) or the estimate
+                # (docs/stage-policy.md, "Measured profiles"); the estimate is kept for calibration.
+                "ms_per_token_source": f.ms_source if f.ms_per_token else None,
+                "ttft_source": f.ttft_source if f.ttft_ms else None,
+                "estimated_ms_per_token": (round(f.estimated_ms_per_token, 2)
+                                           if f.profile is not None and f.estimated_ms_per_token else None),
+                "estimated_ttft_ms": (round(f.estimated_ttft_ms, 1)
+                                      if f.profile is not None and f.estimated_ttft_ms else None),
+                "profile": None if f.profile is None else {
+                    "model": f.profile.model, "gpu": f.profile.gpu, "gpus": f.profile.gpus,
+                    "precision": f.profile.precision.value, "source": f.profile.source,
+                    "max_concurrency": f.profile.max_concurrency,
+                },
+                # The all-reduce part of ms_per_token and ttft_ms for multi-GPU serving
+                # (docs/stage-policy.md, "Tensor-parallel communication").
+                "tensor_parallel": None if f.tp is None else {
+                    "gpus": f.tp.gpus, "link": f.tp.link.name, "link_kind": f.tp.link.kind,
+                    "link_gb_per_s": f.tp.link.gb_per_s,
+                    "ms_per_token": round(f.tp.per_token_ms, 3),
+                    "prefill_ms": round(f.tp.prefill_ms, 1),
+                },
                 "hourly_cost": round(f.pod_hourly_cost, 4),
                 "score": s.score if s else 0,
                 "total": round(s.total, 4) if s else 0.0,

@@ -101,9 +101,10 @@ def apply_pod(
         spec = parse_workload(pod, gpu_res)
     except WorkloadError:
         spec = None
-    # Specs are kept for pods still to be placed and for gang members (membership counts); a bound
-    # pod only needs its usage record, which keeps 100k cached pods within the memory budget.
-    if spec is not None and (not node or spec.gang is not None):
+    # Specs are kept for pods still to be placed, for gang members (membership counts) and for
+    # serving-group members (their partners look up each other's role); any other bound pod only
+    # needs its usage record, which keeps 100k cached pods within the memory budget.
+    if spec is not None and (not node or spec.gang is not None or spec.serving_group is not None):
         snapshot.track_spec(spec)
     elif spec is not None:
         snapshot.untrack_spec(uid)

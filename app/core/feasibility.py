@@ -10,8 +10,16 @@ from dataclasses import dataclass
 
 from app.core.nodes import CPU_MEMORY_BANDWIDTH_TBS, NodeFacts
 from app.core.policy import FeasibilityPolicy
+from app.core.profiles import Profile
 from app.core.reasons import ReasonCode, Rejection, reject
-from app.core.sizing import Sizing, decode_ms_per_token, prefill_ms, size
+from app.core.sizing import (
+    Sizing,
+    TensorParallel,
+    decode_ms_per_token,
+    prefill_ms,
+    size,
+    tensor_parallel,
+)
 from app.core.snapshot import NodeUsage
 from app.core.workload import (
     CPU_STAGES,
@@ -36,11 +44,29 @@ class NodeFit:
     pod_hourly_cost: float
     fallback_used: bool
     ttft_ms: float | None = None  # predicted time to first token (prefill), when a target asks
+    # Tensor-parallel all-reduce cost, already inside ms_per_token and ttft_ms (multi-GPU serving).
+    tp: TensorParallel | None = None
+    # The measured profile that replaced the estimates, if one matched (docs/stage-policy.md,
+    # "Measured profiles"), and what the estimates would have said, for calibration.
+    profile: Profile | None = None
+    estimated_ms_per_token: float | None = None
+    estimated_ttft_ms: float | None = None
 
     def on(self, node: NodeFacts) -> NodeFit:
         """The same verdict for another node of identical shape."""
         return NodeFit(node, self.sizing, self.ms_per_token, self.pod_hourly_cost, self.fallback_used,
-                       self.ttft_ms)
+                       self.ttft_ms, self.tp, self.profile, self.estimated_ms_per_token,
+                       self.estimated_ttft_ms)
+
+    @property
+    def ms_source(self) -> str:
+        measured = self.profile is not None and self.profile.ms_per_token is not None
+        return "measured" if measured else "estimated"
+
+    @property
+    def ttft_source(self) -> str:
+        measured = self.profile is not None and self.profile.ttft_ms is not None
+        return "measured" if measured else "estimated"
 
 
 def _fmt_params(p: float) -> str:
@@ -88,6 +114,11 @@ def evaluate(
     if spec.stage is Stage.SERVING and lat is LatencyClass.INTERACTIVE and usage.training > 0:
         return reject(ReasonCode.SEPARATION, "interactive serving is kept off nodes running training")
 
+    # Sharding over several GPUs of the box costs two all-reduces per layer per forward pass; over
+    # PCIe that is ms per token, not noise (docs/stage-policy.md, "Tensor-parallel communication").
+    # It depends on the activations, not the weights' precision, so it is the same at every one.
+    tp = (tensor_parallel(spec, node.gpu, policy.default_concurrency, policy.default_context_tokens)
+          if spec.gpus > 1 else None)
     first_problem: Rejection | None = None
     for i, precision in enumerate(spec.precisions):
         sizing = size(
@@ -102,29 +133,65 @@ def evaluate(
             problem = reject(ReasonCode.PRECISION,
                              "fp8 needs a GPU with FP8 support (Hopper, Ada, Blackwell, MI300)")
         ms: float | None = None
+        estimated_ms: float | None = None
+        profile = (policy.profiles.match(spec, node.gpu, precision)
+                   if policy.profiles is not None and node.gpu is not None and spec.gpus > 0
+                   and spec.stage is Stage.SERVING else None)
+        if problem is None and profile is not None and profile.max_concurrency is not None:
+            sequences = spec.concurrency or policy.default_concurrency
+            if sequences > profile.max_concurrency:
+                problem = reject(ReasonCode.LATENCY_SLO,
+                                 f"measured: serves at most {profile.max_concurrency} sequences at once"
+                                 + (f" at {precision.value}" if len(spec.precisions) > 1 else ""))
         if problem is None and spec.stage is Stage.SERVING and spec.model_params is not None:
             bw = node.gpu_bandwidth_tbs if spec.gpus > 0 else CPU_MEMORY_BANDWIDTH_TBS
             ms = decode_ms_per_token(sizing, spec.gpus, bw, policy.bandwidth_efficiency)
+            if ms is not None and tp is not None:
+                ms += tp.per_token_ms
+            estimated_ms = ms
+            if profile is not None and profile.ms_per_token is not None:
+                ms = profile.ms_per_token  # a measurement beats the roofline, all-reduces included
             decodes = spec.serving_role is not ServingRole.PREFILL
             if decodes and spec.max_ms_per_token is not None and (ms is None or ms > spec.max_ms_per_token):
+                # Name the cause: bandwidth alone would have met the target, the all-reduces did not.
+                measured = profile is not None and profile.ms_per_token is not None
+                comm = (not measured and ms is not None and tp is not None
+                        and ms - tp.per_token_ms <= spec.max_ms_per_token)
                 problem = reject(
                     ReasonCode.LATENCY_SLO,
-                    f"cannot meet {spec.max_ms_per_token:g} ms/token: memory bandwidth too low"
+                    f"cannot meet {spec.max_ms_per_token:g} ms/token: "
+                    + ("measured too slow" if measured
+                       else f"tensor-parallel all-reduce over {tp.link.kind} too slow" if comm and tp
+                       else "memory bandwidth too low")
                     + (f" at {precision.value}" if len(spec.precisions) > 1 else "")
                 )
         ttft: float | None = None
+        estimated_ttft: float | None = None
         if (problem is None and spec.max_ttft_ms is not None and spec.stage is Stage.SERVING
                 and spec.serving_role is not ServingRole.DECODE and spec.model_params is not None):
             tflops = node.gpu.bf16_tflops if spec.gpus > 0 and node.gpu else 0.0
             ttft = prefill_ms(spec, spec.gpus, tflops, policy.prefill_efficiency,
                               policy.default_context_tokens)
+            if ttft is not None and tp is not None:
+                ttft += tp.prefill_ms
+            estimated_ttft = ttft
+            measured_ttft = profile.ttft_for(spec.prompt_tokens or policy.default_context_tokens) \
+                if profile is not None else None
+            if measured_ttft is not None:
+                ttft = measured_ttft
             if ttft is None or ttft > spec.max_ttft_ms:
+                comm = (measured_ttft is None and ttft is not None and tp is not None
+                        and ttft - tp.prefill_ms <= spec.max_ttft_ms)
+                why = ("GPU compute unknown" if ttft is None
+                       else "measured too slow" if measured_ttft is not None
+                       else f"tensor-parallel all-reduce over {tp.link.kind} too slow" if comm and tp
+                       else "compute too low")
                 problem = reject(ReasonCode.LATENCY_SLO,
-                                 f"cannot meet {spec.max_ttft_ms:g} ms to first token: "
-                                 + ("compute too low" if ttft is not None else "GPU compute unknown"))
+                                 f"cannot meet {spec.max_ttft_ms:g} ms to first token: {why}")
         if problem is None:
             return NodeFit(node, sizing, ms, pod_hourly_cost(spec, node), fallback_used=i > 0,
-                           ttft_ms=ttft)
+                           ttft_ms=ttft, tp=tp, profile=profile, estimated_ms_per_token=estimated_ms,
+                           estimated_ttft_ms=estimated_ttft)
         first_problem = first_problem or problem
     assert first_problem is not None
     return first_problem

@@ -13,6 +13,10 @@ block...), then the zone network, then the inter-zone link. Summing hops makes t
 with distance whatever bandwidths the operator configures (the default NVLink figure is faster than the
 local-disk one, so a per-tier figure alone would rank "same NVLink domain" above "same node").
 
+Serving groups (``llm-placement.io/serving-group``) reuse the same edges: a ``prefill`` pod has an edge
+to the ``decode`` pods of its group and the reverse, since every request's KV cache crosses between
+them; the ladder then prefers the partner's node, then its NVLink domain, then its leaf switch.
+
 Pure: reads a ClusterSnapshot, imports no web or Kubernetes client code, and never mutates state.
 """
 
@@ -29,8 +33,8 @@ from app.core.nodes import NodeFacts
 from app.core.policy import ZONE_LABEL, GravityPolicy
 from app.core.reasons import ReasonCode, Rejection, reject
 from app.core.scoring import GravityFn
-from app.core.snapshot import ClusterSnapshot, PlacedPod
-from app.core.workload import MAX_LIST_ITEMS, PREFIX, WorkloadSpec
+from app.core.snapshot import ClusterSnapshot, PlacedPod, serving_group_key
+from app.core.workload import MAX_LIST_ITEMS, PREFIX, ServingRole, WorkloadSpec
 
 # When a pod declares producers but not how much it reads, still prefer its producers' neighbourhood:
 # the amount only weighs producers against each other, so any positive figure gives the same ranking.
@@ -67,10 +71,24 @@ MISSING = "missing"  # the distance label of an edge whose producer could not be
 LEVELS: dict[str, Distance] = {
     "node": Distance.NODE,
     "nvlink": Distance.NVLINK,
+    "leaf": Distance.FABRIC,
     "fabric": Distance.FABRIC,
     "zone": Distance.ZONE,
 }
-_LEVEL_WORDS = {"node": "node", "nvlink": "NVLink domain", "fabric": "fabric tier", "zone": "zone"}
+# Levels that accept only the inner-most fabric tiers: "leaf" is the same NVLink domain or the same
+# tier-0 domain (leaf switch), where a prefill/decode pair's KV-cache transfers stay one hop.
+_MAX_RUNG = {"leaf": 0}
+_LEVEL_WORDS = {"node": "node", "nvlink": "NVLink domain", "leaf": "NVLink domain or leaf switch",
+                "fabric": "fabric tier", "zone": "zone"}
+SERVING_GROUP = "serving-group"  # Edge.kind of a serving group's partner pods
+
+
+def within_level(level: str, distance: Distance, rung: int) -> bool:
+    """Does a pair at ``distance`` (and, for FABRIC, inner-most shared ``rung``) satisfy ``level``?"""
+    if distance > LEVELS[level]:
+        return False
+    cap = _MAX_RUNG.get(level)
+    return cap is None or distance is not Distance.FABRIC or rung <= cap
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,13 +271,42 @@ class GravityModel:
             key = raw if sep and ns and name else f"{spec.namespace}/{raw.strip('/')}"
             if key != spec.key:
                 keys.setdefault(key)
+        group = self._serving_group_edge(spec)
         if not keys:
-            return []
+            return [group] if group is not None else []
         # input-data-gb is what the pod reads from all of them together.
         per_edge = (spec.input_data_gb or self.default_input_gb) / len(keys)
         now = self.clock()
-        return [self._resolve_one(k, per_edge, now) if self.shared(k, spec.namespace)
-                else self._unshared(k, spec.namespace, per_edge) for k in keys]
+        edges = [self._resolve_one(k, per_edge, now) if self.shared(k, spec.namespace)
+                 else self._unshared(k, spec.namespace, per_edge) for k in keys]
+        return [*edges, group] if group is not None else edges
+
+    def _serving_group_edge(self, spec: WorkloadSpec) -> Edge | None:
+        """The placed partners of a prefill or decode pod: its group's pods of the other role.
+
+        The group is looked up in the pod's own namespace only. Until a partner is placed the edge has
+        no sites: it pulls nowhere and, unlike a missing producer, blocks nothing (the first pod of a
+        pair goes where it fits best, the second follows it). Its weight is ``default_input_gb``, the
+        figure of a producer of unknown size: the pull ranks partners' neighbourhoods, not GB.
+        """
+        if spec.serving_group is None or spec.serving_role is ServingRole.BOTH:
+            return None
+        want = ServingRole.DECODE if spec.serving_role is ServingRole.PREFILL else ServingRole.PREFILL
+        key = serving_group_key(spec)
+        located: list[str] = []
+        for peer in self.snapshot.serving_group_members(key):
+            if peer.serving_role is not want or peer.key == spec.key:
+                continue
+            at = self.snapshot.node_of(peer.key)
+            if at is not None and not at[1] and at[0] in self.snapshot.nodes:
+                located.append(at[0])
+        label = f"{key} ({want.value})"
+        if not located:
+            return Edge(label, SERVING_GROUP, self.default_input_gb,
+                        note=f"no {want.value} pod of serving-group {key} is placed yet")
+        counts = Counter(located)
+        sites = tuple(Site(n, "bound", c / len(located)) for n, c in sorted(counts.items()))
+        return Edge(label, SERVING_GROUP, self.default_input_gb, sites)
 
     def shared(self, key: str, consumer_namespace: str) -> bool:
         """May a pod of ``consumer_namespace`` follow producer ``key`` (docs/data-gravity.md)?
@@ -351,9 +398,10 @@ class GravityModel:
     # --- GravityHook -----------------------------------------------------------------------------
     def hard_rejections(self, spec: WorkloadSpec, nodes: Iterable[str]) -> dict[str, Rejection]:
         level = spec.colocation_required
-        if level is None or level not in LEVELS or not spec.depends_on:
+        if level is None or level not in LEVELS or not (spec.depends_on or spec.serving_group):
             return {}
-        edges = self.resolve(spec)
+        # A serving group without a placed partner constrains nothing (see _serving_group_edge).
+        edges = [e for e in self.resolve(spec) if e.found or e.kind != SERVING_GROUP]
         if not edges:
             return {}
         missing = [e.producer for e in edges if not e.found]
@@ -364,14 +412,18 @@ class GravityModel:
                        unresolvable=False)
             return dict.fromkeys(nodes, r)
         limit = LEVELS[level]
-        r = reject(ReasonCode.GRAVITY, f"must run in the same {_LEVEL_WORDS[level]} as its producer")
+        who = "its producer" if spec.depends_on else "its serving-group partner"
+        r = reject(ReasonCode.GRAVITY, f"must run in the same {_LEVEL_WORDS[level]} as {who}")
         # Per producer, the domains a candidate may share with it at the level: a few set lookups per
         # node instead of a distance per (node, member) pair. Level flags are hoisted out of the loop.
         nvlink_ok, fabric_ok, zone_ok = (limit >= Distance.NVLINK, limit >= Distance.FABRIC,
                                          limit >= Distance.ZONE)
+        max_rung = _MAX_RUNG.get(level)
         checks: list[tuple[set[str], set[str], list[tuple[int, set[str]]], set[str] | None]] = []
         for e in edges:
             d_names, d_nvlink, d_fabric, d_zones = self._domains(e)
+            if max_rung is not None:
+                d_fabric = d_fabric[: max_rung + 1]
             d_tiers = [(i, ids) for i, ids in d_fabric if ids] if fabric_ok else []
             checks.append((d_names, d_nvlink if nvlink_ok else set(), d_tiers, d_zones if zone_ok else None))
         out: dict[str, Rejection] = {}
@@ -418,7 +470,7 @@ class GravityModel:
         edge, which can never be same-node, pulling as hard toward the producer's fabric tier as a
         GPU->GPU edge pulls toward its node. Without ``nodes`` the reference is the ideal, all-local cost.
         """
-        if not spec.depends_on:
+        if not spec.depends_on and spec.serving_group is None:
             return None
         edges = [e for e in self.resolve(spec) if e.found]
         if not edges:
@@ -440,6 +492,8 @@ class GravityModel:
         facts = self.snapshot.nodes.get(node)
         out: list[EdgeAt] = []
         for e in self.resolve(spec):
+            if e.kind == SERVING_GROUP and not e.found:
+                continue  # a partner not placed yet is not a lost producer
             if facts is None or not e.found:
                 out.append(EdgeAt(e.producer, MISSING, 0.0, 0.0, e.gb))
             else:

@@ -172,7 +172,8 @@ class Placer:
 
     def score(self, spec: WorkloadSpec, fits: Sequence[NodeFit]) -> list[NodeScore]:
         term = None
-        if self.gravity is not None and spec.depends_on:
+        # Producers (depends-on) and serving-group partners pull through the same term.
+        if self.gravity is not None and (spec.depends_on or spec.serving_group):
             term = self.gravity.term(spec, [f.node.name for f in fits])
         return score_nodes(spec, fits, self.snapshot.usage, self.policy.scoring, term)
 

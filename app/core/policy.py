@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.core.profiles import ProfileBook
 from app.core.ranking import ScoreMapping
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -96,6 +97,9 @@ class FeasibilityPolicy:
     default_interactive_ms_per_token: float = 50.0
     default_target_filter: bool = True
     prefill_efficiency: float = 0.5  # share of dense BF16 TFLOPS prefill reaches (an assumption)
+    # Measured ms/token, TTFT and max concurrency that replace the estimates where a pod matches
+    # (settings profiles_file, docs/stage-policy.md "Measured profiles").
+    profiles: ProfileBook | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,13 +19,19 @@ Rules of thumb, documented so users can argue with them (and override with ``kv-
   are read once whatever B is). The KV cache follows the attention, so it is estimated from the
   active parameters;
 * decode time per token = bytes read per step / (GPUs x HBM bandwidth x efficiency): decode is
-  memory-bound, so bandwidth, not FLOPS, sets the latency.
+  memory-bound, so bandwidth, not FLOPS, sets the latency;
+* a pod serving on more than one GPU shards every layer (tensor parallelism) and pays two
+  all-reduces per layer per forward pass (``tensor_parallel``): over NVLink a small share of a
+  token's time, over PCIe (L4, L40S, T4, PCIe H100/A100) a few ms per token and a large share of a
+  long prompt's prefill (docs/stage-policy.md, "Tensor-parallel communication").
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from app.core.catalog import GpuSpec
 from app.core.workload import (
     CPU_STAGES,
     TRAINING_STAGES,
@@ -50,6 +56,28 @@ LORA_WIDTH_PER_RANK = 19.0
 ADAPTER_TOKENS_PER_STEP = 8192
 CHECKPOINT_BYTES_PER_HIDDEN = 2.0  # one bf16 layer input kept per layer (gradient checkpointing)
 LAYER_ACTIVATION_BYTES_PER_HIDDEN = 34.0  # the layer being recomputed, flash attention
+
+# --- Tensor-parallel communication (docs/stage-policy.md, "Tensor-parallel communication") ------
+# Megatron-LM (Shoeybi et al. 2019, arXiv:1909.08053, section 3 and figure 4): a tensor-parallel
+# transformer layer all-reduces its activations twice in the forward pass, after self-attention
+# and after the MLP; inference runs the forward pass only.
+ALLREDUCES_PER_LAYER = 2
+ACTIVATION_BYTES = 2.0  # bf16/fp16 activations, whatever precision the weights are stored at
+# PCIe x16 per direction: 8 / 16 / 32 GT/s per lane (Gen3 / Gen4 / Gen5, PCI-SIG base spec) with
+# 128b/130b encoding. NVIDIA data sheets quote both directions together: "PCIe Gen4 x16 64 GB/s"
+# (L4, L40S), "PCIe Gen5 128 GB/s" (H100 PCIe), "PCIe Gen3 x16 32 GB/s" (T4).
+PCIE_X16_GBPS: dict[str, float] = {"pcie3": 15.75, "pcie4": 31.5, "pcie5": 63.0}
+# NVLink / Infinity Fabric: the catalog's interconnect names the per-GPU total of both directions
+# ("nvlink4-900GBps": H100 SXM data sheet, 900 GB/s = 450 GB/s each way).
+_LINK_TOTAL = re.compile(r"(\d+(?:\.\d+)?)\s*gbps", re.IGNORECASE)
+# NCCL's own cost model for a ring all-reduce inside one node (NVIDIA/nccl src/graph/tuning.cc,
+# ncclTopoTuneModel): 2 (n - 1) steps, each adding a per-step hardware latency to a base latency,
+# with the LL protocol (low latency, small messages) at a quarter of the bus bandwidth and Simple
+# at all of it. Figures in microseconds, as that file has them: base LL 3.6 / Simple 8.4; per step
+# over NVLink LL 0.47 / Simple 3.4, over PCIe LL 1.0 / Simple 5.7.
+NCCL_BASE_US = {"ll": 3.6, "simple": 8.4}
+NCCL_STEP_US = {"nvlink": {"ll": 0.47, "simple": 3.4}, "pcie": {"ll": 1.0, "simple": 5.7}}
+NCCL_LL_BANDWIDTH_SHARE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +227,82 @@ def prefill_ms(
         return None
     tokens = spec.prompt_tokens or default_prompt
     return 2 * tokens * params / (max(gpus, 1) * tflops * 1e12 * efficiency) * 1e3
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The GPU-to-GPU path inside one box, as tensor parallelism uses it."""
+
+    name: str  # the catalog's interconnect, e.g. "pcie4", "nvlink4-900GBps"
+    kind: str  # "nvlink" (NVLink / Infinity Fabric across the box) or "pcie"
+    gb_per_s: float  # per GPU, per direction
+
+
+def gpu_link(gpu: GpuSpec) -> Link:
+    """The link of ``gpu`` from the catalog: NVLink when it spans the box, else its PCIe slot.
+
+    A PCIe part with a pair-only NVLink bridge (H100 PCIe, A100 PCIe) has ``nvlink: false`` in the
+    catalog: beyond two GPUs a ring crosses PCIe, so it is priced as PCIe.
+    """
+    name = gpu.interconnect.strip().lower()
+    if gpu.nvlink and (m := _LINK_TOTAL.search(name)) is not None:
+        return Link(gpu.interconnect, "nvlink", float(m.group(1)) / 2)
+    gen = re.match(r"pcie\s*(\d)", name)
+    gbps = PCIE_X16_GBPS.get(f"pcie{gen.group(1)}") if gen else None
+    # An unrecognised PCIe generation is priced as Gen3, the slowest the catalog holds: the
+    # estimate should err towards the penalty, never hide it.
+    return Link(gpu.interconnect, "pcie", gbps if gbps is not None else PCIE_X16_GBPS["pcie3"])
+
+
+def allreduce_us(message_bytes: float, gpus: int, link: Link) -> float:
+    """Microseconds for one ring all-reduce of ``message_bytes`` over ``gpus`` GPUs of one box.
+
+    Each GPU sends (and receives) 2 (n - 1) / n of the message (nccl-tests doc/PERFORMANCE.md, "bus
+    bandwidth"); latency and protocol choice follow NCCL's cost model, taking the cheaper protocol
+    as NCCL's tuner does.
+    """
+    if gpus <= 1:
+        return 0.0
+    steps = 2 * (gpus - 1)
+    volume = steps / gpus * message_bytes  # bytes through each GPU's link, each way
+    mb_per_us = link.gb_per_s * 1e3  # GB/s = 1e3 bytes per microsecond
+    step = NCCL_STEP_US[link.kind]
+    ll = NCCL_BASE_US["ll"] + steps * step["ll"] + volume / (mb_per_us * NCCL_LL_BANDWIDTH_SHARE)
+    simple = NCCL_BASE_US["simple"] + steps * step["simple"] + volume / mb_per_us
+    return min(ll, simple)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorParallel:
+    """What sharding one serving pod over several GPUs of a box costs in communication."""
+
+    link: Link
+    gpus: int
+    per_token_ms: float  # added to every decode step (one token per sequence)
+    prefill_ms: float  # added to the time to first token of one prompt
+
+
+def tensor_parallel(
+    spec: WorkloadSpec, gpu: GpuSpec | None, default_concurrency: int, default_prompt: int
+) -> TensorParallel | None:
+    """All-reduce time of a serving pod on ``spec.gpus`` GPUs (None: one GPU, or nothing sized).
+
+    Per forward pass: ``ALLREDUCES_PER_LAYER`` x layers all-reduces of tokens x hidden x 2 bytes,
+    where a decode step carries one token per sequence (``concurrency``) and prefill the prompt.
+    """
+    params = spec.active_params or spec.model_params  # the width of the path a token takes
+    if spec.gpus <= 1 or gpu is None or params is None or spec.stage is not Stage.SERVING:
+        return None
+    link = gpu_link(gpu)
+    layers, hidden = shape(params)
+
+    def forward_ms(tokens: int) -> float:
+        one = allreduce_us(tokens * hidden * ACTIVATION_BYTES, spec.gpus, link)
+        return ALLREDUCES_PER_LAYER * layers * one / 1e3
+
+    batch = spec.concurrency or default_concurrency
+    prompt = spec.prompt_tokens or default_prompt
+    return TensorParallel(link, spec.gpus, forward_ms(batch), forward_ms(prompt))
 
 
 def decode_ms_per_token(

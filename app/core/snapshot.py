@@ -62,6 +62,8 @@ class ClusterSnapshot:
         self.finished: dict[str, PlacedPod] = {}  # ns/name -> finished producer (data gravity)
         self.specs: dict[str, WorkloadSpec] = {}  # uid -> every live pod that parsed (bound or not)
         self.gang_index: dict[str, set[str]] = {}  # gang key -> live member uids
+        # ns/serving-group -> live member uids: prefill and decode pods kept close (data gravity).
+        self.serving_groups: dict[str, set[str]] = {}
         self.podgroup_min_member: dict[str, int] = {}  # ns/name -> PodGroup.spec.minMember
         # namespace -> namespaces it shares its pods' data with (Namespace annotation
         # llm-placement.io/share-with, docs/data-gravity.md); "*" shares with every namespace.
@@ -156,14 +158,32 @@ class ClusterSnapshot:
         old = self.specs.get(uid)
         if old is not None and old.gang is not None and (spec.gang is None or old.gang.key != spec.gang.key):
             self._untrack_gang(old.gang.key, uid)
+        if old is not None and old.serving_group is not None and old.serving_group != spec.serving_group:
+            self._untrack(self.serving_groups, serving_group_key(old), uid)
         self.specs[uid] = spec
         if spec.gang is not None:
             self.gang_index.setdefault(spec.gang.key, set()).add(uid)
+        if spec.serving_group is not None:
+            self.serving_groups.setdefault(serving_group_key(spec), set()).add(uid)
 
     def untrack_spec(self, uid: str) -> None:
         old = self.specs.pop(uid, None)
         if old is not None and old.gang is not None:
             self._untrack_gang(old.gang.key, uid)
+        if old is not None and old.serving_group is not None:
+            self._untrack(self.serving_groups, serving_group_key(old), uid)
+
+    @staticmethod
+    def _untrack(index: dict[str, set[str]], key: str, uid: str) -> None:
+        members = index.get(key)
+        if members is not None:
+            members.discard(uid)
+            if not members:
+                del index[key]
+
+    def serving_group_members(self, key: str) -> list[WorkloadSpec]:
+        """Live pods of the serving group ``ns/group``, bound or pending."""
+        return [self.specs[u] for u in sorted(self.serving_groups.get(key, ())) if u in self.specs]
 
     def _untrack_gang(self, gang: str, uid: str) -> None:
         members = self.gang_index.get(gang)
@@ -193,6 +213,11 @@ class ClusterSnapshot:
 
     def gang_nodes(self, gang_key: str) -> list[str]:
         return [self.pods[u].node for u in self.gang_index.get(gang_key, ()) if u in self.pods]
+
+
+def serving_group_key(spec: WorkloadSpec) -> str:
+    """A serving group is named within the pod's namespace: another tenant cannot join it."""
+    return f"{spec.namespace}/{spec.serving_group}"
 
 
 def placed_from_spec(spec: WorkloadSpec, node: str, *, assumed: bool = False) -> PlacedPod:

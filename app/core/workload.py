@@ -32,7 +32,7 @@ ANNOTATION_KEYS: tuple[str, ...] = (
     "kv-cache-gb", "latency-class", "max-ms-per-token", "gpu-preference",
     "topology-required-placement", "topology-preferred-placement", "depends-on", "input-data-gb",
     "colocation", "gang-name", "gang-size", "finetune-method", "trainable-params", "active-params",
-    "serving-role", "prompt-tokens", "max-ttft-ms",
+    "serving-role", "prompt-tokens", "max-ttft-ms", "serving-group",
 )
 # Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
 WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan")
@@ -151,6 +151,9 @@ class WorkloadSpec(BaseModel):
     serving_role: ServingRole = ServingRole.BOTH
     prompt_tokens: int | None = None
     max_ttft_ms: float | None = None
+    # Disaggregated serving: prefill and decode pods of one group (in one namespace) are kept close,
+    # since the KV cache of every request crosses between them (docs/data-gravity.md).
+    serving_group: str | None = None
     gpu_preference: tuple[str, ...] = ()
     topology_required: str | None = None
     topology_preferred: str | None = None
@@ -463,6 +466,7 @@ def parse_workload(
         ("topology-required-placement", "topology_required"),
         ("topology-preferred-placement", "topology_preferred"),
         ("colocation", "colocation_required"),
+        ("serving-group", "serving_group"),
     ):
         if (raw := get(key)) is not None:
             if len(raw) > MAX_NAME_CHARS:
@@ -473,9 +477,10 @@ def parse_workload(
     if (level := fields.get("colocation_required")) is not None:
         if level == "required":
             fields["colocation_required"] = "node"
-        elif level not in ("node", "nvlink", "fabric", "zone", "preferred"):
+        elif level not in ("node", "nvlink", "leaf", "fabric", "zone", "preferred"):
             problems.append(AnnotationProblem(
-                "colocation", f'colocation "{quote(level)}" is not required, node, nvlink, fabric or zone'))
+                "colocation",
+                f'colocation "{quote(level)}" is not required, node, nvlink, leaf, fabric or zone'))
         if fields.get("colocation_required") == "preferred":
             fields["colocation_required"] = None
 
@@ -501,6 +506,10 @@ def parse_workload(
             problems.append(AnnotationProblem(key, f"{key} is set but model-params is missing"))
         elif part > total:
             problems.append(AnnotationProblem(key, f"{key} is larger than model-params"))
+    stage_set = fields.get("stage")
+    if "serving_group" in fields and stage_set is not None and stage_set is not Stage.SERVING:
+        problems.append(AnnotationProblem(
+            "serving-group", f"serving-group applies to stage serving, not {stage_set.value}"))
     if fields.get("finetune_method") is FinetuneMethod.FULL and "trainable_params" in fields:
         problems.append(AnnotationProblem(
             "trainable-params", "trainable-params applies to finetune-method lora or qlora, not full"))

@@ -40,6 +40,7 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "serving-role": ("prefill", "serving_role"),
     "prompt-tokens": ("2000", "prompt_tokens"),
     "max-ttft-ms": ("500", "max_ttft_ms"),
+    "serving-group": ("chat-70b", "serving_group"),
 }
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog
-from app.core.gravity import LEVELS, MISSING, Distance, GravityModel
+from app.core.gravity import LEVELS, MISSING, Distance, GravityModel, within_level
 from app.core.nodes import NodeFacts, node_facts
 from app.core.placer import Placer
 from app.core.snapshot import ClusterSnapshot, placed_from_spec
@@ -420,7 +420,7 @@ def test_no_colocation_no_rejections() -> None:
     snap, g, _ = world()
     run(snap, spec("p", gpus=8), "n1")
     assert g.hard_rejections(spec("c", depends="p"), sorted(snap.nodes)) == {}
-    assert set(LEVELS) == {"node", "nvlink", "fabric", "zone"}
+    assert set(LEVELS) == {"node", "nvlink", "leaf", "fabric", "zone"}
 
 
 # --- bind-time metrics and explain ----------------------------------------------------------------
@@ -578,13 +578,12 @@ def test_fast_paths_agree_with_the_pairwise_definitions(
     edges = g.resolve(consumer)
     fast = g.cost_fn(edges)
     hard = g.hard_rejections(consumer, names)
-    limit = LEVELS[level]
     for n in names:
         f = snap.nodes[n]
         exact = sum(g.edge_at(e, f).seconds for e in edges)
         assert fast(n) == pytest.approx(exact, rel=1e-9, abs=1e-9)
         sites = [[snap.nodes[s.node] for s in e.sites] for e in edges]
-        within = all(any(g.distance(f, p)[0] <= limit for p in ps) for ps in sites)
+        within = all(any(within_level(level, *g.distance(f, p)) for p in ps) for ps in sites)
         assert (n not in hard) == within
 
 

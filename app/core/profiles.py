@@ -1,0 +1,147 @@
+"""Measured serving profiles: what a team benchmarked, in place of the roofline estimates.
+
+"Profile first": a model served on a given GPU at a given precision has a measured ms per output
+token, time to first token and the most sequences it serves within them. When the settings name a
+profiles file (``profiles_file``), a serving pod that matches an entry (same ``model-params`` and
+``active-params``, GPU product, GPU count and precision) is judged by the measurement instead of
+``app.core.sizing``'s estimate, and explain says which of the two each figure is
+(docs/stage-policy.md, "Measured profiles").
+
+The file is YAML or JSON (JSON is YAML), validated completely at start: a bad entry fails the
+configuration with the entry and the field named, like the GPU catalog.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from app.core.catalog import GpuSpec, normalize
+from app.core.units import parse_param_count
+from app.core.workload import Precision, WorkloadSpec
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(gt=0)]
+# "8B" in a profile and "8.03B" on a pod (a model card's exact count) are the same model.
+PARAMS_REL_TOLERANCE = 0.01
+
+
+class ProfileError(ValueError):
+    """The profiles file is unusable; the message names the entry and the field."""
+
+
+class Profile(BaseModel):
+    """One measurement: a model on ``gpus`` GPUs of one product at one precision."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
+
+    model: str = Field(min_length=1)  # a name for people and explain, e.g. llama-3.1-8b-instruct
+    model_params: float
+    active_params: float | None = None
+    gpu: str = Field(min_length=1)  # catalog name or any alias: H100-SXM-80GB, NVIDIA-L4, L4
+    gpus: PositiveInt = 1
+    precision: Precision
+    ms_per_token: PositiveFloat | None = None  # decode, per output token, at max_concurrency
+    ttft_ms: PositiveFloat | None = None  # time to first token
+    prompt_tokens: PositiveInt | None = None  # the prompt length ttft_ms was measured at
+    max_concurrency: PositiveInt | None = None  # sequences served at once within those figures
+    source: str = ""  # how it was measured (tool, date), shown in explain
+
+    @field_validator("model_params", "active_params", mode="before")
+    @classmethod
+    def _params(cls, value: object) -> object:
+        if isinstance(value, str):
+            return parse_param_count(value)
+        return value
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _says_something(self) -> Profile:
+        if not (self.model_params > 0 and math.isfinite(self.model_params)):
+            raise ValueError("model_params must be a positive parameter count")
+        if self.active_params is not None and not 0 < self.active_params <= self.model_params:
+            raise ValueError("active_params must be positive and at most model_params")
+        if self.ms_per_token is None and self.ttft_ms is None and self.max_concurrency is None:
+            raise ValueError("give at least one of ms_per_token, ttft_ms, max_concurrency")
+        return self
+
+    def ttft_for(self, prompt_tokens: int) -> float | None:
+        """Time to first token at ``prompt_tokens``: measured, scaled linearly (prefill is
+        compute-bound, ~2 FLOPs per parameter per token) when measured at another length."""
+        if self.ttft_ms is None:
+            return None
+        if self.prompt_tokens is None or self.prompt_tokens == prompt_tokens:
+            return self.ttft_ms
+        return self.ttft_ms * prompt_tokens / self.prompt_tokens
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return math.isclose(a, b, rel_tol=PARAMS_REL_TOLERANCE)
+
+
+class ProfileBook:
+    """Validated profiles with lookup by (pod, GPU product, precision)."""
+
+    def __init__(self, entries: Iterable[Profile], origin: str = "<profiles>") -> None:
+        self.entries = tuple(entries)
+        self.origin = origin
+        self._gpu_keys = [normalize(p.gpu) for p in self.entries]
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProfileBook:
+        origin = str(path)
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ProfileError(f"{origin}: cannot read: {exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ProfileError(f"{origin}: not valid YAML or JSON: {exc}") from exc
+        return cls.from_data(data, origin)
+
+    @classmethod
+    def from_data(cls, data: Any, origin: str = "<profiles>") -> ProfileBook:
+        """A mapping with a ``profiles`` list (or the bare list)."""
+        raw = data.get("profiles") if isinstance(data, dict) else data
+        if not isinstance(raw, list):
+            raise ProfileError(f"{origin}: expected a 'profiles' list of entries")
+        out = []
+        for i, item in enumerate(raw):
+            label = f"#{i + 1}"
+            if isinstance(item, dict) and isinstance(item.get("model"), str):
+                label += f" ({item['model'].strip()})"
+            if not isinstance(item, dict):
+                raise ProfileError(f"{origin}: entry {label}: expected a mapping of fields")
+            try:
+                out.append(Profile.model_validate(item))
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"field {'.'.join(str(p) for p in err['loc']) or '?'!r}: {err['msg']}"
+                    for err in exc.errors()
+                )
+                raise ProfileError(f"{origin}: entry {label}: {problems}") from None
+            except ValueError as exc:  # parse_param_count's own message
+                raise ProfileError(f"{origin}: entry {label}: {exc}") from None
+        return cls(out, origin)
+
+    def match(self, spec: WorkloadSpec, gpu: GpuSpec, precision: Precision) -> Profile | None:
+        """The first entry measured for this model, on this GPU product and count, at ``precision``."""
+        if spec.model_params is None:
+            return None
+        names = {normalize(gpu.name), *(normalize(a) for a in gpu.aliases)}
+        for p, key in zip(self.entries, self._gpu_keys, strict=True):
+            if (p.precision is precision and p.gpus == spec.gpus and key in names
+                    and _close(p.model_params, spec.model_params)
+                    and _close(p.active_params, spec.active_params)):
+                return p
+        return None

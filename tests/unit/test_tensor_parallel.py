@@ -1,0 +1,153 @@
+"""Tensor-parallel communication of multi-GPU serving, PCIe against NVLink (docs/stage-policy.md,
+"Tensor-parallel communication").
+
+Expected figures are computed here from the published numbers, not read back from the code:
+* Megatron-LM (arXiv:1909.08053, section 3): two all-reduces per layer in the forward pass;
+* PCIe x16 per direction: 16 GT/s x 16 lanes x 128/130 / 8 = 31.5 GB/s (Gen4), 15.75 GB/s (Gen3);
+  NVIDIA data sheets quote both directions: L4 / L40S "PCIe Gen4 x16 64 GB/s", T4 "32 GB/s";
+* H100 SXM data sheet: NVLink 900 GB/s per GPU, both directions together;
+* NCCL src/graph/tuning.cc: ring all-reduce latency = base + 2 (n - 1) x per-step latency
+  (LL: 3.6 + 1.0/step over PCIe, 0.47/step over NVLink; Simple: 8.4 + 5.7 PCIe, 3.4 NVLink, in us),
+  LL at a quarter of the bus bandwidth;
+* nccl-tests doc/PERFORMANCE.md: each GPU moves 2 (n - 1) / n of an all-reduce's message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.config import Settings
+from app.core.catalog import GpuCatalog, default_catalog
+from app.core.sizing import allreduce_us, decode_ms_per_token, gpu_link, shape, size, tensor_parallel
+from app.core.workload import Precision, parse_workload
+from app.service import ExtenderService
+from app.sim.fleet import node_object, pod_object
+from app.wiring import build_core
+
+ANN = "llm-placement.io/"
+CATALOG = default_catalog()
+
+
+def spec_of(gpus: int, **ann: str) -> Any:
+    pod = pod_object("p", stage="serving", gpus=gpus,
+                     annotations={ANN + k.replace("_", "-"): v for k, v in ann.items()})
+    return parse_workload(pod)
+
+
+@pytest.fixture
+def service() -> ExtenderService:
+    svc = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
+    for name, product in (("l40s", "NVIDIA-L40S"), ("h100", "NVIDIA-H100-80GB-HBM3"),
+                          ("t4", "Tesla-T4")):
+        svc.absorb_node(node_object(name, gpus=4, product=product))
+    return svc
+
+
+def test_links_come_from_the_catalog_with_data_sheet_bandwidths() -> None:
+    for name in ("L4", "L40S", "A10G"):
+        link = gpu_link(CATALOG.by_name(name))  # type: ignore[arg-type]
+        assert (link.kind, link.gb_per_s) == ("pcie", pytest.approx(16 * 16 * 128 / 130 / 8, rel=1e-3))
+        assert 2 * link.gb_per_s == pytest.approx(64, rel=0.02)  # the data sheet's bidirectional 64
+    t4 = gpu_link(CATALOG.by_name("T4"))  # type: ignore[arg-type]
+    assert (t4.kind, t4.gb_per_s) == ("pcie", pytest.approx(8 * 16 * 128 / 130 / 8, rel=1e-3))
+    h100 = gpu_link(CATALOG.by_name("H100-SXM-80GB"))  # type: ignore[arg-type]
+    assert (h100.kind, h100.gb_per_s) == ("nvlink", 900 / 2)
+    # A PCIe H100 has a pair-only bridge: a 4-GPU ring crosses PCIe Gen5.
+    pcie_h100 = gpu_link(CATALOG.by_name("H100-PCIe-80GB"))  # type: ignore[arg-type]
+    assert (pcie_h100.kind, pcie_h100.gb_per_s) == ("pcie", pytest.approx(32 * 16 * 128 / 130 / 8, rel=1e-3))
+
+
+def test_one_allreduce_follows_nccls_ring_model() -> None:
+    pcie = gpu_link(CATALOG.by_name("L40S"))  # type: ignore[arg-type]
+    nvl = gpu_link(CATALOG.by_name("H100-SXM-80GB"))  # type: ignore[arg-type]
+    # A decode step of 8 sequences, hidden 8,192, bf16: 131 kB; 4 GPUs move 1.5x that each way.
+    msg = 8 * 8192 * 2
+    vol = 2 * 3 / 4 * msg
+    gen4 = 16 * 16 * 128 / 130 / 8 * 1e3  # bytes per microsecond
+    ll_pcie = 3.6 + 6 * 1.0 + vol / (gen4 * 0.25)
+    simple_pcie = 8.4 + 6 * 5.7 + vol / gen4
+    assert allreduce_us(msg, 4, pcie) == pytest.approx(min(ll_pcie, simple_pcie), rel=1e-3)
+    ll_nvl = 3.6 + 6 * 0.47 + vol / (450e3 * 0.25)
+    assert allreduce_us(msg, 4, nvl) == pytest.approx(ll_nvl, rel=1e-9)
+    # A prefill-sized message (4,096 tokens): bandwidth-bound, NCCL's Simple protocol wins.
+    big = 4096 * 8192 * 2
+    assert allreduce_us(big, 4, pcie) == pytest.approx(8.4 + 6 * 5.7 + 1.5 * big / gen4, rel=1e-3)
+    assert allreduce_us(msg, 1, pcie) == 0.0
+
+
+def test_per_token_cost_is_two_allreduces_per_layer_and_pcie_pays_more() -> None:
+    spec = spec_of(4, model_params="70B", precision="int8")
+    layers, hidden = shape(70e9)
+    pcie = tensor_parallel(spec, CATALOG.by_name("L40S"), 8, 4096)
+    nvl = tensor_parallel(spec, CATALOG.by_name("H100-SXM-80GB"), 8, 4096)
+    assert pcie is not None and nvl is not None
+    one = allreduce_us(8 * hidden * 2, 4, pcie.link)
+    assert pcie.per_token_ms == pytest.approx(2 * layers * one / 1e3)
+    # Prefill all-reduces carry the whole prompt, once.
+    assert pcie.prefill_ms == pytest.approx(2 * layers * allreduce_us(4096 * hidden * 2, 4, pcie.link) / 1e3)
+    # Small decode messages are latency-bound (PCIe per-step latency is ~2x NVLink's, and LL moves a
+    # quarter of a 14x slower link); the prompt is bandwidth-bound (450 vs 31.5 GB/s).
+    assert pcie.per_token_ms > 3 * nvl.per_token_ms
+    assert pcie.prefill_ms > 10 * nvl.prefill_ms
+    # Concurrency widens the decode message.
+    wide = tensor_parallel(spec_of(4, model_params="70B", concurrency="64"), CATALOG.by_name("L40S"), 8, 4096)
+    assert wide is not None and wide.per_token_ms > pcie.per_token_ms
+    # One GPU, an unsized pod or a non-serving pod: nothing to all-reduce.
+    assert tensor_parallel(spec_of(1, model_params="70B"), CATALOG.by_name("L40S"), 8, 4096) is None
+    assert tensor_parallel(spec_of(4), CATALOG.by_name("L40S"), 8, 4096) is None
+
+
+def test_the_estimate_includes_the_allreduces_on_pcie_nodes(service: ExtenderService) -> None:
+    spec = spec_of(4, model_params="70B", precision="int8", latency_class="batch")
+    fits, _ = service.placer.evaluate_nodes(spec, ["l40s", "h100"])
+    sizing = size(spec, Precision.INT8, default_context=4096, default_concurrency=8)
+    for name, bw in (("l40s", 0.864), ("h100", 3.35)):
+        fit = fits[name]
+        assert fit.tp is not None
+        read = decode_ms_per_token(sizing, 4, bw, 0.6)
+        assert read is not None
+        assert fit.ms_per_token == pytest.approx(read + fit.tp.per_token_ms)
+    assert fits["l40s"].tp.link.kind == "pcie"  # type: ignore[union-attr]
+    assert fits["h100"].tp.link.kind == "nvlink"  # type: ignore[union-attr]
+
+
+def test_a_target_bandwidth_alone_meets_is_missed_over_pcie(service: ExtenderService) -> None:
+    # 70B int8 on 4 L40S: reading weights + KV alone predicts ~37 ms/token; the all-reduces add ~5.
+    base = spec_of(4, model_params="70B", precision="int8", latency_class="batch")
+    sizing = size(base, Precision.INT8, default_context=4096, default_concurrency=8)
+    read = decode_ms_per_token(sizing, 4, 0.864, 0.6)
+    tp = tensor_parallel(base, CATALOG.by_name("L40S"), 8, 4096)
+    assert read is not None and tp is not None
+    target = read + tp.per_token_ms / 2
+    spec = spec_of(4, model_params="70B", precision="int8", latency_class="batch",
+                   max_ms_per_token=f"{target:.3f}")
+    fits, rejections = service.placer.evaluate_nodes(spec, ["l40s", "h100"])
+    assert set(fits) == {"h100"}
+    assert rejections["l40s"].message.endswith(
+        f"cannot meet {float(f'{target:.3f}'):g} ms/token: tensor-parallel all-reduce over pcie too slow")
+    # A time-to-first-token target: prefill compute alone fits on the L40S, the prompt's
+    # all-reduces over PCIe do not.
+    ttft = 2 * 2000 * 8e9 / (4 * 362 * 1e12 * 0.5) * 1e3  # 8B, 2,000 tokens, L40S 362 dense TFLOPS
+    probe = tensor_parallel(spec_of(4, model_params="8B", prompt_tokens="2000"), CATALOG.by_name("L40S"),
+                            8, 4096)
+    assert probe is not None
+    limit = ttft + probe.prefill_ms / 2
+    spec = spec_of(4, model_params="8B", prompt_tokens="2000", serving_role="prefill",
+                   max_ttft_ms=f"{limit:.3f}")
+    fits, rejections = service.placer.evaluate_nodes(spec, ["l40s", "h100"])
+    assert "h100" in fits and "l40s" not in fits
+    assert "tensor-parallel all-reduce over pcie too slow" in rejections["l40s"].message
+
+
+def test_explain_shows_the_term(service: ExtenderService) -> None:
+    from app.explain import explain_spec
+
+    out = explain_spec(service, spec_of(4, model_params="70B", precision="int8", latency_class="batch"))
+    by_node = {e["node"]: e for e in out["nodes"]}
+    l40s = by_node["l40s"]["tensor_parallel"]
+    assert l40s["link"] == "pcie4" and l40s["link_kind"] == "pcie" and l40s["gpus"] == 4
+    assert l40s["ms_per_token"] > by_node["h100"]["tensor_parallel"]["ms_per_token"] > 0
+    single = explain_spec(service, spec_of(1, model_params="7B"))
+    assert all(e.get("tensor_parallel") is None for e in single["nodes"])
