@@ -111,7 +111,7 @@ class PodBinding:
             if fit.ms_per_token and spec.max_ms_per_token:
                 m.slo_ratio.labels(stage).observe(fit.ms_per_token / spec.max_ms_per_token)
                 m.bandwidth_fit.labels(stage).observe(spec.max_ms_per_token / fit.ms_per_token)
-        if spec.depends_on:
+        if spec.depends_on or spec.serving_group:
             self._observe_gravity(spec, node, stage)
         if self.binder is not None:
             self.binder.event(spec.namespace, spec.name, spec.uid, "Placed",
