@@ -1,21 +1,9 @@
 """Data gravity: pull a pod toward the data it reads (``llm-placement.io/depends-on``).
 
-Each ``depends-on`` name is an edge to a producer: a pod or a gang, in the consumer's namespace unless
-written ``ns/name``. An edge resolves to the node(s) where the producer's output sits: where it runs or
-is bound, where it ran if it finished less than ``producer_memory_seconds`` ago (its output is still on
-that node's disk), or where a gang's reservation plan puts it. The candidate's cost is the estimated
-time to move ``input-data-gb`` from there, over the tier bandwidths of ``tier_bandwidth_gbps``.
-
-Cost model (why a ladder of hops rather than one bandwidth per tier): a consumer always pays for
-reading the producer's local copy (``same_node``); every tier it must cross adds a store-and-forward
-hop at that tier's bandwidth — the NVLink domain, then each fabric tier inward to outward (leaf, spine,
-block...), then the zone network, then the inter-zone link. Summing hops makes the cost strictly grow
-with distance whatever bandwidths the operator configures (the default NVLink figure is faster than the
-local-disk one, so a per-tier figure alone would rank "same NVLink domain" above "same node").
-
-Serving groups (``llm-placement.io/serving-group``) reuse the same edges: a ``prefill`` pod has an edge
-to the ``decode`` pods of its group and the reverse, since every request's KV cache crosses between
-them; the ladder then prefers the partner's node, then its NVLink domain, then its leaf switch.
+Where the data sits comes from app.core.producers (producers and serving-group partners), what a GB
+costs at each distance from app.core.distance (a ladder of hops over the tier bandwidths of
+``tier_bandwidth_gbps``). This module turns both into the placer's hook: the gravity term per
+candidate, the hard ``colocation`` rule, the bind-time observation and explain's breakdown.
 
 Pure: reads a ClusterSnapshot, imports no web or Kubernetes client code, and never mutates state.
 """
@@ -23,96 +11,21 @@ Pure: reads a ClusterSnapshot, imports no web or Kubernetes client code, and nev
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from enum import IntEnum
+from dataclasses import dataclass
 from typing import Any
 
+from app.core.distance import LEVEL_WORDS, LEVELS, MAX_RUNG, MISSING, Distance, HopLadder, within_level
 from app.core.nodes import NodeFacts
-from app.core.policy import ZONE_LABEL, GravityPolicy
+from app.core.policy import GravityPolicy
+from app.core.producers import DEFAULT_INPUT_GB, SERVING_GROUP, SHARE_ANNOTATION, Edge, ProducerResolver, Site
 from app.core.reasons import ReasonCode, Rejection, reject
 from app.core.scoring import GravityFn
-from app.core.snapshot import ClusterSnapshot, PlacedPod, serving_group_key
-from app.core.workload import MAX_LIST_ITEMS, PREFIX, ServingRole, WorkloadSpec
+from app.core.snapshot import ClusterSnapshot
+from app.core.workload import WorkloadSpec
 
-# When a pod declares producers but not how much it reads, still prefer its producers' neighbourhood:
-# the amount only weighs producers against each other, so any positive figure gives the same ranking.
-DEFAULT_INPUT_GB = 1.0
-# Namespace annotation by which a producer's namespace lets other namespaces' pods follow its pods.
-SHARE_ANNOTATION = PREFIX + "share-with"
-
-
-class Distance(IntEnum):
-    """How far a candidate node is from a producer's data, nearest first."""
-
-    NODE = 0
-    NVLINK = 1
-    FABRIC = 2
-    ZONE = 3
-    CROSS_ZONE = 4
-
-    @property
-    def label(self) -> str:
-        """Metric label and explain value (bounded vocabulary)."""
-        return _LABELS[self]
-
-
-_LABELS = {
-    Distance.NODE: "node",
-    Distance.NVLINK: "nvlink",
-    Distance.FABRIC: "fabric",
-    Distance.ZONE: "zone",
-    Distance.CROSS_ZONE: "cross-zone",
-}
-MISSING = "missing"  # the distance label of an edge whose producer could not be found
-
-# llm-placement.io/colocation levels (the parser maps "required" to "node").
-LEVELS: dict[str, Distance] = {
-    "node": Distance.NODE,
-    "nvlink": Distance.NVLINK,
-    "leaf": Distance.FABRIC,
-    "fabric": Distance.FABRIC,
-    "zone": Distance.ZONE,
-}
-# Levels that accept only the inner-most fabric tiers: "leaf" is the same NVLink domain or the same
-# tier-0 domain (leaf switch), where a prefill/decode pair's KV-cache transfers stay one hop.
-_MAX_RUNG = {"leaf": 0}
-_LEVEL_WORDS = {"node": "node", "nvlink": "NVLink domain", "leaf": "NVLink domain or leaf switch",
-                "fabric": "fabric tier", "zone": "zone"}
-SERVING_GROUP = "serving-group"  # Edge.kind of a serving group's partner pods
-
-
-def within_level(level: str, distance: Distance, rung: int) -> bool:
-    """Does a pair at ``distance`` (and, for FABRIC, inner-most shared ``rung``) satisfy ``level``?"""
-    if distance > LEVELS[level]:
-        return False
-    cap = _MAX_RUNG.get(level)
-    return cap is None or distance is not Distance.FABRIC or rung <= cap
-
-
-@dataclass(frozen=True, slots=True)
-class Site:
-    """One place a producer's output sits, with the share of the edge's data found there."""
-
-    node: str
-    state: str  # "bound" (running or bound), "finished", "planned" (gang reservation)
-    share: float
-
-
-@dataclass(frozen=True, slots=True)
-class Edge:
-    """One resolved ``depends-on`` entry."""
-
-    producer: str  # ns/name
-    kind: str  # "pod", "gang" or "missing"
-    gb: float  # data this edge carries (the pod's input-data-gb split over its edges)
-    sites: tuple[Site, ...] = ()
-    note: str = ""
-
-    @property
-    def found(self) -> bool:
-        return bool(self.sites)
+__all__ = ["LEVELS", "MISSING", "SERVING_GROUP", "SHARE_ANNOTATION", "Distance", "Edge", "EdgeAt",
+           "GravityModel", "Site", "within_level"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,19 +39,9 @@ class EdgeAt:
     gb: float
 
 
-@dataclass(slots=True)
-class _Memo:
-    generation: int = -1
-    finished_gangs: dict[str, list[PlacedPod]] = field(default_factory=dict)
-
-
 class GravityModel:
-    """Implements the placer's GravityHook over a ClusterSnapshot.
-
-    ``planned`` returns the planned node of every member of a gang that holds a reservation (one entry
-    per member), or nothing; the gang ledger supplies it when present. ``clock`` is injectable so the
-    simulator and tests can move time.
-    """
+    """Implements the placer's GravityHook over a ClusterSnapshot (``planned`` and ``clock``: see
+    app.core.producers.ProducerResolver)."""
 
     def __init__(
         self,
@@ -151,181 +54,26 @@ class GravityModel:
     ) -> None:
         self.snapshot = snapshot
         self.policy = policy
-        self.planned = planned
-        self.clock = clock
-        self.default_input_gb = default_input_gb
-        self._memo = _Memo()
-        # Fabric tiers that are really the zone label are "same zone", not "same fabric tier".
-        tiers = policy.fabric_tiers
-        self._fabric_index = [i for i, keys in enumerate(tiers) if ZONE_LABEL not in keys]
-        bw = policy.tier_bandwidth
-        hops = [1 / bw.same_node, 1 / bw.same_nvlink_domain]
-        hops += [1 / bw.same_fabric_tier] * len(self._fabric_index)
-        hops += [1 / bw.same_zone, 1 / bw.cross_zone]
-        ladder = [sum(hops[: i + 1]) for i in range(len(hops))]
-        nf = len(self._fabric_index)
-        self._node_s = ladder[0]
-        self._nvlink_s = ladder[1]
-        self._fabric_s = ladder[2 : 2 + nf]  # by rung: the inner-most shared fabric tier
-        self._zone_s = ladder[2 + nf]
-        self._cross_s = ladder[3 + nf]
+        self.ladder = HopLadder(policy.fabric_tiers, policy.tier_bandwidth)
+        self.producers = ProducerResolver(snapshot, policy.producer_memory_seconds, planned, clock,
+                                          default_input_gb)
 
-    # --- distance and cost -----------------------------------------------------------------------
+    @property
+    def planned(self) -> Callable[[str], Sequence[str]] | None:
+        return self.producers.planned
+
     def distance(self, a: NodeFacts, b: NodeFacts) -> tuple[Distance, int]:
-        """Distance between two nodes, and for FABRIC the rung of the inner-most shared tier."""
-        if a.name == b.name:
-            return Distance.NODE, -1
-        if a.nvlink_domain == b.nvlink_domain:
-            return Distance.NVLINK, -1
-        return self._far(a.fabric, a.zone, b.fabric, b.zone)
-
-    def _far(
-        self, fa: tuple[str, ...], za: str, fb: tuple[str, ...], zb: str
-    ) -> tuple[Distance, int]:
-        """Distance between nodes known to be in different NVLink domains: fabric ids and zone only."""
-        for rung, i in enumerate(self._fabric_index):
-            x = fa[i] if i < len(fa) else ""
-            if x and fb[i:i + 1] == (x,):
-                return Distance.FABRIC, rung
-        # Two nodes without zone labels are taken to share the (single, unlabelled) site.
-        if za == zb:
-            return Distance.ZONE, -1
-        return Distance.CROSS_ZONE, -1
-
-    def _far_s(self, fa: tuple[str, ...], za: str, fb: tuple[str, ...], zb: str) -> float:
-        """Seconds per GB of ``_far`` without building the enum (the prioritize hot path)."""
-        for rung, i in enumerate(self._fabric_index):
-            x = fa[i] if i < len(fa) else ""
-            if x and fb[i:i + 1] == (x,):
-                return self._fabric_s[rung]
-        return self._zone_s if za == zb else self._cross_s
+        return self.ladder.distance(a, b)
 
     def seconds_per_gb(self, distance: Distance, rung: int = 0) -> float:
-        if distance is Distance.NODE:
-            return self._node_s
-        if distance is Distance.NVLINK:
-            return self._nvlink_s
-        if distance is Distance.FABRIC:
-            return self._fabric_s[max(0, min(rung, len(self._fabric_s) - 1))]
-        if distance is Distance.ZONE:
-            return self._zone_s
-        return self._cross_s
-
-    # --- resolution ------------------------------------------------------------------------------
-    def _fresh(self, pod: PlacedPod, now: float) -> bool:
-        return pod.finished_at is None or now - pod.finished_at <= self.policy.producer_memory_seconds
-
-    def _finished_gang_members(self, gang: str) -> list[PlacedPod]:
-        # Finished pods are indexed by name only; build a gang index once per snapshot generation.
-        memo = self._memo
-        if memo.generation != self.snapshot.generation:
-            index: dict[str, list[PlacedPod]] = {}
-            for p in self.snapshot.finished.values():
-                if p.gang:
-                    index.setdefault(p.gang, []).append(p)
-            memo.finished_gangs = index
-            memo.generation = self.snapshot.generation
-        return memo.finished_gangs.get(gang, [])
-
-    def _resolve_one(self, key: str, gb: float, now: float) -> Edge:
-        snap = self.snapshot
-        window = self.policy.producer_memory_seconds
-        forgotten = ""
-        at = snap.node_of(key)
-        if at is not None:
-            node, finished = at
-            pod = snap.finished.get(key) if finished else None
-            if pod is None or self._fresh(pod, now):
-                if node not in snap.nodes:
-                    return Edge(key, "missing", gb, note=f"producer {key} ran on {node}, no longer a node")
-                return Edge(key, "pod", gb, (Site(node, "finished" if finished else "bound", 1.0),))
-            forgotten = f"producer {key} finished more than {window:g}s ago; its node is forgotten"
-        # A gang: live bound members, members that finished within the window, else the plan.
-        located: list[tuple[str, str]] = [(n, "bound") for n in snap.gang_nodes(key)]
-        located += [(p.node, "finished") for p in self._finished_gang_members(key) if self._fresh(p, now)]
-        if not located and self.planned is not None:
-            located = [(n, "planned") for n in self.planned(key)]
-        lost = {n for n, _ in located if n not in snap.nodes}
-        located = [(n, s) for n, s in located if n not in lost]
-        if located:
-            # A gang's output (a sharded checkpoint) is spread over its members: each member's node
-            # holds its share, so a consumer next to one member still reads the others' shares remotely.
-            counts = Counter(located)
-            total = sum(counts.values())
-            sites = tuple(Site(n, s, c / total) for (n, s), c in sorted(counts.items()))
-            return Edge(key, "gang", gb, sites)
-        if lost:
-            return Edge(key, "missing", gb, note=f"producer {key} ran on nodes no longer in the cluster")
-        note = forgotten or (
-            f"producer {key} not found (not running, bound, planned, or finished in the last {window:g}s)"
-        )
-        return Edge(key, "missing", gb, note=note)
+        return self.ladder.seconds_per_gb(distance, rung)
 
     def resolve(self, spec: WorkloadSpec) -> list[Edge]:
-        """Every distinct producer the pod names, resolved; never raises."""
-        # A dict keeps first-seen order and de-duplicates in linear time (the parser bounds the list
-        # at MAX_LIST_ITEMS, docs/annotations.md; the slice keeps specs built elsewhere bounded too).
-        keys: dict[str, None] = {}
-        for raw in spec.depends_on[:MAX_LIST_ITEMS]:
-            ns, sep, name = raw.partition("/")
-            key = raw if sep and ns and name else f"{spec.namespace}/{raw.strip('/')}"
-            if key != spec.key:
-                keys.setdefault(key)
-        group = self._serving_group_edge(spec)
-        if not keys:
-            return [group] if group is not None else []
-        # input-data-gb is what the pod reads from all of them together.
-        per_edge = (spec.input_data_gb or self.default_input_gb) / len(keys)
-        now = self.clock()
-        edges = [self._resolve_one(k, per_edge, now) if self.shared(k, spec.namespace)
-                 else self._unshared(k, spec.namespace, per_edge) for k in keys]
-        return [*edges, group] if group is not None else edges
-
-    def _serving_group_edge(self, spec: WorkloadSpec) -> Edge | None:
-        """The placed partners of a prefill or decode pod: its group's pods of the other role.
-
-        The group is looked up in the pod's own namespace only. Until a partner is placed the edge has
-        no sites: it pulls nowhere and, unlike a missing producer, blocks nothing (the first pod of a
-        pair goes where it fits best, the second follows it). Its weight is ``default_input_gb``, the
-        figure of a producer of unknown size: the pull ranks partners' neighbourhoods, not GB.
-        """
-        if spec.serving_group is None or spec.serving_role is ServingRole.BOTH:
-            return None
-        want = ServingRole.DECODE if spec.serving_role is ServingRole.PREFILL else ServingRole.PREFILL
-        key = serving_group_key(spec)
-        located: list[str] = []
-        for peer in self.snapshot.serving_group_members(key):
-            if peer.serving_role is not want or peer.key == spec.key:
-                continue
-            at = self.snapshot.node_of(peer.key)
-            if at is not None and not at[1] and at[0] in self.snapshot.nodes:
-                located.append(at[0])
-        label = f"{key} ({want.value})"
-        if not located:
-            return Edge(label, SERVING_GROUP, self.default_input_gb,
-                        note=f"no {want.value} pod of serving-group {key} is placed yet")
-        counts = Counter(located)
-        sites = tuple(Site(n, "bound", c / len(located)) for n, c in sorted(counts.items()))
-        return Edge(label, SERVING_GROUP, self.default_input_gb, sites)
+        """Every distinct producer the pod names (and its serving-group partners), resolved."""
+        return self.producers.resolve(spec)
 
     def shared(self, key: str, consumer_namespace: str) -> bool:
-        """May a pod of ``consumer_namespace`` follow producer ``key`` (docs/data-gravity.md)?
-
-        Its own namespace always; another only when that namespace opts in with the annotation
-        ``llm-placement.io/share-with`` naming the consumer's namespace (or ``*``).
-        """
-        producer_ns = key.partition("/")[0]
-        if producer_ns == consumer_namespace:
-            return True
-        allowed = self.snapshot.namespace_shares.get(producer_ns, frozenset())
-        return "*" in allowed or consumer_namespace in allowed
-
-    @staticmethod
-    def _unshared(key: str, consumer_namespace: str, gb: float) -> Edge:
-        # Never looked up: the same answer whether the producer exists or not, so a tenant cannot
-        # use depends-on to learn what runs in a namespace that does not share with it, or where.
-        return Edge(key, "missing", gb, note=f"producer {key} not found or its namespace does not "
-                    f"share with {consumer_namespace} ({SHARE_ANNOTATION})")
+        return self.producers.shared(key, consumer_namespace)
 
     # --- per candidate ---------------------------------------------------------------------------
     def edge_at(self, edge: Edge, node: NodeFacts) -> EdgeAt:
@@ -373,7 +121,7 @@ class GravityModel:
         def far_cost(fabric: tuple[str, ...], zone: str) -> float:
             total = 0.0
             for (fb, zb), gb in far_gb.items():
-                total += gb * self._far_s(fabric, zone, fb, zb)
+                total += gb * self.ladder.far_s(fabric, zone, fb, zb)
             return total
 
         def fn(node: str) -> float | None:
@@ -389,8 +137,8 @@ class GravityModel:
                 # Producers in this node's NVLink domain were priced as if a fabric tier away:
                 # re-price their share at the node or NVLink rung.
                 for name, fb, zb, gb in near:
-                    c -= gb * self._far_s(key[0], key[1], fb, zb)
-                    c += gb * (self._node_s if name == node else self._nvlink_s)
+                    c -= gb * self.ladder.far_s(key[0], key[1], fb, zb)
+                    c += gb * (self.ladder.node_s if name == node else self.ladder.nvlink_s)
             return c
 
         return fn
@@ -413,12 +161,12 @@ class GravityModel:
             return dict.fromkeys(nodes, r)
         limit = LEVELS[level]
         who = "its producer" if spec.depends_on else "its serving-group partner"
-        r = reject(ReasonCode.GRAVITY, f"must run in the same {_LEVEL_WORDS[level]} as {who}")
+        r = reject(ReasonCode.GRAVITY, f"must run in the same {LEVEL_WORDS[level]} as {who}")
         # Per producer, the domains a candidate may share with it at the level: a few set lookups per
         # node instead of a distance per (node, member) pair. Level flags are hoisted out of the loop.
         nvlink_ok, fabric_ok, zone_ok = (limit >= Distance.NVLINK, limit >= Distance.FABRIC,
                                          limit >= Distance.ZONE)
-        max_rung = _MAX_RUNG.get(level)
+        max_rung = MAX_RUNG.get(level)
         checks: list[tuple[set[str], set[str], list[tuple[int, set[str]]], set[str] | None]] = []
         for e in edges:
             d_names, d_nvlink, d_fabric, d_zones = self._domains(e)
@@ -449,7 +197,7 @@ class GravityModel:
         """A producer's nodes, NVLink domains, non-empty non-zone fabric ids per tier, and zones."""
         names: set[str] = set()
         nvlink: set[str] = set()
-        fabric: list[tuple[int, set[str]]] = [(i, set()) for i in self._fabric_index]
+        fabric: list[tuple[int, set[str]]] = [(i, set()) for i in self.ladder.fabric_index]
         zones: set[str] = set()
         for s in edge.sites:
             f = self.snapshot.nodes.get(s.node)
@@ -477,7 +225,7 @@ class GravityModel:
             return None  # producer unknown: neutral, never fatal (explain says why)
         cost = self.cost_fn(edges)
         if nodes is None:
-            best = sum(e.gb for e in edges) * self._node_s
+            best = sum(e.gb for e in edges) * self.ladder.node_s
             return lambda n: _ratio(best, cost(n))
         costs = {n: cost(n) for n in nodes}
         known = [c for c in costs.values() if c is not None]
@@ -508,7 +256,7 @@ class GravityModel:
         edges = self.resolve(spec)
         detail: dict[str, Any] = {
             "colocation_required": spec.colocation_required,
-            "input_data_gb": spec.input_data_gb or (self.default_input_gb if edges else 0.0),
+            "input_data_gb": spec.input_data_gb or (self.producers.default_input_gb if edges else 0.0),
             "edges": [],
             "notes": [e.note for e in edges if e.note],
             "nodes": {},
