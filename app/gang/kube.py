@@ -17,9 +17,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from app.backoff import Backoff
 from app.core.snapshot import ClusterSnapshot
 from app.core.units import quote
 from app.gang.persist import PlanRecord, records_from_pods
+from app.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,8 @@ class PodGroupWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watch-podgroups", daemon=True)
         self.present = False
+        # Retries come every couple of seconds during an outage: one line a minute.
+        self._log = RateLimitedLog(log)
 
     def start(self) -> None:
         self._thread.start()
@@ -67,29 +71,32 @@ class PodGroupWatcher:
         self._stop.set()
 
     def _run(self) -> None:
-        backoff = 0.5
+        backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
+        told_absent = False
         while not self._stop.is_set():
             try:
                 rv = self._list()
-                self.present = True
+                backoff.reset()
+                self.present, told_absent = True, False
                 self._watch(rv)
-                backoff = 0.5
             except ApiException as exc:
                 if exc.status in (403, 404):
                     # No PodGroup CRD (or no right to read it): sizes come from annotations.
-                    if self.present or backoff == 0.5:
+                    if not told_absent:
                         log.info("PodGroups unavailable (%s); gang sizes from annotations only", exc.status)
-                    self.present = False
-                    backoff = 1.0
+                    self.present, told_absent = False, True
+                    backoff.reset()
                     self._stop.wait(ABSENT_RETRY)
                     continue
-                log.warning("podgroup watch failed (%s); retrying in %.1fs", exc.reason, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                delay = backoff.next()
+                self._log.warning("podgroups", f"podgroup watch failed ({quote(str(exc.reason))}); "
+                                  f"retrying in {delay:.1f}s")
+                self._stop.wait(delay)
             except Exception as exc:
-                log.warning("podgroup watch failed (%s); retrying in %.1fs", exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                delay = backoff.next()
+                self._log.warning("podgroups", f"podgroup watch failed ({quote(str(exc))}); "
+                                  f"retrying in {delay:.1f}s")
+                self._stop.wait(delay)
 
     def _list(self) -> str:
         data = json.loads(self.raw(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
