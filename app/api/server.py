@@ -11,7 +11,9 @@ few hundred such sockets from one tenant then hold memory and threads indefinite
 * a request must arrive whole (head and body) within ``http_request_timeout_seconds`` of its first
   byte, else the connection is closed;
 * a request head (request line and headers) over ``http_max_header_bytes`` is answered 431 and the
-  connection closed, before more of it is buffered.
+  connection closed, before more of it is buffered;
+* a client that stops reading an answer gets ``http_request_timeout_seconds`` to read on before
+  its connection is closed.
 
 The verbs keep httptools (the C parser on kube-scheduler's synchronous path); the limits are a thin
 subclass of uvicorn's protocol, pinned by tests/unit/test_http_limits.py against a live server.
@@ -69,6 +71,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.timeout_keep_alive = self.limits.idle_timeout  # type: ignore[assignment]
         self._deadline: asyncio.TimerHandle | None = None
+        self._stalled: asyncio.TimerHandle | None = None  # an answer the client does not read
         self._in_head = True  # the bytes arriving belong to a request head
         self._head_bytes = 0
 
@@ -81,6 +84,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_deadline()
+        self._resume_stall()
         self._unset_keepalive_if_required()
         super().connection_lost(exc)
 
@@ -124,6 +128,22 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head, self._head_bytes = True, 0
         super().on_message_complete()
 
+    def pause_writing(self) -> None:
+        # The client stopped reading our answer: it gets the request timeout to start again, or
+        # the connection (and the answer held for it) goes.
+        super().pause_writing()
+        if self._stalled is None:
+            self._stalled = self.loop.call_later(self.limits.request_timeout, self._abort)
+
+    def resume_writing(self) -> None:
+        self._resume_stall()
+        super().resume_writing()
+
+    def _resume_stall(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
     def _refuse_head(self) -> None:
         self._cancel_deadline()
         if not self.transport.is_closing():
@@ -131,9 +151,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _expired(self) -> None:
-        self._deadline = None
+        """A deadline passed: close (connection_lost cancels the other timers)."""
         if not self.transport.is_closing():
             self.transport.close()
+
+    def _abort(self) -> None:
+        """Close without flushing: close() would wait for the unread answer to drain."""
+        self.transport.abort()
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:

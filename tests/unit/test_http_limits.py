@@ -176,6 +176,28 @@ def test_trickled_request_is_closed_at_the_request_deadline(verbs: Live, part: s
     assert REQUEST * 0.5 < elapsed < REQUEST + 2, elapsed
 
 
+def test_client_that_stops_reading_an_answer_is_closed_at_the_deadline(verbs: Live) -> None:
+    """A large answer the client never reads must not hold the connection (and the answer)."""
+    names = [f"node-{i}" for i in range(200_000)]  # every one unknown: a 12 MB answer
+    body = json.dumps({"Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+                               "spec": {"containers": [{"name": "c"}]}}, "NodeNames": names}).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+    s.settimeout(PATIENCE)
+    with s:
+        s.connect(("127.0.0.1", verbs.port))
+        s.sendall(b"POST /scheduler/filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(REQUEST + 3)  # not reading; the server is stuck writing past its deadline
+        got = 0
+        try:
+            while chunk := s.recv(1 << 20):
+                got += len(chunk)
+        except ConnectionResetError:
+            pass
+    assert got < 10_000_000, f"the whole answer ({got} bytes) waited for a client that did not read"
+
+
 def test_head_over_the_limit_in_one_read_is_answered_431(verbs: Live) -> None:
     with _connect(verbs.port) as s:
         s.sendall(_get("/healthz", b"X-Big: " + b"a" * (2 * MAX_HEAD) + b"\r\n"))
