@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import logging
 import socket
 import threading
 import time
@@ -37,6 +38,10 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.config import Settings
+from app.ratelog import RateLimitedLog
+
+# One line a minute per kind of refusal: a client can send bad requests as fast as it likes.
+_log = RateLimitedLog(logging.getLogger(__name__))
 
 # Prometheus scrapes one request at a time; past this many open metrics connections new ones are
 # closed at once, so slow clients cannot make the metrics server start a thread each.
@@ -109,6 +114,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if isinstance(exc.__context__, _HeadTooLarge):
                 self._refuse_head()
                 return
+            _log.warning("http:invalid", "invalid HTTP request received (answered 400)")
             self.send_400_response("Invalid HTTP request received.")
             return
         if self._in_head and self._head_bytes > self.limits.max_header_bytes:
@@ -146,6 +152,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse_head(self) -> None:
         self._cancel_deadline()
+        _log.warning("http:head", f"request head over {self.limits.max_header_bytes} bytes refused "
+                                  "(431; http_max_header_bytes)")
         if not self.transport.is_closing():
             self.transport.write(REFUSED_431)
             self.transport.close()
