@@ -198,6 +198,31 @@ def test_client_that_stops_reading_an_answer_is_closed_at_the_deadline(verbs: Li
     assert got < 10_000_000, f"the whole answer ({got} bytes) waited for a client that did not read"
 
 
+def test_hundreds_of_slow_connections_are_all_closed_and_others_still_answered(verbs: Live) -> None:
+    """What one tenant did: a few hundred connections that send half a request and wait."""
+    slow = []
+    for i in range(300):
+        s = _connect(verbs.port)
+        if i % 2:
+            s.sendall(b"POST /scheduler/filter HTTP/1.1\r\nHost: x\r\n")  # half a head
+        slow.append(s)
+    t0 = time.monotonic()
+    with _connect(verbs.port) as s:  # meanwhile a normal request is answered
+        s.sendall(_get("/healthz"))
+        assert _response(s).startswith(b"HTTP/1.1 200")
+    closed = 0
+    for s in slow:
+        s.settimeout(max(0.1, t0 + REQUEST + 3 - time.monotonic()))
+        try:
+            closed += s.recv(1) == b""
+        except ConnectionResetError:
+            closed += 1
+        except TimeoutError:
+            pass
+        s.close()
+    assert closed == len(slow), f"{len(slow) - closed} of {len(slow)} slow connections still open"
+
+
 def test_head_over_the_limit_in_one_read_is_answered_431(verbs: Live) -> None:
     with _connect(verbs.port) as s:
         s.sendall(_get("/healthz", b"X-Big: " + b"a" * (2 * MAX_HEAD) + b"\r\n"))
