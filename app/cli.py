@@ -41,9 +41,9 @@ def serve(
 ) -> None:
     """Run the extender (filter / prioritize / bind / preempt) for kube-scheduler."""
     import uvicorn
-    from prometheus_client import start_http_server
 
     from app.api.app import create_app
+    from app.api.server import HttpLimits, start_metrics_server, uvicorn_options
     from app.wiring import build_live
 
     settings = _settings(config, host=host, port=port, kubeconfig=kubeconfig)
@@ -63,9 +63,8 @@ def serve(
         # Loopback unless metrics_host says otherwise (the chart sets 0.0.0.0 so Prometheus can
         # scrape the pod); the verbs stay on ``host``.
         try:
-            start_http_server(
-                settings.metrics_port, addr=settings.metrics_host, registry=service.metrics.registry
-            )
+            start_metrics_server(settings.metrics_port, settings.metrics_host, service.metrics.registry,
+                                 HttpLimits.from_settings(settings))
         except OSError as exc:
             console.print(f"[red]cannot listen for metrics on {settings.metrics_host}:{settings.metrics_port}"
                           f": {exc.strerror}; set metrics_port (0 turns metrics off) or free the port[/red]",
@@ -79,8 +78,8 @@ def serve(
     binder = service.binder
     open_explain = settings.explain_auth == "none" or not isinstance(binder, Binder)
     access = OpenAccess() if open_explain else KubernetesAccess(binder.rest)  # type: ignore[union-attr]
-    uvicorn.run(create_app(service, access), host=settings.host, port=settings.port,
-                log_level=settings.log_level, access_log=False)
+    # Idle, slow and oversized requests are cut off (docs/extender-protocol.md, "Connection limits").
+    uvicorn.run(create_app(service, access), **uvicorn_options(settings))
 
 
 def _fail_start(exc: Exception, kubeconfig: str | None) -> NoReturn:

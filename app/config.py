@@ -85,6 +85,13 @@ class Settings(BaseSettings):
     cluster_source: Literal["kubernetes", "none"] = "kubernetes"
     scheduler_name: str = "llm-placement"
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    # Connection limits of the verbs' and the metrics' HTTP servers (docs/extender-protocol.md,
+    # "Connection limits"): a connection with no request under way is closed after the idle
+    # timeout, a request must arrive whole within the request timeout of its first byte, and a
+    # request head over max_header_bytes is answered 431. kube-scheduler sends each request at once.
+    http_idle_timeout_seconds: float = Field(5.0, gt=0, le=3600)
+    http_request_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+    http_max_header_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     gil_switch_interval_seconds: float = Field(0.0005, gt=0, le=0.1)
 

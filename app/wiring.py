@@ -92,6 +92,9 @@ class GangMetricsAdapter:
     def reserved(self, gpus: int) -> None:
         self.m.reservations.set(gpus)
 
+    def plan_rejected(self, reason: str) -> None:
+        self.m.rejected_plans.labels(reason).inc()
+
 
 def build_live(
     settings: Settings, metrics: Metrics | None = None
@@ -109,8 +112,12 @@ def build_live(
         # Plans persisted on pods are restored before we serve a single filter, so a restarted
         # extender never hands GPUs reserved for a gang to another pod.
         core = client.CoreV1Api(api)
+        # Plans past the reservation TTL are refused at the listing, and every refusal is counted
+        # (docs/gangs.md, "Restored plans").
         records = load_plan_records(lambda: raw(core.list_pod_for_all_namespaces, _request_timeout=60),
-                                    tuple(settings.labels.gpu_resource))
+                                    tuple(settings.labels.gpu_resource),
+                                    ttl=settings.gang_reservation_ttl_seconds,
+                                    rejected=GangMetricsAdapter(service.metrics).plan_rejected)
         restored = gangs.restore(records)
         log.info("restored %d gang plan(s) from pod annotations", restored)
         PodGroupWatcher(client.CustomObjectsApi(api), raw, service.snapshot, service.lock).start()
@@ -133,8 +140,8 @@ def build_live(
             snap = service.snapshot
             log.info("cache synced: %d nodes, %d pods", len(snap.nodes), len(snap.pods))
 
-    # Unreadable pods and unknown annotation keys are reported on the pod through the service's
-    # binder, the same event writer the verbs use.
+    # Warnings about one pod (unreadable, unknown annotation keys) go out through the service's
+    # event writer, not a second one of the cache's own.
     cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics,
                          on_change=mark_ready, events=service.binder)
     # GPUs through Dynamic Resource Allocation, when the cluster serves resource.k8s.io (docs/dra.md).

@@ -2,8 +2,8 @@
 
 Raw JSON streams (``_preload_content=False``) instead of the client's model objects: the placement
 core reads plain dicts, and deserialising 100,000 pods into generated classes costs seconds and
-hundreds of MB. Each watch keeps its resourceVersion, re-lists on 410 Gone, and reconnects with
-capped exponential backoff; node facts are computed here, once per event, never per request.
+hundreds of MB. Each watch keeps its resourceVersion, re-lists on 410 Gone, and reconnects with a
+short exponential backoff (app/backoff.py); node facts are computed here, once per event, never per request.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
+from app.backoff import Backoff
 from app.cluster.client import raw
 from app.config import Settings
 from app.core.catalog import GpuCatalog
@@ -354,12 +355,15 @@ class ClusterCache:
         )
 
     def _run(self, kind: str) -> None:
-        backoff = 0.5
+        # Short, reset as soon as the API server answers: after an outage new pods are seen within
+        # a couple of seconds of its return (app/backoff.py).
+        backoff = Backoff()
         rv = ""
         while not self._stop.is_set():
             try:
                 if not rv:
                     items, listed_rv = self._list(kind)
+                    backoff.reset()
                     self._replace(kind, items)
                     # Only now: a watch resumed from this version must not skip objects that were
                     # listed but never applied.
@@ -368,22 +372,22 @@ class ClusterCache:
                         self._synced[kind].set()
                     if self.on_change:
                         self.on_change()
-                rv = self._watch(kind, rv)
-                backoff = 0.5
+                rv = self._watch(kind, rv, backoff)
             except Gone:
                 self.metrics.watch_restarts.labels(kind, "gone").inc()
                 rv = ""
             except Exception as exc:  # reconnect on anything: the cache must outlive API hiccups
                 self.metrics.watch_restarts.labels(kind, "error").inc()
+                delay = backoff.next()
                 self._log.warning(f"watch:{kind}", f"watch {kind} failed ({quote(str(exc))}); "
-                                  f"retrying in {backoff:.1f}s")
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                                  f"retrying in {delay:.1f}s")
+                self._stop.wait(delay)
 
-    def _watch(self, kind: str, rv: str) -> str:
+    def _watch(self, kind: str, rv: str, backoff: Backoff) -> str:
         fn = self._lister(kind)
         resp = fn(watch=True, resource_version=rv, allow_watch_bookmarks=True, timeout_seconds=240,
                   _preload_content=False, _request_timeout=(10, 300))
+        backoff.reset()  # the API server accepted the watch
         try:
             for etype, obj in watch_events(resp, self._stop, lambda exc: self.skipped(kind, None, exc)):
                 new_rv = (obj.get("metadata") or {}).get("resourceVersion")

@@ -16,10 +16,12 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from app.backoff import Backoff
 from app.cluster.cache import ClusterCache, apply_node, apply_pod, watch_events
 from app.cluster.client import raw
 from app.core import workload
 from app.core.units import quote
+from app.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 GROUP, VERSION = "resource.k8s.io", "v1"
@@ -40,6 +42,8 @@ class DraWatcher:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.present: dict[str, bool] = {k: False for k in KINDS}
+        # Retries come every couple of seconds during an outage: one line a minute per kind.
+        self._log = RateLimitedLog(log)
 
     def start(self) -> None:
         for kind in KINDS:
@@ -164,32 +168,35 @@ class DraWatcher:
                 return items, str(meta.get("resourceVersion") or "")
 
     def _run(self, kind: str) -> None:
-        backoff = 0.5
+        backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
+        told_absent = False
         while not self._stop.is_set():
             try:
                 items, rv = self._list(kind)
-                self.present[kind] = True
+                backoff.reset()
+                self.present[kind], told_absent = True, False
                 self._refresh(*self._replace(kind, items))
                 self._notify()
                 self._watch(kind, rv)
-                backoff = 0.5
             except ApiException as exc:
                 if exc.status in (403, 404):
                     # No DRA API on this cluster (or no right to read it): extended resources only.
-                    if self.present[kind] or backoff == 0.5:
+                    if not told_absent:
                         log.info("DRA %s unavailable (%s); GPUs from extended resources only",
                                  kind, exc.status)
-                    self.present[kind] = False
-                    backoff = 1.0
+                    self.present[kind], told_absent = False, True
+                    backoff.reset()
                     self._stop.wait(ABSENT_RETRY)
                     continue
-                log.warning("DRA %s watch failed (%s); retrying in %.1fs", kind, exc.reason, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                delay = backoff.next()
+                self._log.warning(f"dra:{kind}", f"DRA {kind} watch failed ({quote(str(exc.reason))}); "
+                                  f"retrying in {delay:.1f}s")
+                self._stop.wait(delay)
             except Exception as exc:  # the watch must outlive API hiccups
-                log.warning("DRA %s watch failed (%s); retrying in %.1fs", kind, quote(str(exc)), backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                delay = backoff.next()
+                self._log.warning(f"dra:{kind}", f"DRA {kind} watch failed ({quote(str(exc))}); "
+                                  f"retrying in {delay:.1f}s")
+                self._stop.wait(delay)
 
     def _notify(self) -> None:
         if self.cache.on_change:

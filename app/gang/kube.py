@@ -17,9 +17,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from app.backoff import Backoff
 from app.core.snapshot import ClusterSnapshot
 from app.core.units import quote
-from app.gang.persist import PlanRecord, records_from_pods
+from app.gang.persist import ANNOTATION, PlanRecord, records_from_pods
+from app.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,8 @@ class PodGroupWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watch-podgroups", daemon=True)
         self.present = False
+        # Retries come every couple of seconds during an outage: one line a minute.
+        self._log = RateLimitedLog(log)
 
     def start(self) -> None:
         self._thread.start()
@@ -67,29 +71,32 @@ class PodGroupWatcher:
         self._stop.set()
 
     def _run(self) -> None:
-        backoff = 0.5
+        backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
+        told_absent = False
         while not self._stop.is_set():
             try:
                 rv = self._list()
-                self.present = True
+                backoff.reset()
+                self.present, told_absent = True, False
                 self._watch(rv)
-                backoff = 0.5
             except ApiException as exc:
                 if exc.status in (403, 404):
                     # No PodGroup CRD (or no right to read it): sizes come from annotations.
-                    if self.present or backoff == 0.5:
+                    if not told_absent:
                         log.info("PodGroups unavailable (%s); gang sizes from annotations only", exc.status)
-                    self.present = False
-                    backoff = 1.0
+                    self.present, told_absent = False, True
+                    backoff.reset()
                     self._stop.wait(ABSENT_RETRY)
                     continue
-                log.warning("podgroup watch failed (%s); retrying in %.1fs", exc.reason, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                delay = backoff.next()
+                self._log.warning("podgroups", f"podgroup watch failed ({quote(str(exc.reason))}); "
+                                  f"retrying in {delay:.1f}s")
+                self._stop.wait(delay)
             except Exception as exc:
-                log.warning("podgroup watch failed (%s); retrying in %.1fs", exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                delay = backoff.next()
+                self._log.warning("podgroups", f"podgroup watch failed ({quote(str(exc))}); "
+                                  f"retrying in {delay:.1f}s")
+                self._stop.wait(delay)
 
     def _list(self) -> str:
         data = json.loads(self.raw(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
@@ -134,13 +141,14 @@ class PodGroupWatcher:
 
 def load_plan_records(
     list_pods: Callable[[], bytes], gpu_resources: tuple[str, ...], attempts: int = 10, delay: float = 2.0,
-    ttl: float | None = None,
+    ttl: float | None = None, rejected: Callable[[str], None] | None = None,
 ) -> list[PlanRecord]:
     """Every persisted gang plan of a pending pod (one list of all pods, retried a few times).
 
     ``list_pods`` returns the raw PodList of every namespace. Raises the last error when the API
     server stays unreachable: serving without the plans could hand reserved GPUs to someone else,
-    so the caller decides (the service fails to start).
+    so the caller decides (the service fails to start). With ``ttl``, plans older than that are
+    refused here; ``rejected(reason)`` hears of every refused plan (a reason of REJECT_REASONS).
     """
     last: Exception | None = None
     for i in range(attempts):
@@ -155,24 +163,33 @@ def load_plan_records(
             if i + 1 < attempts:
                 time.sleep(delay)
         else:
-            return _restorable(items, gpu_resources, now=time.time(), ttl=ttl)
+            return _restorable(items, gpu_resources, now=time.time(), ttl=ttl, rejected=rejected)
     assert last is not None
     raise last
 
 
 def _restorable(items: list[Any], gpu_resources: tuple[str, ...], now: float,
-                ttl: float | None) -> list[PlanRecord]:
+                ttl: float | None, rejected: Callable[[str], None] | None = None) -> list[PlanRecord]:
     """The plans worth restoring; every refusal and unreadable pod is summed up in one log line."""
     refused: Counter[str] = Counter()
 
+    def refuse(why: str) -> None:
+        refused[why] += 1
+        if rejected is not None:
+            rejected(why)
+
     def skipped(pod: Any, exc: BaseException) -> None:
-        refused["unreadable pod"] += 1
         meta = pod.get("metadata") if isinstance(pod, dict) else None
+        ann = meta.get("annotations") if isinstance(meta, dict) else None
+        if isinstance(ann, dict) and ann.get(ANNOTATION):
+            refuse("unreadable")  # a plan on a pod that cannot be read
+        else:
+            refused["unreadable pod"] += 1  # most pods carry no plan: not a refused plan
         name = f"{meta.get('namespace')}/{meta.get('name')}" if isinstance(meta, dict) else "?"
         log.warning("gang plan restore: skipped pod %s (%s)", quote(name), quote(str(exc)))
 
     records = records_from_pods([i for i in items if isinstance(i, dict)], gpu_resources, now=now,
-                                ttl=ttl, rejected=lambda why: refused.update([why]), skipped=skipped)
+                                ttl=ttl, rejected=refuse, skipped=skipped)
     if refused:
         log.warning("gang plans not restored (docs/gangs.md, restored plans): %s",
                     ", ".join(f"{n} {why}" for why, n in sorted(refused.items())))

@@ -68,6 +68,7 @@ class Lifecycle:
             if synced and p.restored and any(m.node not in snap.nodes for m in p.unbound):
                 # Restored plans are only trusted for nodes that exist (docs/gangs.md).
                 self.locked_release(p, "restored plan names a node not in the cluster")
+                self.reporter.metrics.plan_rejected("unknown_node")
                 continue
             if synced:
                 gone = [m for m in p.members.values() if m.uid not in snap.specs and m.uid not in snap.pods]

@@ -35,6 +35,11 @@ ANNOTATION = PREFIX + "gang-plan"
 # The signing key (docs/gangs.md, "Restored plans"): a file (a mounted Secret) or the value itself.
 # Not a settings key on purpose: settings live in a ConfigMap that many can read.
 KEY_FILE_ENV, KEY_ENV = "LLMP_GANG_PLAN_KEY_FILE", "LLMP_GANG_PLAN_KEY"
+# Why a persisted plan was not restored (docs/gangs.md, "Restored plans"; the ``reason`` label of
+# llm_placement_rejected_gang_plans_total): the first four at the restore listing, unknown_node once
+# the cache has listed the nodes.
+REJECT_REASONS = ("unreadable", "gang_mismatch", "unsigned", "bad_signature", "future", "expired",
+                  "unknown_node")
 FUTURE_SKEW_SECONDS = 30.0  # a plan "made" further in the future than this is forged or mis-clocked
 MAX_EPOCH = 2**31
 

@@ -34,6 +34,10 @@ class GangMetrics(Protocol):
         """GPUs held by reservations right now."""
         ...
 
+    def plan_rejected(self, reason: str) -> None:
+        """A restored plan was dropped (a reason of app.gang.persist.REJECT_REASONS)."""
+        ...
+
 
 class NoMetrics:
     def solved(self, status: str, seconds: float) -> None:
@@ -49,6 +53,9 @@ class NoMetrics:
         pass
 
     def reserved(self, gpus: int) -> None:
+        pass
+
+    def plan_rejected(self, reason: str) -> None:
         pass
 
 

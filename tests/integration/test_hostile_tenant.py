@@ -9,10 +9,13 @@ extender becomes ready with the poison pod still present.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import httpx
 import pytest
+
+from app.gang.persist import ANNOTATION, PlanSigner, encode
 
 from .conftest import ClusterScope
 from .harness import (
@@ -76,6 +79,45 @@ def test_unknown_annotation_key_is_a_warning_event(cluster: ClusterScope,
                                                 annotations={"llm-placement.io/model-param": "7B"}))
     wait_for_event(core, cluster.namespace, name, "UnknownAnnotation",
                    "did you mean llm-placement.io/model-params?")
+
+
+def test_forged_gang_plans_are_refused_and_counted_after_a_restart(cluster: ClusterScope,
+                                                                    unique: Callable[[str], str]) -> None:
+    """A tenant writes gang-plan annotations on its own pending pods; a restarted extender restores
+    none of them (docs/gangs.md, "Restored plans") and counts each refusal by reason."""
+    core, cp, ns = cluster.core, cluster.cp, cluster.namespace
+    [node] = cluster.add_nodes([gpu_node(cluster.node_name("f"), "H100", gpus=8, index=3)])
+    now = time.time()
+    # The harness runs without a signing key: age and node are what refuse these.
+    forged = {"expired": (now - 3600, node), "future": (now + 3600, node),
+              "unknown_node": (now, "no-such-node")}
+    names = []
+    for reason, (planned_at, target) in forged.items():
+        name = unique("forged-" + reason.replace("_", "-"))
+        group = f"{name}-gang"
+        plan = encode(f"{ns}/{group}", target, planned_at, 1, f"{ns}/{name}", signer=PlanSigner(None))
+        # One member of a gang of two: it waits for the other, so only the forged plan could
+        # reserve anything.
+        create_pod(core, ns, llm_pod(name, stage="pretraining", gpus=8,
+                                     annotations={"llm-placement.io/gang-size": "2", ANNOTATION: plan},
+                                     labels={"scheduling.x-k8s.io/pod-group": group}))
+        names.append(name)
+    cp.restart_extender(crash=True)
+
+    def refused(reason: str) -> float:
+        return cp.metric_value("llm_placement_rejected_gang_plans_total", {"reason": reason}) or 0.0
+
+    # Refused at the restore listing: too old for the reservation TTL, or dated ahead.
+    assert refused("expired") >= 1 and refused("future") >= 1
+    # Restored, then released once the cache has the nodes; any filter call sweeps.
+    probe = unique("probe")
+    create_pod(core, ns, llm_pod(probe, stage="serving", model_params="7B", gpus=8))
+    wait_until(lambda: refused("unknown_node") >= 1 or None, timeout=60,
+               what="the plan on a node that does not exist released and counted")
+    # Nothing was held for the forged gangs: the probe takes the whole node.
+    assert wait_for_node_name(core, ns, probe) == node
+    for name in [*names, probe]:
+        core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
 
 
 def _ready(url: str) -> bool | None:

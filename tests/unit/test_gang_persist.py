@@ -253,6 +253,8 @@ def test_restored_plan_on_a_node_that_does_not_exist_is_released() -> None:
     forged = [_forged(c, f"g-{i}", encode("ml/g", "ghost-node", now, 1, f"ml/g-{i}")) for i in range(2)]
     fresh = restart_with(c, forged)
     assert fresh.gangs.ledger.total_reserved() == 0
+    # Counted, once per plan released (the service's metrics, as wired in production).
+    assert fresh.metric("llm_placement_rejected_gang_plans_total", reason="unknown_node") == 1
 
 
 def test_poison_pod_in_the_restore_list_costs_only_itself() -> None:
@@ -269,6 +271,29 @@ def test_poison_pod_in_the_restore_list_costs_only_itself() -> None:
     assert [r.pod for r in got] == ["ml/g-0", "ml/g-1"]
     body = json.dumps({"items": [poison, weird, *good]}).encode()
     assert len(load_plan_records(lambda: body, GPU, attempts=1, delay=0)) == 2
+
+
+def test_restore_listing_refuses_expired_plans_and_reports_every_refusal() -> None:
+    c = Cluster()
+    c.nodes("n", 2, "leaf-1")
+    c.gang("g", 2, create=2)
+    c.gang("h", 1, create=1)
+    c.gang("k", 1, create=1)
+    now = time.time()
+    ttl = 120.0
+    expired = [_forged(c, f"g-{i}", encode("ml/g", "n-0", now - 10 * ttl, 1, f"ml/g-{i}")) for i in range(2)]
+    future = _forged(c, "h-0", encode("ml/h", "n-0", now + 3600, 1, "ml/h-0"))
+    fresh = _forged(c, "k-0", encode("ml/k", "n-1", now - 1, 1, "ml/k-0"))
+    junk = _forged(c, "k-0", "{not json")
+    junk["metadata"]["name"] = "junk"
+    # A broken pod without a plan is logged, not counted as a refused plan.
+    body = json.dumps({"items": [*expired, future, fresh, junk, {"metadata": "x"}]}).encode()
+    reasons: list[str] = []
+    got = load_plan_records(lambda: body, GPU, attempts=1, delay=0, ttl=ttl, rejected=reasons.append)
+    assert [r.pod for r in got] == ["ml/k-0"]
+    assert sorted(reasons) == ["expired", "expired", "future", "unreadable"]
+    # Without the TTL the listing keeps the expired plans (the coordinator would drop them silently).
+    assert len(load_plan_records(lambda: body, GPU, attempts=1, delay=0)) == 3
 
 
 def restart_with(c: Cluster, listed: list[dict[str, Any]]) -> Cluster:
