@@ -123,33 +123,43 @@ def demo(
     cluster: Annotated[Path | None, typer.Option(help="Cluster YAML (default: the embedded one).")] = None,
     workload: Annotated[Path | None, typer.Option(help="Workload YAML (default: the embedded one).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    profiles: Annotated[Path | None, typer.Option(
+        help="Measured profiles (default: the settings' profiles_file, else the bundled example "
+             "app/demo/profiles.yaml, illustrative figures).")] = None,
 ) -> None:
     """Place the embedded workload (all five stages) on the embedded mixed cluster and say why."""
-    from app.demo.run import demo_header, run_demo
+    from app.demo.run import EXAMPLE_PROFILES, demo_header, notes, run_demo
 
-    service, placements = run_demo(_settings(config), cluster, workload)
+    service, placements = run_demo(_settings(config), cluster, workload,
+                                   profiles=profiles or EXAMPLE_PROFILES)
     if as_json:
         print(json.dumps([{"pod": p.pod, "stage": p.stage, "node": p.node, "reason": p.reason,
                            "precision": p.precision, "ms_per_token": p.ms_per_token,
-                           "terms": dict(p.terms)} for p in placements], indent=2))
+                           "ms_per_token_source": p.fit.ms_source if p.fit else None,
+                           "notes": notes(p), "terms": dict(p.terms)} for p in placements], indent=2))
         return
     console.print(demo_header())
     table = Table(title="llm-placement demo (what-if): where each pod goes and why")
-    for col in ("pod", "stage", "node", "hardware", "why"):
+    # One namespace (the embedded workload's): name it once so pod names fit an 80-column terminal.
+    namespaces = {p.pod.partition("/")[0] for p in placements}
+    short = len(namespaces) == 1
+    if short:
+        table.caption = f"namespace {next(iter(namespaces))}"
+    table.add_column("pod", no_wrap=True)
+    for col in ("stage", "node", "hardware", "why"):
         table.add_column(col)
     for p in placements:
+        name = p.pod.partition("/")[2] if short else p.pod
         if p.node is None:
-            table.add_row(p.pod, p.stage or "-", "[red]pending[/red]", "", p.reason)
+            table.add_row(name, p.stage or "-", "[red]pending[/red]", "", p.reason)
             continue
         facts = service.snapshot.nodes[p.node]
         hw = facts.gpu.name if facts.gpu else facts.node_class.value
-        why = []
-        if p.ms_per_token:
-            why.append(f"{p.ms_per_token:.1f} ms/token")
+        why = notes(p)
         if p.precision and p.score and p.score.terms.get("precision", 1) < 1:
             why.append(f"runs at {p.precision}")
         why += [f"{t} {v:.2f}" for t, v in p.terms]
-        table.add_row(p.pod, p.stage or "-", p.node, hw, ", ".join(why))
+        table.add_row(name, p.stage or "-", p.node, hw, ", ".join(why))
     console.print(table)
     placed = sum(1 for p in placements if p.node)
     console.print(f"{placed}/{len(placements)} pods placed on {len(service.snapshot.nodes)} nodes.")
