@@ -248,6 +248,67 @@ def plan(
                      annotations=annotations, as_json=as_json)
 
 
+profiles_cli = typer.Typer(no_args_is_help=True, help="Measured serving profiles (docs/stage-policy.md).")
+cli.add_typer(profiles_cli, name="profiles")
+
+
+@profiles_cli.command("import")
+def profiles_import(
+    files: Annotated[list[Path], typer.Argument(
+        help="Result files: vLLM benchmark_serving --save-result JSON, SGLang bench_serving JSONL.")],
+    model_params: Annotated[str, typer.Option(help="Parameter count of the model, e.g. 8B.")],
+    gpu: Annotated[str, typer.Option(help="GPU product it ran on (catalog name or alias, e.g. L4).")],
+    precision: Annotated[str, typer.Option(help="Weights precision: fp32, bf16, fp16, fp8, int8, int4.")],
+    model: Annotated[str | None, typer.Option(
+        help="Name for explain (default: the file's model_id).")] = None,
+    active_params: Annotated[str | None, typer.Option(help="Mixture of experts: active parameters.")] = None,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs per serving pod (tensor parallel size).")] = 1,
+    statistic: Annotated[str, typer.Option(
+        help="median (default), mean or p99 of TPOT and TTFT.")] = "median",
+    concurrency: Annotated[int | None, typer.Option(
+        help="Keep the run at this max_concurrency (default: the highest).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Write to this profiles file, replacing an entry for the same model, GPU, count and "
+             "precision (default: print YAML).")] = None,
+) -> None:
+    """Turn serving-benchmark results into a measured-profile entry (YAML on stdout or --out)."""
+    import yaml
+
+    from app.core.catalog import GpuCatalog
+    from app.core.workload import Precision
+    from app.profiles_import import (
+        BenchmarkImportError,
+        Statistic,
+        build_profile,
+        choose,
+        load_existing,
+        merge,
+        read_runs,
+        to_document,
+    )
+
+    err = Console(stderr=True)
+    try:
+        try:
+            stat, prec = Statistic(statistic.lower()), Precision(precision.lower())
+        except ValueError as exc:
+            raise BenchmarkImportError(str(exc)) from None
+        runs = [run for f in files for run in read_runs(f, stat)]
+        profile = build_profile(choose(runs, concurrency), model=model, model_params=model_params,
+                                active_params=active_params, gpu=gpu, gpus=gpus, precision=prec,
+                                stat=stat, catalog=GpuCatalog.load())
+        entries = merge(load_existing(out), profile) if out else [profile]
+    except BenchmarkImportError as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    text = yaml.safe_dump(to_document(entries), sort_keys=False, width=1000)
+    if out is None:
+        print(text, end="")
+        return
+    out.write_text(text, encoding="utf-8")
+    err.print(f"wrote {len(entries)} profile(s) to {out}", highlight=False)
+
+
 def main() -> None:
     try:
         cli()
