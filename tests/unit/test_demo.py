@@ -140,6 +140,11 @@ def test_demo_settings_profiles_file_wins_over_the_example(tmp_path) -> None:
     assert by_pod["assistant-8b-int8"].fit.ms_source == "estimated"
     chat = by_pod["chat-70b"]
     assert chat.fit is not None and chat.fit.profile is not None and chat.fit.profile.model == "mine"
+    # The same through the command line's --profiles.
+    res = CliRunner().invoke(cli, ["demo", "--json", "--profiles", str(own)])
+    assert res.exit_code == 0, res.output
+    source = {r["pod"]: r["ms_per_token_source"] for r in json.loads(res.output)}
+    assert source["default/chat-70b"] == "measured" and source["default/assistant-8b-int8"] == "estimated"
 
 
 def test_demo_cli_json_and_table() -> None:
