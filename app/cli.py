@@ -124,14 +124,15 @@ def demo(
     workload: Annotated[Path | None, typer.Option(help="Workload YAML (default: the embedded one).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     profiles: Annotated[Path | None, typer.Option(
-        help="Measured profiles (default: the settings' profiles_file, else the bundled example "
-             "app/demo/profiles.yaml, illustrative figures).")] = None,
+        help="Measured profiles file (default: the settings' profiles_file, else the bundled "
+             "example app/demo/profiles.yaml, illustrative figures).")] = None,
 ) -> None:
     """Place the embedded workload (all five stages) on the embedded mixed cluster and say why."""
     from app.demo.run import EXAMPLE_PROFILES, demo_header, notes, run_demo
 
-    service, placements = run_demo(_settings(config), cluster, workload,
-                                   profiles=profiles or EXAMPLE_PROFILES)
+    # --profiles wins over the settings' profiles_file; the example fills in only when neither names one.
+    settings = _settings(config, profiles_file=str(profiles) if profiles else None)
+    service, placements = run_demo(settings, cluster, workload, profiles=EXAMPLE_PROFILES)
     if as_json:
         print(json.dumps([{"pod": p.pod, "stage": p.stage, "node": p.node, "reason": p.reason,
                            "precision": p.precision, "ms_per_token": p.ms_per_token,

@@ -145,6 +145,17 @@ def test_demo_settings_profiles_file_wins_over_the_example(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     source = {r["pod"]: r["ms_per_token_source"] for r in json.loads(res.output)}
     assert source["default/chat-70b"] == "measured" and source["default/assistant-8b-int8"] == "estimated"
+    # --profiles wins over the settings' own file; a bad one is a configuration error.
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"profiles_file: {EXAMPLE_PROFILES}\n")
+    res = CliRunner().invoke(cli, ["demo", "--json", "--config", str(cfg), "--profiles", str(own)])
+    assert res.exit_code == 0, res.output
+    source = {r["pod"]: r["ms_per_token_source"] for r in json.loads(res.output)}
+    assert source["default/assistant-8b-int8"] == "estimated"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("profiles:\n- {model: x, model_params: 8B, gpu: L4, precision: int9, ms_per_token: 3}\n")
+    res = CliRunner().invoke(cli, ["demo", "--profiles", str(bad)])
+    assert res.exit_code == 2 and "profiles_file" in res.output
 
 
 def test_demo_cli_json_and_table() -> None:
