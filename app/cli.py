@@ -122,33 +122,44 @@ def demo(
     cluster: Annotated[Path | None, typer.Option(help="Cluster YAML (default: the embedded one).")] = None,
     workload: Annotated[Path | None, typer.Option(help="Workload YAML (default: the embedded one).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    profiles: Annotated[Path | None, typer.Option(
+        help="Measured profiles file (default: the settings' profiles_file, else the bundled "
+             "example app/demo/profiles.yaml, illustrative figures).")] = None,
 ) -> None:
     """Place the embedded workload (all five stages) on the embedded mixed cluster and say why."""
-    from app.demo.run import demo_header, run_demo
+    from app.demo.run import EXAMPLE_PROFILES, demo_header, notes, run_demo
 
-    service, placements = run_demo(_settings(config), cluster, workload)
+    # --profiles wins over the settings' profiles_file; the example fills in only when neither names one.
+    settings = _settings(config, profiles_file=str(profiles) if profiles else None)
+    service, placements = run_demo(settings, cluster, workload, profiles=EXAMPLE_PROFILES)
     if as_json:
         print(json.dumps([{"pod": p.pod, "stage": p.stage, "node": p.node, "reason": p.reason,
                            "precision": p.precision, "ms_per_token": p.ms_per_token,
-                           "terms": dict(p.terms)} for p in placements], indent=2))
+                           "ms_per_token_source": p.fit.ms_source if p.fit else None,
+                           "notes": notes(p), "terms": dict(p.terms)} for p in placements], indent=2))
         return
     console.print(demo_header())
     table = Table(title="llm-placement demo (what-if): where each pod goes and why")
-    for col in ("pod", "stage", "node", "hardware", "why"):
+    # One namespace (the embedded workload's): name it once so pod names fit an 80-column terminal.
+    namespaces = {p.pod.partition("/")[0] for p in placements}
+    short = len(namespaces) == 1
+    if short:
+        table.caption = f"namespace {next(iter(namespaces))}"
+    table.add_column("pod", no_wrap=True)
+    for col in ("stage", "node", "hardware", "why"):
         table.add_column(col)
     for p in placements:
+        name = p.pod.partition("/")[2] if short else p.pod
         if p.node is None:
-            table.add_row(p.pod, p.stage or "-", "[red]pending[/red]", "", p.reason)
+            table.add_row(name, p.stage or "-", "[red]pending[/red]", "", p.reason)
             continue
         facts = service.snapshot.nodes[p.node]
         hw = facts.gpu.name if facts.gpu else facts.node_class.value
-        why = []
-        if p.ms_per_token:
-            why.append(f"{p.ms_per_token:.1f} ms/token")
+        why = notes(p)
         if p.precision and p.score and p.score.terms.get("precision", 1) < 1:
             why.append(f"runs at {p.precision}")
         why += [f"{t} {v:.2f}" for t, v in p.terms]
-        table.add_row(p.pod, p.stage or "-", p.node, hw, ", ".join(why))
+        table.add_row(name, p.stage or "-", p.node, hw, ", ".join(why))
     console.print(table)
     placed = sum(1 for p in placements if p.node)
     console.print(f"{placed}/{len(placements)} pods placed on {len(service.snapshot.nodes)} nodes.")
@@ -235,6 +246,67 @@ def plan(
     run_plan_command(console, _settings(config), workflow=workflow, cluster=cluster, live=live,
                      kubeconfig=kubeconfig, time_limit=time_limit, secondary=secondary, gantt=gantt,
                      annotations=annotations, as_json=as_json)
+
+
+profiles_cli = typer.Typer(no_args_is_help=True, help="Measured serving profiles (docs/stage-policy.md).")
+cli.add_typer(profiles_cli, name="profiles")
+
+
+@profiles_cli.command("import")
+def profiles_import(
+    files: Annotated[list[Path], typer.Argument(
+        help="Result files: vLLM benchmark_serving --save-result JSON, SGLang bench_serving JSONL.")],
+    model_params: Annotated[str, typer.Option(help="Parameter count of the model, e.g. 8B.")],
+    gpu: Annotated[str, typer.Option(help="GPU product it ran on (catalog name or alias, e.g. L4).")],
+    precision: Annotated[str, typer.Option(help="Weights precision: fp32, bf16, fp16, fp8, int8, int4.")],
+    model: Annotated[str | None, typer.Option(
+        help="Name for explain (default: the file's model_id).")] = None,
+    active_params: Annotated[str | None, typer.Option(help="Mixture of experts: active parameters.")] = None,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs per serving pod (tensor parallel size).")] = 1,
+    statistic: Annotated[str, typer.Option(
+        help="median (default), mean or p99 of TPOT and TTFT.")] = "median",
+    concurrency: Annotated[int | None, typer.Option(
+        help="Keep the run at this max_concurrency (default: the highest).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Write to this profiles file, replacing an entry for the same model, GPU, count and "
+             "precision (default: print YAML).")] = None,
+) -> None:
+    """Turn serving-benchmark results into a measured-profile entry (YAML on stdout or --out)."""
+    import yaml
+
+    from app.core.catalog import GpuCatalog
+    from app.core.workload import Precision
+    from app.profiles_import import (
+        BenchmarkImportError,
+        Statistic,
+        build_profile,
+        choose,
+        load_existing,
+        merge,
+        read_runs,
+        to_document,
+    )
+
+    err = Console(stderr=True)
+    try:
+        try:
+            stat, prec = Statistic(statistic.lower()), Precision(precision.lower())
+        except ValueError as exc:
+            raise BenchmarkImportError(str(exc)) from None
+        runs = [run for f in files for run in read_runs(f, stat)]
+        profile = build_profile(choose(runs, concurrency), model=model, model_params=model_params,
+                                active_params=active_params, gpu=gpu, gpus=gpus, precision=prec,
+                                stat=stat, catalog=GpuCatalog.load())
+        entries = merge(load_existing(out), profile) if out else [profile]
+    except BenchmarkImportError as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    text = yaml.safe_dump(to_document(entries), sort_keys=False, width=1000)
+    if out is None:
+        print(text, end="")
+        return
+    out.write_text(text, encoding="utf-8")
+    err.print(f"wrote {len(entries)} profile(s) to {out}", highlight=False)
 
 
 def main() -> None:

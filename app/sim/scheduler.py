@@ -64,6 +64,9 @@ class Placement:
     terms: list[tuple[str, float]] = field(default_factory=list)
     points: int | None = None  # kube-scheduler's total for the chosen node
     tied: int = 0  # how many nodes shared that total (the random tie-break chose among them)
+    # What the pod gets on the chosen node (sizing, measured or estimated figures), for the demo.
+    fit: NodeFit | None = None
+    spec: WorkloadSpec | None = None
 
 
 @dataclass(slots=True)
@@ -292,7 +295,7 @@ class SimScheduler:
             cyc.key, cyc.stage, chosen.node, "", chosen.score,
             fit.sizing.precision.value if fit else None, fit.ms_per_token if fit else None,
             others[0].node if others else None, chosen.score.top_terms() if chosen.score else [],
-            chosen.points, tied,
+            chosen.points, tied, fit, cyc.spec,
         )
 
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from app.config import Settings, load_settings
+from app.core.profiles import ProfileBook
 
 from .conftest import CHART, NAMESPACE, RELEASE, Rendered, run_helm, template_args
 
@@ -40,6 +41,15 @@ NON_DEFAULT_SETS = [
     "extender.settings.weights.serving.cost=4",
     "priorityClassName=system-cluster-critical",
 ]
+# Measured serving profiles for extender.profiles (docs/stage-policy.md, "Measured profiles").
+PROFILES = [
+    {"model": "llama-3.1-8b-instruct", "model_params": "8B", "gpu": "L4", "precision": "int8",
+     "ms_per_token": 41, "max_concurrency": 4, "source": "test"},
+    # A bare number: helm must render it so the app still reads a parameter count.
+    {"model": "llama-3.1-70b", "model_params": 70_000_000_000, "gpu": "H100-SXM-80GB", "gpus": 4,
+     "precision": "bf16", "ttft_ms": 180.5, "prompt_tokens": 2048},
+]
+PROFILE_SETS = [f"extender.profiles[0].{k}={v}" for k, v in PROFILES[0].items()]
 
 
 def sched_config(r: Rendered) -> dict[str, Any]:
@@ -70,8 +80,9 @@ def ds(render: Callable[..., Rendered]) -> Rendered:
 
 @pytest.mark.parametrize(
     "sets",
-    [[], ["mode=default-scheduler"], NON_DEFAULT_SETS, ["metrics.prometheusRule.enabled=true"]],
-    ids=["default", "default-scheduler", "non-default", "prometheus-rule"],
+    [[], ["mode=default-scheduler"], NON_DEFAULT_SETS, ["metrics.prometheusRule.enabled=true"],
+     PROFILE_SETS],
+    ids=["default", "default-scheduler", "non-default", "prometheus-rule", "profiles"],
 )
 def test_helm_lint_strict(helm_bin: Path, sets: list[str]) -> None:
     args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
@@ -185,6 +196,55 @@ def test_deployment_wires_configs_to_the_paths_the_commands_read(default: Render
     # Configuration changes roll the pods.
     ann = default.deployment()["spec"]["template"]["metadata"]["annotations"]
     assert {"checksum/extender-config", "checksum/scheduler-config"} <= set(ann)
+
+
+# --- measured profiles ----------------------------------------------------------------------------------
+
+
+def _profiles_mounts(r: Rendered) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    spec = r.deployment()["spec"]["template"]["spec"]
+    volumes = [v for v in spec["volumes"] if v.get("configMap", {}).get("name", "").endswith("-profiles")]
+    names = {v["name"] for v in volumes}
+    mounts = [m for m in r.containers()["extender"]["volumeMounts"] if m["name"] in names]
+    return volumes, mounts
+
+
+@pytest.mark.parametrize("fixture", ["default", "custom", "ds"])
+def test_no_profiles_renders_no_configmap_mount_or_setting(fixture: str, request: pytest.FixtureRequest) -> None:
+    r: Rendered = request.getfixturevalue(fixture)
+    assert not [d for d in r.all("ConfigMap") if d["metadata"]["name"].endswith("-profiles")]
+    assert _profiles_mounts(r) == ([], [])
+    assert "profiles_file" not in extender_config(r)
+    assert "checksum/profiles" not in r.deployment()["spec"]["template"]["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("mode", ["scheduler", "default-scheduler"])
+def test_profiles_become_a_mounted_configmap_the_extender_reads(
+    mode: str, render: Callable[..., Rendered], tmp_path: Path
+) -> None:
+    r = render(values={"mode": mode, "extender": {"profiles": PROFILES}}, sets=[])
+    cm = r.one("ConfigMap", "-profiles")
+    volumes, mounts = _profiles_mounts(r)
+    assert [v["configMap"]["name"] for v in volumes] == [cm["metadata"]["name"]]
+    assert len(mounts) == 1 and mounts[0]["readOnly"] is True
+    # profiles_file names the ConfigMap's key under the mount, outside the config volume.
+    path = extender_config(r)["profiles_file"]
+    assert path == f"{mounts[0]['mountPath']}/profiles.yaml" and "profiles.yaml" in cm["data"]
+    assert not path.startswith("/etc/llm-placement/")
+    # The rendered file is one the app accepts, entry for entry.
+    local = tmp_path / "profiles.yaml"
+    local.write_text(cm["data"]["profiles.yaml"])
+    book = ProfileBook.load(local)
+    assert [(p.model, p.model_params, p.gpus, p.precision.value) for p in book.entries] == [
+        ("llama-3.1-8b-instruct", 8e9, 1, "int8"), ("llama-3.1-70b", 70e9, 4, "bf16")]
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(r.one("ConfigMap", "-extender-config")["data"]["config.yaml"])
+    assert load_settings(cfg, profiles_file=str(local)).policies().placement.feasibility.profiles is not None
+    # A change of profiles rolls the pods (the extender reads them once, at start).
+    ann = r.deployment()["spec"]["template"]["metadata"]["annotations"]
+    other = render(values={"mode": mode, "extender": {"profiles": PROFILES[:1]}})
+    assert ann["checksum/profiles"] != other.deployment()["spec"]["template"]["metadata"]["annotations"][
+        "checksum/profiles"]
 
 
 # --- security and RBAC --------------------------------------------------------------------------------
@@ -347,6 +407,10 @@ def test_schema_lists_every_app_setting() -> None:
         (["extender.settings.http_max_header_bytes=10"], "/extender/settings/http_max_header_bytes"),
         (["replicas=0"], "/replicas"),
         (["no_such_value=1"], "no_such_value"),
+        (["extender.profiles[0].model=m"], "/extender/profiles/0"),
+        ([*PROFILE_SETS, "extender.profiles[0].precision=int3"], "/extender/profiles/0/precision"),
+        ([*PROFILE_SETS, "extender.profiles[0].ms_per_token=0"], "/extender/profiles/0/ms_per_token"),
+        ([*PROFILE_SETS, "extender.profiles[0].tpot=41"], "tpot"),
     ],
 )
 def test_schema_rejects_bad_values(helm_bin: Path, sets: list[str], complaint: str) -> None:
@@ -361,6 +425,7 @@ def test_schema_rejects_bad_values(helm_bin: Path, sets: list[str], complaint: s
     [
         (["mode=default-scheduler", "replicas=2"], "replicas: 1 only"),
         (["replicas=2", "scheduler.leaderElection.enabled=false"], "leaderElection"),
+        ([*PROFILE_SETS, "extender.settings.profiles_file=/etc/p.yaml"], "not both"),
     ],
 )
 def test_unsafe_combinations_fail_with_a_reason(helm_bin: Path, sets: list[str], complaint: str) -> None:

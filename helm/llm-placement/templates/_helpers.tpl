@@ -129,7 +129,28 @@ The extenders[0] entry with the values' overrides. Argument: dict "ctx" $ "url" 
   "scheduler_name" (ternary .Values.scheduler.name "default-scheduler" (eq .Values.mode "scheduler"))
   "log_level" .Values.extender.logLevel
 -}}
+{{- if .Values.extender.profiles }}
+{{- if .Values.extender.settings.profiles_file }}
+{{- fail "set extender.profiles or extender.settings.profiles_file, not both: the chart points profiles_file at the ConfigMap it renders from extender.profiles" }}
+{{- end }}
+{{- $_ := set $managed "profiles_file" (include "llm-placement.profilesPath" .) }}
+{{- end }}
 {{- toYaml (merge $managed (deepCopy .Values.extender.settings)) -}}
+{{- end -}}
+
+{{/* Where the extender reads the profiles ConfigMap: its own directory, not nested in the config
+volume (a mount point inside a read-only configMap volume cannot be created). */}}
+{{- define "llm-placement.profilesDir" -}}
+/etc/llm-placement-profiles
+{{- end -}}
+
+{{- define "llm-placement.profilesPath" -}}
+{{ include "llm-placement.profilesDir" . }}/profiles.yaml
+{{- end -}}
+
+{{/* The profiles file the ConfigMap holds: the same format as a profiles_file (app/core/profiles.py). */}}
+{{- define "llm-placement.profilesFile" -}}
+{{- toYaml (dict "profiles" .Values.extender.profiles) -}}
 {{- end -}}
 
 {{/* Probe handler for the extender: exec to loopback in scheduler mode, httpGet otherwise. */}}
