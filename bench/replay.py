@@ -446,7 +446,8 @@ def main(
     trace: list[str] = typer.Option([], help="openb pod list suffix(es): default, multigpu50, ..."),
     gravity: list[str] = typer.Option([], help="pipeline scenario(s): cpu, gpu, gpu-small"),
     synthetic: int = typer.Option(0, help="also replay a generated trace of this many pods on 24 nodes"),
-    variants: list[str] = typer.Option(["ours", "default", "mostalloc"], help="variants for traces"),
+    variants: list[str] = typer.Option(
+        [], help="variants to run (default: ours, default, mostalloc; pipelines add affinity)"),
     sharing: str = typer.Option("whole", help="GPU-sharing pods: whole (1 GPU each) or skip"),
     minutes: float = typer.Option(4.0, help="timed traces: wall minutes the arrival span is compressed to"),
     window: int = typer.Option(16, help="created pods allowed undecided before arrivals wait"),
@@ -474,7 +475,8 @@ def main(
             pods = synthetic_trace(synthetic, seed=7,
                                    make_pod=lambda n, g: llm_pod(n, gpus=g, cpu="2", memory="8Gi"))
             bench.use_nodes(nodes)
-            res = {v: bench.run("synthetic", nodes, pods, v, 100.0, window, timeout) for v in variants}
+            res = {v: bench.run("synthetic", nodes, pods, v, 100.0, window, timeout)
+                   for v in variants or TRACE_VARIANTS}
             _write_trace("synthetic", {"pods": synthetic, "speed": 100.0}, res, out)
         if trace:
             nodes = openb_nodes(data)
@@ -483,7 +485,7 @@ def main(
                 pods, meta = openb_trace(data, t, sharing, minutes)
                 console.print(f"openb {t}: {meta}")
                 res = {}
-                for v in variants:
+                for v in variants or TRACE_VARIANTS:
                     res[v] = bench.run(t, nodes, pods, v, meta["speed"], window, timeout)
                     # After every variant, so a later failure does not lose a long replay.
                     _write_trace(f"openb-{t}", meta, res, out)
@@ -495,7 +497,7 @@ def main(
                 bench.use_nodes(nodes)
                 figs[sc] = {}
                 report[sc] = {"meta": meta, "variants": {}}
-                for v in ("ours", "default", "mostalloc", "affinity"):
+                for v in variants or ("ours", "default", "mostalloc", "affinity"):
                     vp = with_producer_affinity(pods) if v == "affinity" else pods
                     r = bench.run(f"gravity-{sc}", nodes, vp, v, gravity_speed, window, timeout)
                     figs[sc][v] = gravity_figures(nodes, vp, r)
@@ -507,6 +509,9 @@ def main(
         ok = True
     if ok and not os.environ.get("LLMP_KEEP_LOGS"):
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+TRACE_VARIANTS = ("ours", "default", "mostalloc")
 
 
 def _write_trace(label: str, meta: dict[str, Any], res: dict[str, ReplayResult], out: Path) -> None:
