@@ -57,7 +57,12 @@ def _slim(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     if kind == "nodes":
         status.pop("images", None)
     else:
-        obj["status"] = {"phase": status.get("phase")}
+        slim: dict[str, Any] = {"phase": status.get("phase")}
+        # The only place a pod names the claims generated from its templates: without it a bound
+        # pod's GPUs would be read from the template, not from what was allocated (docs/dra.md).
+        if status.get("resourceClaimStatuses"):
+            slim["resourceClaimStatuses"] = status["resourceClaimStatuses"]
+        obj["status"] = slim
     return obj
 
 

@@ -194,3 +194,32 @@ def test_hostile_objects_do_not_raise() -> None:
     assert dra.demand({"devices": {"requests": [None, {"exactly": {"count": "many"}}]}}).gpus == 0
     assert dra.pod_gpus({"spec": {"resourceClaims": [None, {"name": 5}]}}) == 0
     assert dra.pod_gpus({}) == 0
+
+
+def test_watched_pod_keeps_the_name_of_its_generated_claim(settings: Settings, catalog: GpuCatalog) -> None:
+    # A pod bound with a template's claim, arriving through the pod watch. Its claim asked for every
+    # device (allocationMode All: "at least one") and got all four of the node's GPUs; only the
+    # pod's status names that claim. The node must count four GPUs used, not the template's one.
+    from tests.unit.test_cache_poison import bound, run_cache
+
+    dra_pod = bound("all", 0, node="big")
+    dra_pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "every"}]
+    dra_pod["status"] = {"phase": "Pending", "resourceClaimStatuses": [
+        {"name": "gpus", "resourceClaimName": "all-gpus-x"}]}
+    snap = ClusterSnapshot()
+    dra = snap.dra
+    dra.put_class(GPU_CLASS)
+    h100_node_slices(dra, "big", 4)
+    dra.put_template({"metadata": {"name": "every", "namespace": "default"},
+                      "spec": {"spec": claim_spec(mode="All")}})
+    dra.put_claim({"metadata": {"name": "all-gpus-x", "namespace": "default"}, "spec": claim_spec(mode="All"),
+                   "status": {"allocation": {"devices": {"results": [
+                       {"request": "gpu", "driver": DRIVER, "pool": "big", "device": f"gpu-{i}"}
+                       for i in range(4)]}}}})
+    workload.CLAIM_GPUS = dra.pod_gpus
+    lists = {"nodes": [node_object("big", gpus=0)], "pods": [dra_pod], "namespaces": []}
+    cache, _, _ = run_cache(settings, catalog, lists, {"pods": [{"type": "MODIFIED", "object": dra_pod}]},
+                            snapshot=snap)
+    assert cache.snapshot.nodes["big"].gpu_count == 4
+    assert cache.snapshot.free_gpus("big") == 0
+
