@@ -109,14 +109,14 @@ class DraWatcher:
                                      str(ref.get("namespace")), _request_timeout=30))
             except ApiException:
                 continue
+            if not (pod.get("spec") or {}).get("nodeName"):
+                # Allocated in PreBind, bound a moment later: the pod watch's bind event counts
+                # the claim as allocated; until then the assumption made at bind stands.
+                continue
             with self.lock:
-                placed = self.snapshot.pods.get(uid)
-                if placed is None:
-                    continue
-                gpus = workload.pod_resources(pod, tuple(self.cache.settings.labels.gpu_resource))[0]
-                if gpus != placed.gpus:
-                    # The claim was allocated (or changed) after the pod was counted: recount it.
-                    self.snapshot.finish(uid)
+                if self.snapshot.pods.get(uid) is not None:
+                    # The claim was allocated (or changed) after the pod was counted: the pod as it
+                    # is now replaces its record (never "finished": it still runs).
                     apply_pod(self.snapshot, self.cache.settings, pod)
 
     def _replace(self, kind: str, items: list[dict[str, Any]]) -> tuple[set[str], list[dict[str, Any]]]:

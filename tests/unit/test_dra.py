@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -223,3 +226,88 @@ def test_watched_pod_keeps_the_name_of_its_generated_claim(settings: Settings, c
     assert cache.snapshot.nodes["big"].gpu_count == 4
     assert cache.snapshot.free_gpus("big") == 0
 
+
+def test_watch_count_replaces_the_bind_time_assumption(settings: Settings, catalog: GpuCatalog) -> None:
+    # The extender assumes a pod on its node at bind with what it knew at filter time; a claim is
+    # allocated in kube-scheduler's PreBind, so the watch then reports what the claim really holds
+    # (here every device of the node, for "at least one"). The watch's count is the one that stays;
+    # a repeated assumption (a retried bind) does not undo it.
+    snap = ClusterSnapshot()
+    dra = snap.dra
+    dra.put_class(GPU_CLASS)
+    h100_node_slices(dra, "big", 4)
+    apply_node(snap, catalog, settings, node_object("big", gpus=0))
+    dra.put_claim({"metadata": {"name": "every", "namespace": "default"}, "spec": claim_spec(mode="All")})
+    workload.CLAIM_GPUS = dra.pod_gpus
+    pod = claim_pod("a", resourceClaimName="every")
+    pod["metadata"]["uid"] = "uid-a"
+    spec = workload.parse_workload(pod)
+    assert spec.gpus == 1
+    snap.assume(spec, "big")
+    assert snap.free_gpus("big") == 3
+    dra.put_claim({"metadata": {"name": "every", "namespace": "default"}, "spec": claim_spec(mode="All"),
+                   "status": {"allocation": {"devices": {"results": [
+                       {"request": "gpu", "driver": DRIVER, "pool": "big", "device": f"gpu-{i}"}
+                       for i in range(4)]}}}})
+    pod["spec"]["nodeName"] = "big"
+    apply_pod(snap, settings, pod)
+    assert snap.free_gpus("big") == 0
+    assert not snap.pods["uid-a"].assumed
+    snap.assume(spec, "big")
+    assert snap.free_gpus("big") == 0 and not snap.pods["uid-a"].assumed
+
+
+class _PodReader:
+    """read_namespaced_pod of a fake CoreV1Api: always the given pod."""
+
+    def __init__(self, pod: dict[str, Any]) -> None:
+        self.pod = pod
+
+    def read_namespaced_pod(self, name: str, namespace: str, **_: Any) -> Any:
+        body = json.dumps(self.pod).encode()
+
+        class Resp:
+            data = body
+
+            def release_conn(self) -> None:
+                pass
+
+        return Resp()
+
+
+def test_claim_allocated_before_the_bind_is_seen_keeps_the_assumed_pod(
+        settings: Settings, catalog: GpuCatalog) -> None:
+    # kube-scheduler writes the claim's allocation (PreBind) and then asks us to bind; the claim's
+    # watch event can arrive while the pod, re-read, is not bound yet. Its assumed GPUs must stay
+    # counted and the pod must not be taken for finished (data gravity remembers finished pods).
+    from app.cluster.dra import DraWatcher
+
+    snap = ClusterSnapshot()
+    dra = snap.dra
+    dra.put_class(GPU_CLASS)
+    h100_node_slices(dra, "big", 4)
+    apply_node(snap, catalog, settings, node_object("big", gpus=0))
+    claim = {"metadata": {"name": "two", "namespace": "default"}, "spec": claim_spec(2)}
+    dra.put_claim(claim)
+    workload.CLAIM_GPUS = dra.pod_gpus
+    pod = claim_pod("a", resourceClaimName="two")
+    pod["metadata"]["uid"] = "uid-a"
+    snap.assume(workload.parse_workload(pod), "big")
+    cache = SimpleNamespace(snapshot=snap, lock=threading.RLock(), settings=settings, catalog=catalog,
+                            on_change=None)
+    watcher = DraWatcher.__new__(DraWatcher)
+    watcher.cache, watcher.snapshot, watcher.lock = cache, snap, cache.lock  # type: ignore[assignment]
+    watcher.core = _PodReader(pod)  # type: ignore[assignment]
+    allocated = {**claim, "status": {
+        "allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": DRIVER, "pool": "big", "device": f"gpu-{i}"} for i in range(3)]}},
+        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]}}
+    with watcher.lock:
+        changed = watcher._put("resourceclaims", allocated, False)
+    watcher._refresh(*changed)
+    assert "uid-a" in snap.pods and "default/a" not in snap.finished
+    assert snap.free_gpus("big") == 2
+    # Once the re-read pod is bound, the allocation's count replaces the assumption.
+    pod["spec"]["nodeName"] = "big"
+    watcher._refresh(*changed)
+    assert snap.free_gpus("big") == 1 and "default/a" not in snap.finished
