@@ -19,6 +19,7 @@ knows about their GPUs comes from the slices.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -50,6 +51,7 @@ GROUP, VERSION = "resource.k8s.io", "v1"
 DRIVER = "gpu.nvidia.com"
 CLASS = "gpu.nvidia.com"  # the DeviceClass the driver's Helm chart installs
 SET = "llm-placement.io/it-group"  # which nodes a test's pods may use
+TIER0 = "fabric.topograph.run/tier-0"
 POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
 
@@ -229,7 +231,8 @@ def dra(cluster: ClusterScope) -> Iterator[Dra]:
     """DRA nodes (GPUs only in slices), GFD nodes (labels + nvidia.com/gpu) and a CPU node.
 
     Group ``main``: 8 x H100 and 8 x L4 by DRA, 8 x H100 and 8 x L4 by GFD, one CPU node.
-    Group ``tight``: 2 + 1 L4 by DRA, for over-commit. Group ``whole``: 4 L4 by DRA.
+    Group ``tight``: 2 + 1 L4 by DRA, for over-commit. Group ``whole``: 4 L4 by DRA. Group
+    ``gang``: RDMA-capable H100 nodes by DRA, 8 GPUs under leaf a, 8 + 4 under leaf b.
     """
     n = cluster.node_name
     d = Dra(cluster)
@@ -240,6 +243,9 @@ def dra(cluster: ClusterScope) -> Iterator[Dra]:
         d.publish(n("tight-0"), "L4", 2)
         d.publish(n("tight-1"), "L4", 1)
         d.publish(n("whole-0"), "L4", 4)
+        gang_nodes = {n("gang-0"): ("a", 8), n("gang-1"): ("b", 8), n("gang-2"): ("b", 4)}
+        for name, (_, count) in gang_nodes.items():
+            d.publish(name, "H100", count)
         main, tight = {SET: "main"}, {SET: "tight"}
         cluster.add_nodes([
             bare_node(n("dra-h100"), labels=main, index=1),
@@ -250,11 +256,13 @@ def dra(cluster: ClusterScope) -> Iterator[Dra]:
             bare_node(n("tight-0"), cpu="48", memory="192Gi", labels=tight, index=6),
             bare_node(n("tight-1"), cpu="48", memory="192Gi", labels=tight, index=7),
             bare_node(n("whole-0"), cpu="48", memory="192Gi", labels={SET: "whole"}, index=8),
-        ])
+        ] + [bare_node(name, labels={SET: "gang", TIER0: n(f"leaf-{leaf}"),
+                                     "feature.node.kubernetes.io/rdma.capable": "true"}, index=9 + i)
+             for i, (name, (leaf, _)) in enumerate(gang_nodes.items())])
         # The extender's view of every GPU (slices included) is published with its cluster gauges;
-        # 8 H100 by GFD + 8 by DRA, 8 L4 by GFD + 8 + 2 + 1 + 4 by DRA. Pods created before it would
-        # be judged on a half-read cluster.
-        wait_until(lambda: _allocatable(cluster, "H100") == 16 and _allocatable(cluster, "L4") == 23,
+        # 8 H100 by GFD + 8 + 20 by DRA, 8 L4 by GFD + 8 + 2 + 1 + 4 by DRA. Pods created before it
+        # would be judged on a half-read cluster.
+        wait_until(lambda: _allocatable(cluster, "H100") == 36 and _allocatable(cluster, "L4") == 23,
                    45, "the extender to count the GPUs of the slices")
         yield d
     finally:
@@ -411,3 +419,33 @@ def test_all_devices_claim_counts_what_was_allocated(clean: Dra, unique: Callabl
     assert len(held) == dra.published[node] == 4, held
     # The extender's free-GPU gauge is refreshed every 10 s.
     wait_until(lambda: _free_gpus(cluster, node) == 0, 30, f"no free GPU on {node} in the extender's count")
+
+
+def test_dra_gang_is_placed_whole(clean: Dra, unique: Callable[[str], str]) -> None:
+    dra, cluster = clean, clean.cluster
+    n = cluster.node_name
+    # Three pretraining members of 4 GPUs each, every one with its own claim from a template, that
+    # must share one leaf switch: 12 GPUs. Leaf a has 8, leaf b has 8 + 4. kube-scheduler's plugin
+    # judges each member alone (every node has 4 free devices); only a plan that counts the claims'
+    # GPUs for the whole gang puts it under leaf b.
+    dra.template("gang-x4", 4)
+    group = unique("pt")
+    members: dict[str, str] = {}
+    for i in range(3):
+        pod = dra_pod(f"{group}-{i}", "gang", template="gang-x4", stage="pretraining", model_params="1B",
+                      annotations={"llm-placement.io/gang-size": "3", "llm-placement.io/topology-required-placement":
+                                   TIER0}, labels={"scheduling.x-k8s.io/pod-group": group})
+        name, claim = _templated(dra, pod, "gang-x4")
+        members[name] = claim
+    placed = {x: wait_for_node_name(cluster.core, dra.ns, x, timeout=90) for x in members}
+    assert Counter(placed.values()) == Counter({n("gang-1"): 2, n("gang-2"): 1}), placed
+    held: list[tuple[str, str]] = []
+    for pod, claim in members.items():
+        devices = dra.allocated(dra.wait_allocated(claim))
+        # kube-scheduler allocated each member's devices on the node the gang plan bound it to.
+        assert len(devices) == 4 and {p for p, _ in devices} == {placed[pod]}, (pod, devices)
+        plan = json.loads(get_pod(cluster.core, dra.ns, pod)["metadata"]["annotations"][
+            "llm-placement.io/gang-plan"])
+        assert plan["node"] == placed[pod], plan
+        held += devices
+    assert len(set(held)) == 12
