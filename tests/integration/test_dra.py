@@ -419,6 +419,10 @@ def test_all_devices_claim_counts_what_was_allocated(clean: Dra, unique: Callabl
     assert len(held) == dra.published[node] == 4, held
     # The extender's free-GPU gauge is refreshed every 10 s.
     wait_until(lambda: _free_gpus(cluster, node) == 0, 30, f"no free GPU on {node} in the extender's count")
+    # A restarted extender lists pods, claims and classes afresh, in no particular order, and must
+    # come to the same count (the claim is read from the name in the pod's status).
+    cluster.cp.restart_extender()
+    wait_until(lambda: _free_gpus(cluster, node) == 0, 40, f"no free GPU on {node} after a restart")
 
 
 def test_dra_gang_is_placed_whole(clean: Dra, unique: Callable[[str], str]) -> None:
