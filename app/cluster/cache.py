@@ -189,6 +189,10 @@ class ClusterCache:
     def synced(self) -> bool:
         return all(e.is_set() for e in self._synced.values())
 
+    def sync_gate(self, name: str) -> threading.Event:
+        """One more thing ``synced`` waits for (another watcher's first list); set it when done."""
+        return self._synced.setdefault(name, threading.Event())
+
     def start(self) -> None:
         for kind in KINDS:
             t = threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True)

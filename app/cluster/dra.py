@@ -40,6 +40,10 @@ class DraWatcher:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.present: dict[str, bool] = {k: False for k in KINDS}
+        # Not ready before every kind was listed or found absent: until the slices are read, a DRA
+        # GPU node looks like a CPU node and a claim pod like a CPU pod (docs/dra.md).
+        self._first: set[str] = set()
+        self._synced = cache.sync_gate("dra")
 
     def start(self) -> None:
         for kind in KINDS:
@@ -170,6 +174,7 @@ class DraWatcher:
                 items, rv = self._list(kind)
                 self.present[kind] = True
                 self._refresh(*self._replace(kind, items))
+                self._listed(kind)  # after the nodes were re-read with their slices
                 self._notify()
                 self._watch(kind, rv)
                 backoff = 0.5
@@ -180,6 +185,8 @@ class DraWatcher:
                         log.info("DRA %s unavailable (%s); GPUs from extended resources only",
                                  kind, exc.status)
                     self.present[kind] = False
+                    self._listed(kind)
+                    self._notify()
                     backoff = 1.0
                     self._stop.wait(ABSENT_RETRY)
                     continue
@@ -190,6 +197,12 @@ class DraWatcher:
                 log.warning("DRA %s watch failed (%s); retrying in %.1fs", kind, quote(str(exc)), backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+    def _listed(self, kind: str) -> None:
+        with self.lock:
+            self._first.add(kind)
+            if self._first >= set(KINDS):
+                self._synced.set()
 
     def _notify(self) -> None:
         if self.cache.on_change:

@@ -311,3 +311,62 @@ def test_claim_allocated_before_the_bind_is_seen_keeps_the_assumed_pod(
     pod["spec"]["nodeName"] = "big"
     watcher._refresh(*changed)
     assert snap.free_gpus("big") == 1 and "default/a" not in snap.finished
+
+
+class _FakeCustom:
+    """list_cluster_custom_object of a fake CustomObjectsApi: lists, an idle watch, or an error."""
+
+    def __init__(self, items: dict[str, list[dict[str, Any]]], stop: threading.Event,
+                 status: int | None = None) -> None:
+        self.items, self.stop, self.status = items, stop, status
+        self.release = threading.Event()  # the lists answer only once released
+
+    def list_cluster_custom_object(self, group: str, version: str, plural: str, watch: bool = False,
+                                   **_: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        from tests.unit.test_cache_poison import Resp
+
+        self.release.wait(5)
+        if self.status is not None:
+            raise ApiException(status=self.status)
+        if watch:
+            self.stop.wait(5)
+            return Resp(b"")
+        body = {"metadata": {"resourceVersion": "5"}, "items": self.items.get(plural, [])}
+        return Resp(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("status", [None, 404])
+def test_extender_is_not_ready_before_the_dra_objects_are_read(
+        settings: Settings, catalog: GpuCatalog, status: int | None) -> None:
+    # Ready with nodes and pods listed but the slices not yet read, the extender would take a DRA
+    # GPU node for a CPU node (and a claim pod for a CPU pod) for its first requests. Ready comes
+    # once every DRA kind was listed, or found absent (a cluster without the API: GPUs from
+    # extended resources only, as before).
+    from app.cluster.dra import DraWatcher
+    from tests.unit.test_cache_poison import Resp, run_cache
+
+    cache, _, _ = run_cache(settings, catalog, {"nodes": [node_object("big", gpus=0)], "pods": [],
+                                                "namespaces": []}, {})
+    assert cache.synced
+    stop = threading.Event()
+    fake = _FakeCustom({"deviceclasses": [GPU_CLASS], "resourceslices": [rslice("big", [
+        gpu_device(i, "NVIDIA H100 80GB HBM3", "81559Mi") for i in range(8)])]}, stop, status)
+    watcher = DraWatcher(object(), cache)  # type: ignore[arg-type]
+    watcher.custom = fake  # type: ignore[assignment]
+    watcher.core = SimpleNamespace(  # type: ignore[assignment]
+        read_node=lambda name, **_: Resp(json.dumps(node_object(name, gpus=0)).encode()))
+    watcher.start()
+    try:
+        assert not cache.synced
+        fake.release.set()
+        for _ in range(100):
+            if cache.synced:
+                break
+            stop.wait(0.05)
+        assert cache.synced
+        assert cache.snapshot.nodes["big"].gpu_count == (0 if status else 8)
+    finally:
+        watcher.stop()
+        stop.set()
