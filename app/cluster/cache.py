@@ -58,7 +58,12 @@ def _slim(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     if kind == "nodes":
         status.pop("images", None)
     else:
-        obj["status"] = {"phase": status.get("phase")}
+        slim: dict[str, Any] = {"phase": status.get("phase")}
+        # The only place a pod names the claims generated from its templates: without it a bound
+        # pod's GPUs would be read from the template, not from what was allocated (docs/dra.md).
+        if status.get("resourceClaimStatuses"):
+            slim["resourceClaimStatuses"] = status["resourceClaimStatuses"]
+        obj["status"] = slim
     return obj
 
 
@@ -185,6 +190,10 @@ class ClusterCache:
     @property
     def synced(self) -> bool:
         return all(e.is_set() for e in self._synced.values())
+
+    def sync_gate(self, name: str) -> threading.Event:
+        """One more thing ``synced`` waits for (another watcher's first list); set it when done."""
+        return self._synced.setdefault(name, threading.Event())
 
     def start(self) -> None:
         for kind in KINDS:

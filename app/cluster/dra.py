@@ -44,6 +44,10 @@ class DraWatcher:
         self.present: dict[str, bool] = {k: False for k in KINDS}
         # Retries come every couple of seconds during an outage: one line a minute per kind.
         self._log = RateLimitedLog(log)
+        # Not ready before every kind was listed or found absent: until the slices are read, a DRA
+        # GPU node looks like a CPU node and a claim pod like a CPU pod (docs/dra.md).
+        self._first: set[str] = set()
+        self._synced = cache.sync_gate("dra")
 
     def start(self) -> None:
         for kind in KINDS:
@@ -113,14 +117,14 @@ class DraWatcher:
                                      str(ref.get("namespace")), _request_timeout=30))
             except ApiException:
                 continue
+            if not (pod.get("spec") or {}).get("nodeName"):
+                # Allocated in PreBind, bound a moment later: the pod watch's bind event counts
+                # the claim as allocated; until then the assumption made at bind stands.
+                continue
             with self.lock:
-                placed = self.snapshot.pods.get(uid)
-                if placed is None:
-                    continue
-                gpus = workload.pod_resources(pod, tuple(self.cache.settings.labels.gpu_resource))[0]
-                if gpus != placed.gpus:
-                    # The claim was allocated (or changed) after the pod was counted: recount it.
-                    self.snapshot.finish(uid)
+                if self.snapshot.pods.get(uid) is not None:
+                    # The claim was allocated (or changed) after the pod was counted: the pod as it
+                    # is now replaces its record (never "finished": it still runs).
                     apply_pod(self.snapshot, self.cache.settings, pod)
 
     def _replace(self, kind: str, items: list[dict[str, Any]]) -> tuple[set[str], list[dict[str, Any]]]:
@@ -176,6 +180,7 @@ class DraWatcher:
                 backoff.reset()
                 self.present[kind], told_absent = True, False
                 self._refresh(*self._replace(kind, items))
+                self._listed(kind)  # after the nodes were re-read with their slices
                 self._notify()
                 self._watch(kind, rv)
             except ApiException as exc:
@@ -185,6 +190,8 @@ class DraWatcher:
                         log.info("DRA %s unavailable (%s); GPUs from extended resources only",
                                  kind, exc.status)
                     self.present[kind], told_absent = False, True
+                    self._listed(kind)
+                    self._notify()
                     backoff.reset()
                     self._stop.wait(ABSENT_RETRY)
                     continue
@@ -197,6 +204,12 @@ class DraWatcher:
                 self._log.warning(f"dra:{kind}", f"DRA {kind} watch failed ({quote(str(exc))}); "
                                   f"retrying in {delay:.1f}s")
                 self._stop.wait(delay)
+
+    def _listed(self, kind: str) -> None:
+        with self.lock:
+            self._first.add(kind)
+            if self._first >= set(KINDS):
+                self._synced.set()
 
     def _notify(self) -> None:
         if self.cache.on_change:

@@ -93,7 +93,10 @@ class ClusterSnapshot:
         """Record ``pod`` on its node (idempotent by UID; a move releases the old node)."""
         old = self.pods.get(pod.uid)
         if old is not None:
-            if old.node == pod.node:
+            # Same node: keep the record, unless the watch reports other resources than were
+            # assumed at bind (a DRA claim is allocated after filter: docs/dra.md). The watch is the
+            # truth; an assumption never overrides it.
+            if old.node == pod.node and (pod.assumed or _same_resources(old, pod)):
                 old.assumed = old.assumed and pod.assumed
                 return
             self._release(old)
@@ -218,6 +221,10 @@ class ClusterSnapshot:
 def serving_group_key(spec: WorkloadSpec) -> str:
     """A serving group is named within the pod's namespace: another tenant cannot join it."""
     return f"{spec.namespace}/{spec.serving_group}"
+
+
+def _same_resources(a: PlacedPod, b: PlacedPod) -> bool:
+    return (a.gpus, a.cpu_millis, a.memory_bytes) == (b.gpus, b.cpu_millis, b.memory_bytes)
 
 
 def placed_from_spec(spec: WorkloadSpec, node: str, *, assumed: bool = False) -> PlacedPod:

@@ -185,6 +185,36 @@ def test_pipeline_chains_five_stages_with_depends_on() -> None:
     assert PREFIX + "depends-on" not in docs[0]["metadata"]["annotations"]
 
 
+def _dra_docs() -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in _docs(EXAMPLES / "dra" / "serving-70b-dra.yaml")}
+
+
+def test_dra_example_claims_gpus_the_extender_counts() -> None:
+    # The DRA example must be read by the extender as what it says (docs/dra.md): its class selects
+    # full GPUs of NVIDIA's driver, and the pod's template claim counts as 4 GPUs for the 70B model.
+    from app.core import workload
+    from app.core.dra import DRIVER, DraIndex
+
+    docs = _docs(EXAMPLES / "dra" / "serving-70b-dra.yaml")
+    by_kind = {d["kind"]: d for d in docs}
+    assert {d["apiVersion"] for d in docs if d["kind"] != "Deployment"} == {"resource.k8s.io/v1"}
+    dra = DraIndex()
+    dra.put_class(by_kind["DeviceClass"])
+    assert dra.classes[by_kind["DeviceClass"]["metadata"]["name"]] == (DRIVER, False)
+    dra.put_template(by_kind["ResourceClaimTemplate"])
+    meta, spec = _pod_meta_spec(by_kind["Deployment"])  # type: ignore[misc]
+    assert _gpus(spec) == 0, "GPUs come from the claim, not from nvidia.com/gpu"
+    claims = {c["name"] for c in spec["resourceClaims"]}
+    assert {c["name"] for c in spec["containers"][0]["resources"]["claims"]} <= claims
+    pod = {"metadata": {**meta, "name": "chat-70b-dra-0", "namespace": "llm-examples"}, "spec": spec}
+    workload.CLAIM_GPUS = dra.pod_gpus
+    try:
+        w = workload.parse_workload(pod)
+    finally:
+        workload.CLAIM_GPUS = None
+    assert (w.gpus, w.model_params, _stage(meta["annotations"])) == (4, 70e9, "serving")
+
+
 def _kustomize(kustomize: Path, path: Path) -> list[dict[str, Any]]:
     proc = subprocess.run([str(kustomize), "build", str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -212,7 +242,8 @@ def test_kind_overlays_shrink_requests_but_keep_gpus_and_annotations(kustomize_b
             assert spec["containers"][0]["resources"]["requests"] == {"cpu": "10m", "memory": "16Mi"}, key
             assert _gpus(spec) == _gpus(ospec), key
             assert meta.get("annotations") == ometa.get("annotations"), key
-    assert seen == {k for k in originals if k[0] != "Namespace"}
+    # kind runs no DRA driver, so nothing would publish the GPUs the dra/ example claims.
+    assert seen == {k for k in originals if k[0] != "Namespace" and k not in _dra_docs()}
 
 
 # --- kind ------------------------------------------------------------------------------------------

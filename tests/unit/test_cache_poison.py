@@ -84,12 +84,13 @@ def poison(name: str = "poison", node: str = "") -> dict[str, Any]:
 
 
 def run_cache(settings: Settings, catalog: GpuCatalog, lists: dict[str, list[dict[str, Any]]],
-              watches: dict[str, list[Any]]) -> tuple[ClusterCache, Metrics, Sink]:
+              watches: dict[str, list[Any]], snapshot: ClusterSnapshot | None = None,
+              ) -> tuple[ClusterCache, Metrics, Sink]:
     stop = threading.Event()
     core = FakeCore(lists, watches, stop)
     metrics, sink = Metrics(), Sink()
     cache = ClusterCache.__new__(ClusterCache)
-    ClusterCache.__init__(cache, object(), ClusterSnapshot(), threading.RLock(), catalog,  # type: ignore[arg-type]
+    ClusterCache.__init__(cache, object(), snapshot or ClusterSnapshot(), threading.RLock(), catalog,  # type: ignore[arg-type]
                           settings, metrics, events=sink)
     cache.core = core  # type: ignore[assignment]
     cache.start()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -194,3 +197,176 @@ def test_hostile_objects_do_not_raise() -> None:
     assert dra.demand({"devices": {"requests": [None, {"exactly": {"count": "many"}}]}}).gpus == 0
     assert dra.pod_gpus({"spec": {"resourceClaims": [None, {"name": 5}]}}) == 0
     assert dra.pod_gpus({}) == 0
+
+
+def test_watched_pod_keeps_the_name_of_its_generated_claim(settings: Settings, catalog: GpuCatalog) -> None:
+    # A pod bound with a template's claim, arriving through the pod watch. Its claim asked for every
+    # device (allocationMode All: "at least one") and got all four of the node's GPUs; only the
+    # pod's status names that claim. The node must count four GPUs used, not the template's one.
+    from tests.unit.test_cache_poison import bound, run_cache
+
+    dra_pod = bound("all", 0, node="big")
+    dra_pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "every"}]
+    dra_pod["status"] = {"phase": "Pending", "resourceClaimStatuses": [
+        {"name": "gpus", "resourceClaimName": "all-gpus-x"}]}
+    snap = ClusterSnapshot()
+    dra = snap.dra
+    dra.put_class(GPU_CLASS)
+    h100_node_slices(dra, "big", 4)
+    dra.put_template({"metadata": {"name": "every", "namespace": "default"},
+                      "spec": {"spec": claim_spec(mode="All")}})
+    dra.put_claim({"metadata": {"name": "all-gpus-x", "namespace": "default"}, "spec": claim_spec(mode="All"),
+                   "status": {"allocation": {"devices": {"results": [
+                       {"request": "gpu", "driver": DRIVER, "pool": "big", "device": f"gpu-{i}"}
+                       for i in range(4)]}}}})
+    workload.CLAIM_GPUS = dra.pod_gpus
+    lists = {"nodes": [node_object("big", gpus=0)], "pods": [dra_pod], "namespaces": []}
+    cache, _, _ = run_cache(settings, catalog, lists, {"pods": [{"type": "MODIFIED", "object": dra_pod}]},
+                            snapshot=snap)
+    assert cache.snapshot.nodes["big"].gpu_count == 4
+    assert cache.snapshot.free_gpus("big") == 0
+
+
+def test_watch_count_replaces_the_bind_time_assumption(settings: Settings, catalog: GpuCatalog) -> None:
+    # The extender assumes a pod on its node at bind with what it knew at filter time; a claim is
+    # allocated in kube-scheduler's PreBind, so the watch then reports what the claim really holds
+    # (here every device of the node, for "at least one"). The watch's count is the one that stays;
+    # a repeated assumption (a retried bind) does not undo it.
+    snap = ClusterSnapshot()
+    dra = snap.dra
+    dra.put_class(GPU_CLASS)
+    h100_node_slices(dra, "big", 4)
+    apply_node(snap, catalog, settings, node_object("big", gpus=0))
+    dra.put_claim({"metadata": {"name": "every", "namespace": "default"}, "spec": claim_spec(mode="All")})
+    workload.CLAIM_GPUS = dra.pod_gpus
+    pod = claim_pod("a", resourceClaimName="every")
+    pod["metadata"]["uid"] = "uid-a"
+    spec = workload.parse_workload(pod)
+    assert spec.gpus == 1
+    snap.assume(spec, "big")
+    assert snap.free_gpus("big") == 3
+    dra.put_claim({"metadata": {"name": "every", "namespace": "default"}, "spec": claim_spec(mode="All"),
+                   "status": {"allocation": {"devices": {"results": [
+                       {"request": "gpu", "driver": DRIVER, "pool": "big", "device": f"gpu-{i}"}
+                       for i in range(4)]}}}})
+    pod["spec"]["nodeName"] = "big"
+    apply_pod(snap, settings, pod)
+    assert snap.free_gpus("big") == 0
+    assert not snap.pods["uid-a"].assumed
+    snap.assume(spec, "big")
+    assert snap.free_gpus("big") == 0 and not snap.pods["uid-a"].assumed
+
+
+class _PodReader:
+    """read_namespaced_pod of a fake CoreV1Api: always the given pod."""
+
+    def __init__(self, pod: dict[str, Any]) -> None:
+        self.pod = pod
+
+    def read_namespaced_pod(self, name: str, namespace: str, **_: Any) -> Any:
+        body = json.dumps(self.pod).encode()
+
+        class Resp:
+            data = body
+
+            def release_conn(self) -> None:
+                pass
+
+        return Resp()
+
+
+def test_claim_allocated_before_the_bind_is_seen_keeps_the_assumed_pod(
+        settings: Settings, catalog: GpuCatalog) -> None:
+    # kube-scheduler writes the claim's allocation (PreBind) and then asks us to bind; the claim's
+    # watch event can arrive while the pod, re-read, is not bound yet. Its assumed GPUs must stay
+    # counted and the pod must not be taken for finished (data gravity remembers finished pods).
+    from app.cluster.dra import DraWatcher
+
+    snap = ClusterSnapshot()
+    dra = snap.dra
+    dra.put_class(GPU_CLASS)
+    h100_node_slices(dra, "big", 4)
+    apply_node(snap, catalog, settings, node_object("big", gpus=0))
+    claim = {"metadata": {"name": "two", "namespace": "default"}, "spec": claim_spec(2)}
+    dra.put_claim(claim)
+    workload.CLAIM_GPUS = dra.pod_gpus
+    pod = claim_pod("a", resourceClaimName="two")
+    pod["metadata"]["uid"] = "uid-a"
+    snap.assume(workload.parse_workload(pod), "big")
+    cache = SimpleNamespace(snapshot=snap, lock=threading.RLock(), settings=settings, catalog=catalog,
+                            on_change=None)
+    watcher = DraWatcher.__new__(DraWatcher)
+    watcher.cache, watcher.snapshot, watcher.lock = cache, snap, cache.lock  # type: ignore[assignment]
+    watcher.core = _PodReader(pod)  # type: ignore[assignment]
+    allocated = {**claim, "status": {
+        "allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": DRIVER, "pool": "big", "device": f"gpu-{i}"} for i in range(3)]}},
+        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]}}
+    with watcher.lock:
+        changed = watcher._put("resourceclaims", allocated, False)
+    watcher._refresh(*changed)
+    assert "uid-a" in snap.pods and "default/a" not in snap.finished
+    assert snap.free_gpus("big") == 2
+    # Once the re-read pod is bound, the allocation's count replaces the assumption.
+    pod["spec"]["nodeName"] = "big"
+    watcher._refresh(*changed)
+    assert snap.free_gpus("big") == 1 and "default/a" not in snap.finished
+
+
+class _FakeCustom:
+    """list_cluster_custom_object of a fake CustomObjectsApi: lists, an idle watch, or an error."""
+
+    def __init__(self, items: dict[str, list[dict[str, Any]]], stop: threading.Event,
+                 status: int | None = None) -> None:
+        self.items, self.stop, self.status = items, stop, status
+        self.release = threading.Event()  # the lists answer only once released
+
+    def list_cluster_custom_object(self, group: str, version: str, plural: str, watch: bool = False,
+                                   **_: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        from tests.unit.test_cache_poison import Resp
+
+        self.release.wait(5)
+        if self.status is not None:
+            raise ApiException(status=self.status)
+        if watch:
+            self.stop.wait(5)
+            return Resp(b"")
+        body = {"metadata": {"resourceVersion": "5"}, "items": self.items.get(plural, [])}
+        return Resp(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("status", [None, 404])
+def test_extender_is_not_ready_before_the_dra_objects_are_read(
+        settings: Settings, catalog: GpuCatalog, status: int | None) -> None:
+    # Ready with nodes and pods listed but the slices not yet read, the extender would take a DRA
+    # GPU node for a CPU node (and a claim pod for a CPU pod) for its first requests. Ready comes
+    # once every DRA kind was listed, or found absent (a cluster without the API: GPUs from
+    # extended resources only, as before).
+    from app.cluster.dra import DraWatcher
+    from tests.unit.test_cache_poison import Resp, run_cache
+
+    cache, _, _ = run_cache(settings, catalog, {"nodes": [node_object("big", gpus=0)], "pods": [],
+                                                "namespaces": []}, {})
+    assert cache.synced
+    stop = threading.Event()
+    fake = _FakeCustom({"deviceclasses": [GPU_CLASS], "resourceslices": [rslice("big", [
+        gpu_device(i, "NVIDIA H100 80GB HBM3", "81559Mi") for i in range(8)])]}, stop, status)
+    watcher = DraWatcher(object(), cache)  # type: ignore[arg-type]
+    watcher.custom = fake  # type: ignore[assignment]
+    watcher.core = SimpleNamespace(  # type: ignore[assignment]
+        read_node=lambda name, **_: Resp(json.dumps(node_object(name, gpus=0)).encode()))
+    watcher.start()
+    try:
+        assert not cache.synced
+        fake.release.set()
+        for _ in range(100):
+            if cache.synced:
+                break
+            stop.wait(0.05)
+        assert cache.synced
+        assert cache.snapshot.nodes["big"].gpu_count == (0 if status else 8)
+    finally:
+        watcher.stop()
+        stop.set()

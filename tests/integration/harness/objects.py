@@ -140,6 +140,26 @@ def cpu_node(
     return _node(name, lab, ann, capacity, index)
 
 
+def bare_node(
+    name: str,
+    *,
+    cpu: str = "96",
+    memory: str = "1Ti",
+    pods: int = 110,
+    zone: str = "zone-a",
+    labels: dict[str, str] | None = None,
+    index: int = 0,
+) -> dict[str, Any]:
+    """A node with no GPU label, no GPU resource and no node-class annotation.
+
+    What a node of a cluster whose GPUs are published by a DRA driver looks like (docs/dra.md): its
+    GPUs exist only in ResourceSlices, which the test creates separately.
+    """
+    lab = {"topology.kubernetes.io/zone": zone, **(labels or {})}
+    capacity = {"cpu": cpu, "memory": memory, "pods": str(pods), "ephemeral-storage": "2Ti"}
+    return _node(name, lab, {}, capacity, index)
+
+
 def _parallel(fn: Any, items: Sequence[Any], workers: int) -> list[Any]:
     if len(items) <= 1 or workers <= 1:
         return [fn(i) for i in items]
