@@ -228,10 +228,13 @@ def _guard(opening: list[tuple[NodeScore, int]], best_sibling: dict[int, NodeSco
     worth it: the sibling is the same hardware at the same price, and the whole node is what the next
     8-GPU job needs. Across shapes cost and memory fit still decide, so small work keeps going to
     cheap GPUs. A pod that fills a whole node exactly does not open it. A sibling whose tenants the
-    stage must keep apart from (separation) does not count: isolation is worth a whole node.
+    stage must keep apart from (separation) does not count: isolation is worth a whole node. Nor does
+    one that packs worse than the whole node (CPU exhausted beside its free GPUs).
     """
     for s, shape in opening:
         b = best_sibling.get(shape)
-        if b is not None and s.total > b.total - GUARD_GAP:
+        # A sibling whose CPU is nearly gone packs worse (its free GPUs would be stranded behind it,
+        # the packing term's balance factor): then opening the whole node is the packing choice.
+        if b is not None and s.total > b.total - GUARD_GAP and b.terms["packing"] >= s.terms["packing"]:
             s.total = b.total - GUARD_GAP
             s.guarded_by = b.node

@@ -103,3 +103,15 @@ def test_isolation_is_worth_a_whole_node(catalog: GpuCatalog) -> None:
     chat = pod_object("chat", stage="serving", gpus=1, uid="u-chat",
                       annotations={ANN + "model-params": "1B", ANN + "latency-class": "interactive"})
     assert _best(service, chat, names) == {"h100-1"}
+
+
+def test_a_sibling_without_cpu_for_its_gpus_does_not_hold_the_pod_back(catalog: GpuCatalog) -> None:
+    # h100-3 has GPUs free but almost no CPU left: filling it would strand its remaining GPUs, so the
+    # packing term prefers a whole node and the guard must not override that.
+    service = _service(catalog)
+    consumer, names = _gravity_case(service)
+    _run(service, pod_object("cpu-hog", cpu="126", uid="u-hog"), "h100-3")
+    best = _best(service, consumer, names)
+    assert "h100-3" not in best
+    out = explain_spec(service, parse_workload(consumer))
+    assert not any(e.get("whole_node_guard") for e in out["nodes"])
