@@ -37,6 +37,7 @@ GPUS: dict[str, GpuModel] = {
     "A100": GpuModel("NVIDIA-A100-SXM4-80GB", 81920, "ampere"),
     "L4": GpuModel("NVIDIA-L4", 23034, "ada-lovelace"),
     "T4": GpuModel("Tesla-T4", 15360, "turing"),
+    "L40S": GpuModel("NVIDIA-L40S", 46068, "ada-lovelace"),
 }
 PRODUCT_TO_KEY = {g.product: k for k, g in GPUS.items()}
 
