@@ -24,6 +24,7 @@ from app.core.units import (
 )
 
 PREFIX = "llm-placement.io/"
+NATIVE_GANG_SOURCE = "spec.schedulingGroup"  # GangRef.source of the native Workload API
 # Every pod annotation key parse_workload reads (after PREFIX): the user-facing contract.
 # docs/annotations.md documents each one; tests/unit/test_contract_docs.py keeps the docs, the README
 # and this tuple in step with the parser.
@@ -126,6 +127,13 @@ class GangRef(BaseModel):
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def native(self) -> bool:
+        """Named by the pod's ``spec.schedulingGroup``: size and policy come only from the native
+        PodGroup (``scheduling.k8s.io/v1alpha2``), the object kube-scheduler's own gang cycle reads
+        (docs/gangs.md, native Workload API)."""
+        return self.source == NATIVE_GANG_SOURCE
 
 
 class WorkloadSpec(BaseModel):
@@ -298,8 +306,17 @@ def unknown_keys(annotations: Any) -> list[tuple[str, str | None]]:
     return out
 
 
+def native_group_name(spec: Any) -> str | None:
+    """The PodGroup a pod's ``spec.schedulingGroup.podGroupName`` names (Kubernetes 1.36,
+    ``GenericWorkload``), or None when the pod has no readable one."""
+    group = spec.get("schedulingGroup") if isinstance(spec, dict) else None
+    name = group.get("podGroupName") if isinstance(group, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
 def gang_of(
-    namespace: str, labels: dict[str, str], annotations: dict[str, str], problems: list[str]
+    namespace: str, labels: dict[str, str], annotations: dict[str, str], problems: list[str],
+    pod_spec: dict[str, Any] | None = None,
 ) -> GangRef | None:
     """Gang identity from the conventions users already use, in docs/annotations.md order."""
 
@@ -312,6 +329,10 @@ def gang_of(
             problems.append(AnnotationProblem("gang-size", str(exc)))
             return None
 
+    if name := native_group_name(pod_spec):
+        # First: kube-scheduler gangs these pods by the same reference, with the PodGroup's
+        # minCount; a gang-size annotation is not read, so both count the same members.
+        return GangRef(namespace=namespace, name=name, size=None, source=NATIVE_GANG_SOURCE)
     own_size = annotations.get(PREFIX + "gang-size")
     if name := labels.get("scheduling.x-k8s.io/pod-group"):
         return GangRef(namespace=namespace, name=name, size=size("gang-size", own_size),
@@ -484,7 +505,7 @@ def parse_workload(
         if fields.get("colocation_required") == "preferred":
             fields["colocation_required"] = None
 
-    gang = gang_of(namespace, labels, ann, problems)
+    gang = gang_of(namespace, labels, ann, problems, spec)
     if gang is not None and len(gang.name) > MAX_NAME_CHARS:
         problems.append(AnnotationProblem(
             "gang-name", f'gang name "{quote(gang.name)}" is longer than {MAX_NAME_CHARS} characters'))

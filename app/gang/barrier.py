@@ -80,7 +80,7 @@ class BindBarrier:
 
     async def bind_member(self, spec: WorkloadSpec, node: str) -> str:
         """All-or-nothing: answer once every unbound member of the plan reached bind (or fail all)."""
-        if spec.gang is None:
+        if spec.gang is None or self.book.not_a_gang(spec):
             return await asyncio.to_thread(self.bind, spec, node)
         key, uid = spec.gang.key, spec.uid or spec.key
         loop = asyncio.get_running_loop()

@@ -62,7 +62,17 @@ class GangBook:
 
     def size(self, key: str, spec: WorkloadSpec) -> int | None:
         gang = spec.gang
+        if gang is not None and gang.native:
+            # Only the native PodGroup's minCount: the count kube-scheduler's gang Permit waits
+            # for, so the two barriers agree on when the gang is whole (docs/gangs.md).
+            return self.snapshot.native_min_count.get(key)
         return (gang.size if gang is not None else None) or self.snapshot.podgroup_min_member.get(key)
+
+    def not_a_gang(self, spec: WorkloadSpec) -> bool:
+        """A pod of a native PodGroup with the basic policy: scheduled one by one, like any pod."""
+        gang = spec.gang
+        return (gang is not None and gang.native and gang.key in self.snapshot.native_min_count
+                and self.snapshot.native_min_count[gang.key] is None)
 
     def roster(self, members: Sequence[WorkloadSpec]) -> frozenset[tuple[str, str]]:
         """Who is in the gang and where the bound ones are: a plan is only valid for this roster."""

@@ -148,7 +148,13 @@ class GangCoordinator:
             now = self.clock()
             self.lifecycle.locked_sweep(now, force=True)
             state = book.state(key, now, spec.priority)
+            if book.not_a_gang(spec):
+                return fits, rejections
             size = book.size(key, spec)
+            if size is None and gang.native:
+                # kube-scheduler holds these pods too until the PodGroup exists (docs/gangs.md).
+                return _reject_all(node_names, reject(
+                    ReasonCode.GANG, f"gang {key} waits for PodGroup {gang.name} (scheduling.k8s.io)"))
             if size is None:
                 return _reject_all(node_names, reject(
                     ReasonCode.GANG,

@@ -1,4 +1,4 @@
-"""Kubernetes adapters for gangs: the PodGroup watch (minMember) and the plan restore at start.
+"""Kubernetes adapters for gangs: the PodGroup watches (sizes) and the plan restore at start.
 
 The only module of ``app.gang`` that talks to the API server; the rest is pure.
 """
@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -26,6 +27,9 @@ from app.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "scheduling.x-k8s.io", "v1alpha1", "podgroups"
+# The native PodGroup of the Workload API (Kubernetes 1.36, feature gate GenericWorkload); pods name
+# it in spec.schedulingGroup.podGroupName (docs/gangs.md, native Workload API).
+NATIVE_GROUP, NATIVE_VERSION = "scheduling.k8s.io", "v1alpha2"
 ABSENT_RETRY = 60.0  # the CRD may be installed later: look again this often
 # Call an API method and return the raw response body (the API adapter's connection-pool-safe
 # helper, handed in so this module does not depend on the cluster package).
@@ -49,68 +53,119 @@ def min_members(items: list[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
+def native_min_counts(items: list[dict[str, Any]]) -> dict[str, int | None]:
+    """ns/name -> spec.schedulingPolicy.gang.minCount of native PodGroups, None for the basic policy.
+
+    kube-scheduler's gang plugin reads the PodGroup, not its Workload's template (the controller
+    copies the template's policy into the PodGroup, immutably), so the PodGroup is the only source.
+    Objects with neither a readable gang nor a basic policy are skipped.
+    """
+    out: dict[str, int | None] = {}
+    for pg in items:
+        try:
+            meta = pg.get("metadata") or {}
+            policy = (pg.get("spec") or {}).get("schedulingPolicy") or {}
+            gang = policy.get("gang")
+            name = meta.get("name")
+            if not isinstance(name, str) or not name:
+                continue
+            key = f"{meta.get('namespace') or 'default'}/{name}"
+            if isinstance(gang, dict):
+                raw = gang.get("minCount")
+                if isinstance(raw, int) and not isinstance(raw, bool) and 0 < raw <= 2**31:
+                    out[key] = raw
+            elif "basic" in policy:
+                out[key] = None
+        except AttributeError:  # metadata, spec or policy of the wrong type: this object only
+            continue
+    return out
+
+
+@dataclass(frozen=True)
+class WatchedKind:
+    """One PodGroup kind the watcher follows and where its sizes go in the snapshot."""
+
+    group: str
+    version: str
+    label: str  # in log lines
+    parse: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    target: Callable[[ClusterSnapshot], dict[str, Any]]
+
+
+COSCHEDULING = WatchedKind(GROUP, VERSION, "podgroups", min_members, lambda s: s.podgroup_min_member)
+NATIVE = WatchedKind(NATIVE_GROUP, NATIVE_VERSION, "native podgroups", native_min_counts,
+                     lambda s: s.native_min_count)
+
+
 class PodGroupWatcher:
-    """Keeps ``snapshot.podgroup_min_member`` in step with PodGroups, when that CRD exists."""
+    """Keeps the snapshot's gang sizes in step with PodGroups of each kind whose API is served:
+    coscheduling ``minMember`` and native ``minCount`` (one thread each)."""
 
     def __init__(self, custom: client.CustomObjectsApi, raw: Raw, snapshot: ClusterSnapshot,
-                 lock: threading.RLock) -> None:
+                 lock: threading.RLock, kinds: tuple[WatchedKind, ...] = (COSCHEDULING, NATIVE)) -> None:
         self.custom = custom
         self.raw = raw
         self.snapshot = snapshot
         self.lock = lock
+        self.kinds = kinds
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="watch-podgroups", daemon=True)
-        self.present = False
+        self._threads = [threading.Thread(target=self._run, args=(k,), name=f"watch-{k.group}-podgroups",
+                                          daemon=True) for k in kinds]
+        self.present: dict[str, bool] = {k.group: False for k in kinds}
         # Retries come every couple of seconds during an outage: one line a minute.
         self._log = RateLimitedLog(log)
 
     def start(self) -> None:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _run(self) -> None:
+    def _run(self, kind: WatchedKind = COSCHEDULING) -> None:
         backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
         told_absent = False
         while not self._stop.is_set():
             try:
-                rv = self._list()
+                rv = self._list(kind)
                 backoff.reset()
-                self.present, told_absent = True, False
-                self._watch(rv)
+                self.present[kind.group], told_absent = True, False
+                self._watch(kind, rv)
             except ApiException as exc:
                 if exc.status in (403, 404):
-                    # No PodGroup CRD (or no right to read it): sizes come from annotations.
+                    # API not served (CRD absent, feature gate off) or no right to read it: the
+                    # sizes come from the other conventions.
                     if not told_absent:
-                        log.info("PodGroups unavailable (%s); gang sizes from annotations only", exc.status)
-                    self.present, told_absent = False, True
+                        log.info("%s unavailable (%s); gang sizes from the other conventions",
+                                 kind.label, exc.status)
+                    self.present[kind.group], told_absent = False, True
                     backoff.reset()
                     self._stop.wait(ABSENT_RETRY)
                     continue
                 delay = backoff.next()
-                self._log.warning("podgroups", f"podgroup watch failed ({quote(str(exc.reason))}); "
+                self._log.warning(kind.label, f"{kind.label} watch failed ({quote(str(exc.reason))}); "
                                   f"retrying in {delay:.1f}s")
                 self._stop.wait(delay)
             except Exception as exc:
                 delay = backoff.next()
-                self._log.warning("podgroups", f"podgroup watch failed ({quote(str(exc))}); "
+                self._log.warning(kind.label, f"{kind.label} watch failed ({quote(str(exc))}); "
                                   f"retrying in {delay:.1f}s")
                 self._stop.wait(delay)
 
-    def _list(self) -> str:
-        data = json.loads(self.raw(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
-                              _request_timeout=30))
-        sizes = min_members(data.get("items") or [])
+    def _list(self, kind: WatchedKind) -> str:
+        data = json.loads(self.raw(self.custom.list_cluster_custom_object, kind.group, kind.version,
+                                   PLURAL, _request_timeout=30))
+        sizes = kind.parse(data.get("items") or [])
         with self.lock:
-            self.snapshot.podgroup_min_member.clear()
-            self.snapshot.podgroup_min_member.update(sizes)
+            target = kind.target(self.snapshot)
+            target.clear()
+            target.update(sizes)
             self.snapshot.generation += 1
         return str((data.get("metadata") or {}).get("resourceVersion") or "")
 
-    def _watch(self, rv: str) -> None:
+    def _watch(self, kind: WatchedKind, rv: str) -> None:
         resp: Any = self.custom.list_cluster_custom_object(
-            GROUP, VERSION, PLURAL, watch=True, resource_version=rv, timeout_seconds=240,
+            kind.group, kind.version, PLURAL, watch=True, resource_version=rv, timeout_seconds=240,
             _preload_content=False, _request_timeout=(10, 300),
         )
         try:
@@ -125,15 +180,16 @@ class PodGroupWatcher:
                     meta = obj.get("metadata") or {}
                     key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
                 except Exception as exc:  # one unreadable event costs only itself
-                    log.warning("podgroup watch: skipped an unreadable event (%s)", quote(str(exc)))
+                    log.warning("%s watch: skipped an unreadable event (%s)", kind.label, quote(str(exc)))
                     continue
                 with self.lock:
+                    target = kind.target(self.snapshot)
                     if event.get("type") == "DELETED":
-                        self.snapshot.podgroup_min_member.pop(key, None)
+                        target.pop(key, None)
                     else:
-                        got = min_members([obj])
+                        got = kind.parse([obj])
                         if key in got:
-                            self.snapshot.podgroup_min_member[key] = got[key]
+                            target[key] = got[key]
                     self.snapshot.generation += 1
         finally:
             resp.release_conn()

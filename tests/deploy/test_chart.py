@@ -284,6 +284,7 @@ def test_extender_rbac_is_least_privilege() -> None:
     for needed in [("", "nodes", "watch"), ("", "pods", "patch"), ("", "pods/binding", "create"),
                    ("", "events", "create"), ("events.k8s.io", "events", "create"),
                    ("scheduling.x-k8s.io", "podgroups", "list"),
+                   *[("scheduling.k8s.io", "podgroups", v) for v in ("get", "list", "watch")],
                    *[("resource.k8s.io", res, v) for res in ("resourceslices", "resourceclaims",
                      "resourceclaimtemplates", "deviceclasses") for v in ("get", "list", "watch")]]:
         assert needed in grants, needed

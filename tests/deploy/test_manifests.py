@@ -242,8 +242,10 @@ def test_kind_overlays_shrink_requests_but_keep_gpus_and_annotations(kustomize_b
             assert spec["containers"][0]["resources"]["requests"] == {"cpu": "10m", "memory": "16Mi"}, key
             assert _gpus(spec) == _gpus(ospec), key
             assert meta.get("annotations") == ometa.get("annotations"), key
-    # kind runs no DRA driver, so nothing would publish the GPUs the dra/ example claims.
-    assert seen == {k for k in originals if k[0] != "Namespace" and k not in _dra_docs()}
+    # kind runs no DRA driver, so nothing would publish the GPUs the dra/ example claims; and its
+    # default cluster serves no scheduling.k8s.io/v1alpha2 for the workload/ example.
+    native = {(d["kind"], d["metadata"]["name"]) for d in _docs(EXAMPLES / "workload" / "finetune-native-gang.yaml")}
+    assert seen == {k for k in originals if k[0] != "Namespace" and k not in _dra_docs() and k not in native}
 
 
 # --- kind ------------------------------------------------------------------------------------------
@@ -289,3 +291,20 @@ def test_kind_script_is_valid_bash_and_wired_to_the_makefile_targets() -> None:
     text = script.read_text()
     for path in re.findall(r'\$here/((?:deploy|helm|scripts)/[\w./-]+)', text):
         assert (REPO / path).exists(), f"kind.sh refers to missing {path}"
+
+
+def test_native_workload_example_is_one_gang_of_min_count_members() -> None:
+    # The Workload API example (docs/gangs.md, native Workload API): the extender must read its pods
+    # as one gang named by spec.schedulingGroup, sized by the PodGroup's minCount = the Job's width.
+    from app.core.workload import parse_workload
+    from app.gang.kube import native_min_counts
+
+    docs = _docs(EXAMPLES / "workload" / "finetune-native-gang.yaml")
+    by_kind = {d["kind"]: d for d in docs}
+    job, group = by_kind["Job"], by_kind["PodGroup"]
+    assert by_kind["Workload"]["spec"]["podGroupTemplates"][0]["schedulingPolicy"] == group["spec"]["schedulingPolicy"]
+    meta, spec = _pod_meta_spec(job)  # type: ignore[misc]
+    gang = parse_workload({"metadata": {**meta, "name": "finetune-70b-0", "namespace": "llm-examples"},
+                           "spec": spec}).gang
+    assert gang is not None and gang.native and gang.key == f"llm-examples/{group['metadata']['name']}"
+    assert native_min_counts([group]) == {gang.key: job["spec"]["parallelism"]}

@@ -142,6 +142,8 @@ class ControlPlane:
         extender_extra_env: dict[str, str] | None = None,
         scheduler_verbosity: int = 2,
         scheduler_client_connection: dict[str, Any] | None = None,
+        apiserver_extra_args: list[str] | None = None,
+        scheduler_extra_args: list[str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.bins = binaries
@@ -157,6 +159,10 @@ class ControlPlane:
         self.scheduler_verbosity = scheduler_verbosity
         # Benchmark exploration only (e.g. {"qps": 200, "burst": 400}); the tests run the chart's values.
         self.scheduler_client_connection = scheduler_client_connection
+        # Flags of one module's own control plane only (feature gates, --runtime-config): the
+        # session's shared control plane runs the defaults.
+        self.apiserver_extra_args = list(apiserver_extra_args or [])
+        self.scheduler_extra_args = list(scheduler_extra_args or [])
         self.pki: PKI | None = None
         self.timings: dict[str, float] = {}
         self.etcd: Component | None = None
@@ -340,6 +346,7 @@ class ControlPlane:
                 "--authorization-mode=RBAC",
                 f"--cert-dir={self.workdir / 'data' / 'apiserver-certs'}",
                 "--profiling=false",
+                *self.apiserver_extra_args,
             ],
             self.logdir / "kube-apiserver.log",
         )
@@ -501,6 +508,7 @@ class ControlPlane:
             # benchmark read kube-scheduler's own view of each scheduling cycle.
             "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
             f"-v={self.scheduler_verbosity}",
+            *self.scheduler_extra_args,
         ]
         if self.scheduler is None:
             self.scheduler = Component("kube-scheduler", argv, self.logdir / "kube-scheduler.log")
