@@ -258,3 +258,30 @@ def test_planned_node_cordoned_before_bind_is_replanned(
         assert_no_gpu_overcommit(cluster)
     finally:
         core.patch_node(cordoned, {"spec": {"unschedulable": None}}, _preload_content=False)
+
+
+def test_kueue_style_gated_then_node_selected_gang_is_placed_whole_inside_the_selection(
+    cluster: ClusterScope, blocks: dict[str, str], run: str
+) -> None:
+    """What Kueue's Topology Aware Scheduling hands us (docs/gangs.md): pods created behind a
+    scheduling gate, then, on admission, given a nodeSelector for the block it chose and ungated.
+    Nothing may be planned or reserved while they are gated, and the plan must stay inside the
+    selected block although on its own it would pick the smallest block that fits (leaf-a)."""
+    core, ns = cluster.core, cluster.namespace
+    pods = gang(run, "kq", 4)
+    for p in pods:
+        p["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    create_pods(core, ns, pods)
+    for name in names(pods):
+        assert_stays_unbound(core, ns, name, 1)
+        assert plan_of(cluster, name) is None  # gated pods never reach filter: nothing planned
+    for name in names(pods):  # admission: Kueue writes the topology it chose, then lifts the gate
+        core.patch_namespaced_pod(name, ns, {"spec": {"nodeSelector": {TIER0: "leaf-c"}}})
+        core.patch_namespaced_pod(name, ns, [{"op": "remove", "path": "/spec/schedulingGates"}])
+    placed = wait_for_node_names(core, ns, names(pods), timeout=120)
+    assert {blocks[n] for n in placed.values()} == {"leaf-c"}, placed
+    assert len(set(placed.values())) == 4
+    for name, node in placed.items():
+        plan = plan_of(cluster, name)
+        assert plan is not None and plan["node"] == node
+    assert_no_gpu_overcommit(cluster)
