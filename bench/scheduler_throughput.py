@@ -59,7 +59,9 @@ from tests.integration.harness import (  # noqa: E402
     ensure_namespace,
     find_binaries,
     gpu_node,
+    list_pods,
     llm_pod,
+    pod_events,
     wait_until,
 )
 from tests.integration.harness.controlplane import metric_value  # noqa: E402
@@ -275,6 +277,21 @@ def verb_latencies(before: str, after: str) -> list[VerbLatency]:
 
 
 # ----- one run -----------------------------------------------------------------------------------
+def report_unbound(core: CoreV1Api, namespace: str, sample: int = 40) -> None:
+    """Why pods were left: the latest scheduling message of up to ``sample`` unbound pods, counted."""
+    unbound = [p for p in list_pods(core, namespace) if not p["spec"].get("nodeName")]
+    why: dict[str, int] = {}
+    for p in unbound[:sample]:
+        events = [e for e in pod_events(core, namespace, p["metadata"]["name"])
+                  if e.get("reason") == "FailedScheduling"]
+        msg = str(events[-1].get("message") or "")[:240] if events else "(no FailedScheduling event)"
+        why[msg] = why.get(msg, 0) + 1
+    shown = min(sample, len(unbound))
+    print(f"  {len(unbound)} pods unbound; latest message of {shown} of them:", flush=True)
+    for msg, n in sorted(why.items(), key=lambda kv: -kv[1]):
+        print(f"    {n} x {msg}", flush=True)
+
+
 def run_variant(
     cp: ControlPlane,
     n_nodes: int,
@@ -305,6 +322,7 @@ def run_variant(
             seen, last_progress = len(watcher.bound), time.monotonic()
         elif time.monotonic() - last_progress > stall:
             print(f"  {variant}: no bind for {stall:.0f}s, stopping at {seen}/{len(pods)}", flush=True)
+            report_unbound(core, ns)
             break
     watcher.stop.set()
     if watcher.error:
