@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from app.backoff import Backoff
-from app.cluster.client import raw
+from app.cluster.client import list_all
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import SHARE_ANNOTATION
@@ -206,20 +206,7 @@ class ClusterCache:
 
     # --- internals -----------------------------------------------------------------------------
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
-        """Paginated list: 100k pods in one response would cost ~1 GB of transient JSON."""
-        fn = self._lister(kind)
-        items: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": 60}
-            if token:
-                kwargs["_continue"] = token
-            data = json.loads(raw(fn, **kwargs))
-            items.extend(i for i in data.get("items") or [] if isinstance(i, dict))
-            meta = data.get("metadata") or {}
-            token = meta.get("continue")
-            if not token:
-                return items, str(meta.get("resourceVersion") or "")
+        return list_all(self._lister(kind))
 
     def _lister(self, kind: str) -> Any:
         if kind == "nodes":

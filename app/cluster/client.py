@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -77,3 +78,22 @@ def raw(call: Callable[..., Any], *args: Any, **kwargs: Any) -> bytes:
         return bytes(resp.data)
     finally:
         resp.release_conn()
+
+
+def list_all(call: Callable[..., Any], *args: Any) -> tuple[list[dict[str, Any]], str]:
+    """Every item of a list call, 500 a page, and the list's resourceVersion to watch from.
+
+    Paginated because 100k pods in one response would cost ~1 GB of transient JSON.
+    """
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": 60}
+        if token:
+            kwargs["_continue"] = token
+        data = json.loads(raw(call, *args, **kwargs))
+        items.extend(i for i in data.get("items") or [] if isinstance(i, dict))
+        meta = data.get("metadata") or {}
+        token = meta.get("continue")
+        if not token:
+            return items, str(meta.get("resourceVersion") or "")

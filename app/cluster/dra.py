@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from app.backoff import Backoff
 from app.cluster.cache import ClusterCache, apply_node, apply_pod, watch_events
-from app.cluster.client import raw
+from app.cluster.client import list_all, raw
 from app.core import workload
 from app.core.units import quote
 from app.ratelog import RateLimitedLog
@@ -158,18 +158,7 @@ class DraWatcher:
 
     # --- list + watch ------------------------------------------------------------------------------
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
-        items: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": 60}
-            if token:
-                kwargs["_continue"] = token
-            data = json.loads(raw(self.custom.list_cluster_custom_object, GROUP, VERSION, kind, **kwargs))
-            items.extend(i for i in data.get("items") or [] if isinstance(i, dict))
-            meta = data.get("metadata") or {}
-            token = meta.get("continue")
-            if not token:
-                return items, str(meta.get("resourceVersion") or "")
+        return list_all(self.custom.list_cluster_custom_object, GROUP, VERSION, kind)
 
     def _run(self, kind: str) -> None:
         backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
