@@ -50,7 +50,10 @@ go_tool_build() {
   rm -rf "$cache.tmp" && mkdir -p "$cache.tmp"
   start=$(date +%s)
   echo "building $tool $version with $(go version | cut -d' ' -f3) into $cache" >&2
-  (cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$cache.tmp/$tool" "$package") >&2
+  # The same Go settings as scripts/build-controlplane.sh (cgo as the toolchain defaults, -trimpath):
+  # with tests/<tool>/go.mod pinned to the control plane's dependency versions, the packages both
+  # share (client-go, apimachinery, x/net, ...) come from Go's build cache instead of compiling twice.
+  (cd "$mod" && go build -trimpath -ldflags "-s -w" -o "$cache.tmp/$tool" "$package") >&2
   "$cache.tmp/$tool" "$@" >/dev/null 2>&1
   rm -rf "$cache" && mv "$cache.tmp" "$cache"
   end=$(date +%s)
