@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     # /explain shows where pods run: "kubernetes" lets only callers whose bearer token may get the
     # pod read it (TokenReview + SubjectAccessReview); "none" leaves it open (no API server to ask).
     explain_auth: Literal["kubernetes", "none"] = "kubernetes"
+    # Where binds, events and annotations are sent from: a child process (own GIL, off the
+    # interpreter that answers filter calls) or threads of this one (docs/extender-protocol.md).
+    api_calls: Literal["process", "thread"] = "process"
     tier_bandwidth_gbps: TierBandwidth = TierBandwidth()
 
     # Decode efficiency: the share of peak HBM bandwidth real inference engines reach.

@@ -11,6 +11,7 @@ from dataclasses import replace
 from kubernetes import client
 
 from app.binding import BinderLike, PodBinding
+from app.cluster.api_process import ProcessRest
 from app.cluster.binder import Binder
 from app.cluster.cache import ClusterCache
 from app.cluster.client import api_client, raw
@@ -106,7 +107,8 @@ def build_live(
         start_quality_refresher(service)
         return service, None
     api = api_client(settings.kubeconfig)
-    service = build_core(settings, catalog, metrics, Binder(api), live_gangs=True)
+    rest = ProcessRest(settings.kubeconfig) if settings.api_calls == "process" else None
+    service = build_core(settings, catalog, metrics, Binder(api, rest), live_gangs=True)
     gangs = service.gang_binder
     if isinstance(gangs, GangCoordinator):
         # Plans persisted on pods are restored before we serve a single filter, so a restarted

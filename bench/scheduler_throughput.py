@@ -32,8 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -212,6 +215,48 @@ class RunResult:
     steady_pods_per_s: float
     verbs: list[VerbLatency] = field(default_factory=list)
     cycle: VerbLatency | None = None  # kube-scheduler's scheduling_algorithm_duration
+    # CPU seconds each process spent from kube-scheduler's start to the last bind: on a 2-core machine
+    # every component competes for the same cores, so this is where the cycle's time really goes.
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    # kube-apiserver requests served in the same window, "VERB resource[/subresource]" -> count.
+    api_requests: dict[str, int] = field(default_factory=dict)
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU of one process (all its threads) from /proc; 0 when it is gone."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # After the command name: state is field 3, utime and stime are fields 14 and 15 (man 5 proc).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+REQUEST_LINE = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$", re.M)
+
+
+def api_requests(cp: ControlPlane) -> dict[str, float]:
+    """kube-apiserver's own request counter, summed per verb and resource (watches counted once)."""
+    text = httpx.get(f"{cp.server}/metrics", verify=cp._https(), timeout=10).text
+    out: dict[str, float] = {}
+    for labels, value in REQUEST_LINE.findall(text):
+        d = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        key = f"{d.get('verb')} {d.get('resource')}" + (
+            f"/{d['subresource']}" if d.get("subresource") else ""
+        )
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def component_cpu(cp: ControlPlane) -> dict[str, float]:
+    out = {
+        c: cpu_seconds(getattr(cp, c).pid if getattr(cp, c) else None)
+        for c in ("etcd", "apiserver", "scheduler", "extender")
+    }
+    out["bench"] = sum(os.times()[:2])
+    return out
 
 
 def histogram(text: str, name: str, labels: dict[str, str]) -> tuple[dict[float, float], float, float]:
@@ -282,8 +327,11 @@ def report_unbound(core: CoreV1Api, namespace: str, sample: int = 40) -> None:
     unbound = [p for p in list_pods(core, namespace) if not p["spec"].get("nodeName")]
     why: dict[str, int] = {}
     for p in unbound[:sample]:
-        events = [e for e in pod_events(core, namespace, p["metadata"]["name"])
-                  if e.get("reason") == "FailedScheduling"]
+        events = [
+            e
+            for e in pod_events(core, namespace, p["metadata"]["name"])
+            if e.get("reason") == "FailedScheduling"
+        ]
         msg = str(events[-1].get("message") or "")[:240] if events else "(no FailedScheduling event)"
         why[msg] = why.get(msg, 0) + 1
     shown = min(sample, len(unbound))
@@ -299,6 +347,7 @@ def run_variant(
     variant: str,
     node_cache_capable: bool | None,
     stall: float,
+    profile: Path | None = None,
 ) -> RunResult:
     core = cp.core
     ns = f"bench-{n_nodes}-{variant}"
@@ -313,13 +362,19 @@ def run_variant(
     metrics_before = cp.extender_metrics()
     watcher = BindWatcher(core, ns, len(pods))
     watcher.start()
+    cpu_before = component_cpu(cp)
+    req_before = api_requests(cp)
     t_exec = time.monotonic()
     cp.start_scheduler(with_extender=variant == "extender", node_cache_capable=node_cache_capable)
+    spy = start_profile(cp, profile) if profile and variant == "extender" else None
     last_progress, seen = time.monotonic(), 0
+    cpu_after, req_after = cpu_before, req_before
     while not watcher.done.wait(1.0):
         cp.check_alive()
         if len(watcher.bound) != seen:
             seen, last_progress = len(watcher.bound), time.monotonic()
+            # Read at the last progress, so pods left Pending do not charge their retries to the rest.
+            cpu_after, req_after = component_cpu(cp), api_requests(cp)
         elif time.monotonic() - last_progress > stall:
             print(f"  {variant}: no bind for {stall:.0f}s, stopping at {seen}/{len(pods)}", flush=True)
             report_unbound(core, ns)
@@ -328,6 +383,10 @@ def run_variant(
     if watcher.error:
         raise watcher.error
     times = sorted(watcher.bound.values())
+    if watcher.done.is_set() and len(watcher.bound) >= len(pods):
+        cpu_after, req_after = component_cpu(cp), api_requests(cp)
+    if spy is not None:
+        spy.wait()
     metrics_after = cp.extender_metrics()
     cycle = scheduler_cycle(cp)
     cp.stop_scheduler()
@@ -336,6 +395,12 @@ def run_variant(
     steady = (bound - 1) / (times[-1] - times[0]) if bound > 1 and times[-1] > times[0] else float("nan")
     result = RunResult(n_nodes, len(pods), variant, bound, seconds, bound / seconds if times else 0.0, steady)
     result.cycle = cycle
+    result.api_requests = {
+        k: int(v - req_before.get(k, 0.0))
+        for k, v in sorted(req_after.items())
+        if v - req_before.get(k, 0.0) >= 1
+    }
+    result.cpu_s = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 2) for k in cpu_after}
     if variant == "extender":
         result.verbs = verb_latencies(metrics_before, metrics_after)
     # Leave nothing behind that would hold capacity in the next run (scheduler or extender cache).
@@ -425,6 +490,73 @@ def report(results: list[RunResult], args: argparse.Namespace, cp: ControlPlane)
             )
 
 
+def start_profile(cp: ControlPlane, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy on the extender for the first 15 s of its run: raw stacks with thread names."""
+    assert cp.extender is not None and cp.extender.pid is not None
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    argv = [spy, "record", "-p", str(cp.extender.pid), "-d", "15", "-r", "100", "--nonblocking",
+            "-f", "raw", "--threads", "-o", str(out)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+IDLE_LEAVES = ("select", "poll", "wait", "recv_into", "readinto", "acquire", "sleep", "accept", "get")
+
+
+def report_profile(path: Path) -> None:
+    """Where the extender's busy samples went: per thread, then the hottest frames of ours."""
+    threads: dict[str, int] = {}
+    frames: dict[str, int] = {}
+    busy_total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        parts = stack.split(";")
+        leaf = parts[-1].split(" (")[0]
+        if any(leaf.endswith(w) or leaf.startswith(w) for w in IDLE_LEAVES):
+            continue
+        n = int(count)
+        busy_total += n
+        name = parts[0].split(":")[-1].strip().strip('"')
+        threads[name] = threads.get(name, 0) + n
+        for f in set(parts[1:]):
+            if " (app/" in f:
+                key = f.split(" (")[0] + " app/" + f.split(" (app/")[1].split(":")[0]
+                frames[key] = frames.get(key, 0) + n
+    if not busy_total:
+        print("(no busy samples)")
+        return
+    print()
+    print(f"Extender profile ({path}): {busy_total} busy samples")
+    for name, n in sorted(threads.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"  {n / busy_total:6.1%}  thread {name}")
+    for key, n in sorted(frames.items(), key=lambda kv: -kv[1])[:20]:
+        print(f"  {n / busy_total:6.1%}  {key}")
+
+
+def report_cpu(results: list[RunResult]) -> None:
+    print()
+    print("CPU per bound pod, ms, by process (kube-scheduler start -> last bind; 2 cores = 2,000 ms/s):")
+    print()
+    names = ("etcd", "apiserver", "scheduler", "extender", "bench")
+    print("| nodes | variant | " + " | ".join(names) + " | total | wall ms per pod |")
+    print("|---:|---|" + "---:|" * (len(names) + 2))
+    for r in results:
+        if not r.cpu_s or not r.bound:
+            continue
+        per = [r.cpu_s.get(k, 0.0) * 1e3 / r.bound for k in names]
+        print(
+            f"| {r.nodes} | {r.variant} | "
+            + " | ".join(f"{x:.2f}" for x in per)
+            + f" | {sum(per):.2f} | {r.seconds * 1e3 / r.bound:.2f} |"
+        )
+    print()
+    print("kube-apiserver requests per bound pod, same window (>= 0.05 per pod):")
+    print()
+    for r in results:
+        if r.bound and r.api_requests:
+            per = {k: v / r.bound for k, v in r.api_requests.items() if v / r.bound >= 0.05}
+            print(f"  {r.nodes} {r.variant}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(per.items())))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -449,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("QPS", "BURST"),
         help="override kube-scheduler's clientConnection qps/burst for BOTH variants (default: the chart's)",
     )
+    ap.add_argument("--profile", action="store_true",
+                    help="py-spy the extender for 15 s of each extender run and print where it went")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs) even on success")
     args = ap.parse_args(argv)
@@ -481,10 +615,15 @@ def main(argv: list[str] | None = None) -> int:
                 # Alternate the order between repeats so neither variant always runs on a warmer server.
                 order = ("no-extender", "extender") if rep % 2 == 0 else ("extender", "no-extender")
                 for variant in order:
-                    results.append(run_variant(cp, n, pods, variant, ncc, args.stall))
+                    prof = (Path(tempfile.gettempdir()) / f"llmp-extender-profile-{n}-{rep}.txt"
+                            if args.profile else None)
+                    results.append(run_variant(cp, n, pods, variant, ncc, args.stall, prof))
+                    if prof is not None and prof.exists():
+                        report_profile(prof)
             delete_nodes(cp.core, names, workers=16, timeout=300)
             cp.wait_extender_cache_nodes(0, timeout=120)
         report(results, args, cp)
+        report_cpu(results)
         if args.json:
             args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
         ok = True

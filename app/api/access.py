@@ -14,17 +14,15 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 import orjson
+
+from app.cluster.rest import RestLike
 
 log = logging.getLogger(__name__)
 DECISION_TTL_SECONDS = 30.0
 MAX_CACHED = 10_000
-
-
-class RestLike(Protocol):
-    def request(self, method: str, path: str, body: Any = None) -> bytes: ...
 
 
 class ExplainAccess(Protocol):

@@ -17,7 +17,7 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from app.cluster.rest import JsonRest
+from app.cluster.rest import JsonRest, RestLike
 
 log = logging.getLogger(__name__)
 COMPONENT = "llm-placement"
@@ -35,8 +35,9 @@ class BindError(RuntimeError):
 
 
 class Binder:
-    def __init__(self, api: client.ApiClient) -> None:
-        self.rest = JsonRest(api)
+    def __init__(self, api: client.ApiClient, rest: RestLike | None = None) -> None:
+        # ``rest``: where the calls run (app/cluster/api_process.py); in our threads by default.
+        self.rest: RestLike = rest or JsonRest(api)
         # Events are written off the bind path: a Placed event used to double a bind's API time,
         # and kube-scheduler waits for the bind answer.
         self._events: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(EVENT_BACKLOG)

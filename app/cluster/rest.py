@@ -10,12 +10,18 @@ the auth headers (token refresh included); only the model layer is skipped.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+
+class RestLike(Protocol):
+    def request(self, method: str, path: str, body: Any = None, *,
+                query: list[tuple[str, str]] | None = None, content_type: str = "application/json",
+                timeout: float = 5.0) -> bytes: ...
 
 
 class JsonRest:
@@ -40,8 +46,9 @@ class JsonRest:
             method=method, resource_path=path, query_params=query, header_params=headers,
             auth_settings=["BearerToken"],
         )
+        payload = None if body is None else body if isinstance(body, bytes) else orjson.dumps(body)
         resp = self.api.rest_client.pool_manager.request(
-            method, url, body=None if body is None else orjson.dumps(body), headers=headers,
+            method, url, body=payload, headers=headers,
             timeout=urllib3.Timeout(total=timeout), preload_content=True, retries=False,
         )
         if not 200 <= resp.status < 300:
