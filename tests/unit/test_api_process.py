@@ -21,7 +21,7 @@ from app.cluster.api_process import ProcessRest
 class _Api(http.server.BaseHTTPRequestHandler):
     seen: list[tuple[str, str, Any]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Api.seen.append(("POST", self.path, body))
         if self.path.endswith("/taken/binding"):
