@@ -107,7 +107,21 @@ def bench_nodes(count: int, prefix: str) -> list[dict[str, Any]]:
         if kind == "CPU":
             out.append(cpu_node(name, "cpu", zone=zone, index=i))
         else:
-            out.append(gpu_node(name, kind, gpus=8, zone=zone, tier0=f"leaf-{i // 32}", index=i))
+            # H100/A100 nodes carry InfiniBand, as training fleets do: a gang spanning nodes needs it.
+            out.append(gpu_node(name, kind, gpus=8, zone=zone, tier0=f"leaf-{i // 32}",
+                                tier1=f"spine-{i // 256}", rdma=kind in ("H100", "A100"), index=i))
+    return out
+
+
+def gang_pods(count: int, gang: bool) -> list[dict[str, Any]]:
+    """``count`` 8-GPU training pods: one gang of that size (label + gang-size, docs/gangs.md) or
+    the same pods with no gang, to time all-or-nothing placement against plain placement."""
+    out = []
+    for i in range(count):
+        ann = {"llm-placement.io/gang-size": str(count)} if gang else {}
+        labels = {"scheduling.x-k8s.io/pod-group": "bench-gang"} if gang else None
+        out.append(llm_pod(f"{'g' if gang else 'q'}-{i:05d}", stage="pretraining", gpus=8,
+                           annotations=ann, labels=labels))
     return out
 
 
@@ -365,8 +379,9 @@ def run_variant(
     cpu_before = component_cpu(cp)
     req_before = api_requests(cp)
     t_exec = time.monotonic()
-    cp.start_scheduler(with_extender=variant == "extender", node_cache_capable=node_cache_capable)
-    spy = start_profile(cp, profile) if profile and variant == "extender" else None
+    with_ext = variant != "no-extender"
+    cp.start_scheduler(with_extender=with_ext, node_cache_capable=node_cache_capable)
+    spy = start_profile(cp, profile) if profile and with_ext else None
     last_progress, seen = time.monotonic(), 0
     cpu_after, req_after = cpu_before, req_before
     while not watcher.done.wait(1.0):
@@ -401,7 +416,7 @@ def run_variant(
         if v - req_before.get(k, 0.0) >= 1
     }
     result.cpu_s = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 2) for k in cpu_after}
-    if variant == "extender":
+    if with_ext:
         result.verbs = verb_latencies(metrics_before, metrics_after)
     # Leave nothing behind that would hold capacity in the next run (scheduler or extender cache).
     delete_all_pods(core, ns, timeout=300)
@@ -447,9 +462,9 @@ def report(results: list[RunResult], args: argparse.Namespace, cp: ControlPlane)
             if variants.get("no-extender")
             else float("nan")
         )
-        for variant in ("no-extender", "extender"):
+        for variant in ("no-extender", "extender", "plain-8gpu", "gang"):
             for r in variants.get(variant, []):
-                ratio = fmt(r.pods_per_s / base, 2) if variant == "extender" and base > 0 else ""
+                ratio = fmt(r.pods_per_s / base, 2) if variant != "no-extender" and base > 0 else ""
                 print(
                     f"| {n} | {r.pods} | {variant} | {r.bound} | {fmt(r.seconds, 2)} | {fmt(r.pods_per_s)} "
                     f"| {fmt(r.steady_pods_per_s)} | {ratio} |"
@@ -581,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("QPS", "BURST"),
         help="override kube-scheduler's clientConnection qps/burst for BOTH variants (default: the chart's)",
     )
+    ap.add_argument("--gang", type=int, default=0,
+                    help="instead of the mix: N 8-GPU pods as one gang vs the same N plain "
+                    "(both with the extender)")
     ap.add_argument("--profile", action="store_true",
                     help="py-spy the extender for 15 s of each extender run and print where it went")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
@@ -611,7 +629,16 @@ def main(argv: list[str] | None = None) -> int:
             names = create_nodes(cp.core, manifests, workers=16)
             cp.wait_extender_cache_nodes(n, timeout=300)
             print(f"{n} nodes created in {time.monotonic() - t:.1f}s", flush=True)
-            for rep in range(args.repeat):
+            if args.gang:
+                # Both through the extender (the chart's profile): the gang's all-or-nothing path
+                # against the same pods placed one by one; the gang must end fully bound or not at all.
+                for variant, gpods in (("plain-8gpu", gang_pods(args.gang, False)),
+                                       ("gang", gang_pods(args.gang, True))):
+                    r = run_variant(cp, n, gpods, variant, ncc, args.stall)
+                    results.append(r)
+                    if variant == "gang" and r.bound not in (0, args.gang):
+                        print(f"  GANG PARTLY BOUND: {r.bound}/{args.gang}", flush=True)
+            for rep in range(args.repeat if not args.gang else 0):
                 # Alternate the order between repeats so neither variant always runs on a warmer server.
                 order = ("no-extender", "extender") if rep % 2 == 0 else ("extender", "no-extender")
                 for variant in order:
