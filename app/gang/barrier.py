@@ -1,9 +1,13 @@
 """The all-or-nothing bind barrier (asyncio: a waiting member holds no thread).
 
 A member's bind waits until every unbound member of its plan has reached bind, then all are bound
-in threads and each call is answered. If they do not all arrive within the bind timeout (kept below
-kube-scheduler's ``httpTimeout``) every waiting member gets an error, nobody is bound and the gang
-regroups. A bind that fails after others succeeded is reported and the rest is replanned around
+in threads and each call is answered. No call waits longer than the bind timeout (kept below
+kube-scheduler's ``httpTimeout``): while members keep arriving, a call that has waited that long is
+answered with an error but its member keeps its seat, and the gang is bound, seats whose calls were
+already answered included, when the last member arrives. Large gangs need this: kube-scheduler
+cycles one pod at a time, so 512 members take tens of seconds to reach bind (docs/gangs.md). Only
+when a whole timeout passes with no new member does the barrier give up: nobody is bound and the
+gang regroups. A bind that fails after others succeeded is reported and the rest is replanned around
 the failed node. Binding itself is one capability handed in (:data:`BindFn`), not the service.
 """
 
@@ -47,6 +51,7 @@ class Barrier:
     waiters: dict[str, _Waiter] = field(default_factory=dict)
     timer: Cancellable | None = None
     binding: bool = False
+    arrived: int = 0  # members seated since the timer last fired: progress, not a stall
 
 
 class BindBarrier:
@@ -107,7 +112,9 @@ class BindBarrier:
                 epoch = current.epoch
                 barrier.timer = self.timers(self.timeout, lambda: self._on_timeout(key, epoch))
             old = barrier.waiters.pop(uid, None)
-            if old is not None and not old.future.done():
+            if old is None:
+                barrier.arrived += 1
+            elif not old.future.done():
                 old.future.set_result(MESSAGE_PREFIX + "superseded by a newer bind call for this pod")
             future: asyncio.Future[str] = loop.create_future()
             barrier.waiters[uid] = _Waiter(spec, node, future)
@@ -223,8 +230,19 @@ class BindBarrier:
                 return
             current = self.book.ledger.get(key)
             needed = len(current.unbound) if current else len(barrier.waiters)
+            if barrier.arrived and current is not None:
+                # Still arriving: answer the calls before kube-scheduler's httpTimeout cuts them,
+                # keep every seat, and look again one timeout later.
+                barrier.arrived = 0
+                held = (MESSAGE_PREFIX + f"gang {key}: {len(barrier.waiters)}/{needed} members reached "
+                        "bind; this member's place is held until the rest arrive, retrying")
+                for w in barrier.waiters.values():
+                    if not w.future.done():
+                        w.future.set_result(held)
+                barrier.timer = self.timers(self.timeout, lambda: self._on_timeout(key, epoch))
+                return
             msg = (MESSAGE_PREFIX + f"gang {key}: only {len(barrier.waiters)}/{needed} members reached "
-                   f"bind within {self.timeout:g}s; none bound (all-or-nothing), retrying")
+                   f"bind, none new within {self.timeout:g}s; none bound (all-or-nothing), retrying")
             self.reporter.metrics.outcome("failed")
             self.fail(key, msg)
             for uid, w in barrier.waiters.items():
