@@ -42,6 +42,9 @@ _CMP = re.compile(rf"^{_CAP}\.compareTo\(\s*quantity\(\s*{_Q}\s*\)\s*\)\s*(>=|>|
 _DRV = re.compile(rf"^device\.driver\s*==\s*{_Q}$")
 _LIST_ITEM = re.compile(_Q)
 MAX_EXPR = 4096  # longer expressions are not read (kube-scheduler still evaluates them)
+MAX_PARENS = 4  # redundant parentheses dropped around one part
+MAX_VALUES = 64  # values of one ``in`` list
+MAX_PREDICATES = 16  # productName predicates kept per pod (dropping one only widens the set)
 
 
 def _conjuncts(expr: str) -> list[str] | None:
@@ -73,7 +76,9 @@ def _conjuncts(expr: str) -> list[str] | None:
     out = []
     for p in parts:
         p = p.strip()
-        while p.startswith("(") and p.endswith(")") and _balanced(p[1:-1]):
+        for _ in range(MAX_PARENS):  # bounded: a hostile expression must not cost quadratic time
+            if not (p.startswith("(") and p.endswith(")") and _balanced(p[1:-1])):
+                break
             p = p[1:-1].strip()
         out.append(p)
     return out
@@ -153,11 +158,10 @@ def _read_one(part: str, driver: str) -> Selection:
         if domain != driver:
             return unread
         values = tuple(_LIST_ITEM.findall(raw)) if rx is _IN else (raw,)
-        if how == "re":
-            try:
-                re.compile(raw)
-            except re.error:
-                return unread
+        if len(values) > MAX_VALUES:
+            return unread  # dropping values would narrow the set: leave it to kube-scheduler
+        if how == "re" and not _simple_regex(raw):
+            return unread
         if name == "productName":
             return Selection(products=((how, values),))
         if name == "profile" and how == "in":
@@ -166,6 +170,25 @@ def _read_one(part: str, driver: str) -> Selection:
             return Selection(kind=values[0].lower())
         return unread
     return unread
+
+
+_QUANTIFIED_GROUP = re.compile(r"\)[*+?{]")
+MAX_REGEX = 128
+
+
+def _simple_regex(pattern: str) -> bool:
+    """A ``matches`` pattern we evaluate ourselves: short, compilable, no quantified group and at most
+    three quantifiers, so Python's backtracking stays polynomial on a product name (a tenant's
+    selector must not cost a filter call seconds). Anything else is left to kube-scheduler (RE2)."""
+    if len(pattern) > MAX_REGEX or _QUANTIFIED_GROUP.search(pattern) is not None:
+        return False
+    if sum(pattern.count(c) for c in "*+?{") > 3:
+        return False
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True
 
 
 def product_matches(predicates: tuple[tuple[str, tuple[str, ...]], ...], product: str | None) -> bool:
@@ -698,7 +721,7 @@ class DraIndex:
         notes = tuple(dict.fromkeys(full.unread + migs.unread))[:8]
         return PodDevices(
             gpus=min(sum(d.gpus for d in demands), MAX_DEVICES),
-            gpu_products=full.products, gpu_min_memory_mib=full.min_memory_mib,
+            gpu_products=full.products[:MAX_PREDICATES], gpu_min_memory_mib=full.min_memory_mib,
             mig=min(mig, MAX_DEVICES), mig_profiles=migs.profiles or (),
             mig_min_memory_mib=migs.min_memory_mib,
             notes=tuple(f"selector not interpreted, left to kube-scheduler: {n}" for n in notes))

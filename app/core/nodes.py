@@ -160,8 +160,10 @@ def node_facts(
         qty(r) > 0 for r in keys.rdma_resources
     )
     fabric = tuple(_first(labels, tier) or "" for tier in keys.fabric_tiers)
+    # The raw product too: a claim's productName selector (docs/dra.md) tells apart two products the
+    # catalog reads as one model. MIG slices with their free counts: a MIG pod's verdict depends on them.
     shape = (node_class, gpu.name if gpu else product, gpu_count, mem_gb, bw, qty("cpu"), qty("memory"), cost,
-             mig)
+             mig, product)
     return NodeFacts(
         shape=shape,
         name=name,

@@ -12,7 +12,7 @@ from app.cluster.cache import apply_node
 from app.config import Settings
 from app.core import workload
 from app.core.catalog import GpuCatalog
-from app.core.dra import DRIVER, product_matches, read_selectors
+from app.core.dra import DRIVER, DraIndex, product_matches, read_selectors
 from app.core.reasons import ReasonCode
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import parse_workload
@@ -268,3 +268,26 @@ def test_gang_lands_inside_one_clique_when_one_fits() -> None:
         assert len(out["NodeNames"]) == 1, out
         chosen.append(out["NodeNames"][0])
     assert sorted(chosen) == ["a-0", "a-1", "a-1"]
+
+
+def test_hostile_selectors_and_claims_cost_nothing() -> None:
+    import time
+    # Nested quantifiers would make Python's backtracking exponential on a product name: such a
+    # pattern is left to kube-scheduler (RE2), as are over-long or broken ones.
+    for pattern in ("(a*)*b", "(.+)+x", "a*b*c*d*e", "x" * 200, "(", "[z-a]"):
+        sel = read_selectors([{"cel": {"expression": f'{SEL}.matches("{pattern}")'}}])
+        assert sel.products == () and sel.unread, pattern
+    t0 = time.monotonic()
+    read_selectors([{"cel": {"expression": "(" * 2000 + "x" + ")" * 2000}}])
+    read_selectors([{"cel": {"expression": " && ".join([f'{SEL} == "x"'] * 500)}}])
+    assert time.monotonic() - t0 < 0.2
+    dra = DraIndex()
+    dra.put_class(MIG_CLASS)
+    for spec in (None, {"devices": {"requests": [{"exactly": {"deviceClassName": "mig.nvidia.com",
+                                                               "selectors": "x", "count": -3}}]}}):
+        dra.put_claim({"metadata": {"name": "c", "namespace": "default"}, "spec": spec,
+                       "status": {"allocation": {"devices": {"results": [None, {"driver": DRIVER}]}}}})
+    assert dra.pod_devices({"spec": {"resourceClaims": "x"}}).fields() == {}
+    pod = {"metadata": {"namespace": "default"}, "spec": {"resourceClaims": [{"name": "r", "resourceClaimName": "c"}]}}
+    assert dra.pod_devices(pod).mig == 0
+    assert dra.drop_claim("default/c") == set() and dra.held == {}
