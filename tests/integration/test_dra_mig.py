@@ -128,8 +128,9 @@ class Mig:
                 raise
 
 
-def _h100(cluster: ClusterScope) -> float:
-    return cluster.cp.metric_value("llm_placement_allocatable_gpus", {"gpu": "H100-SXM-80GB"}) or 0.0
+def _free_gpus(cluster: ClusterScope, node: str) -> float | None:
+    # A node without an NVLink clique label is its own domain (docs/node-facts.md).
+    return cluster.cp.metric_value("llm_placement_free_gpus", {"domain": f"node:{node}"})
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +138,6 @@ def mig(cluster: ClusterScope) -> Iterator[Mig]:
     """``small``: GPU 0 as seven 1g.10gb; ``big``: GPU 0 as two 3g.40gb. Each also has GPU 1 whole."""
     n = cluster.node_name
     m = Mig(cluster)
-    before = _h100(cluster)
     try:
         m.api.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "DeviceClass", "metadata": {"name": MIG_CLASS},
@@ -154,8 +154,9 @@ def mig(cluster: ClusterScope) -> Iterator[Mig]:
         cluster.add_nodes([bare_node(node, cpu="48", memory="192Gi", labels={SET: "mig"}, index=40 + i)
                            for i, node in enumerate(layout)])
         # The whole GPU of each node is in the same slice as its MIG devices: once the extender
-        # counts both, it has read the MIG devices too.
-        wait_until(lambda: _h100(cluster) >= before + 2, 45, "the extender to read the MIG slices")
+        # counts it free, it has read the MIG devices too (the gauge is refreshed every 10 s).
+        wait_until(lambda: all(_free_gpus(cluster, x) == 1 for x in layout), 45,
+                   "the extender to read the MIG slices")
         yield m
     finally:
         m.clean()

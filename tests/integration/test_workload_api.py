@@ -239,6 +239,8 @@ def test_without_kube_schedulers_gang_plugin_the_extender_keeps_the_gang_whole(
         return all(any("waiting for gang members" in m for m in scheduling_messages(cluster.core, NS, n))
                    for n in names(early))
 
+    # Our filter's words: with the gang plugin on, PreEnqueue would hold these pods before filter,
+    # so seeing them also shows the gate really is off.
     wait_until(waiting, 30, "both early members told they wait for the gang")
     for name in names(early):
         assert_stays_unbound(cluster.core, NS, name, 1.0)
