@@ -611,7 +611,9 @@ class DraIndex:
                     continue
                 sel = cls.merge(read_selectors(opt.get("selectors"), self.driver))
                 c, all_mode = _count(opt)
-                if sel.kind == "mig":
+                # A profile selector on a class of any device type also asks for MIG slices (only
+                # MIG devices carry a profile).
+                if sel.kind == "mig" or (sel.kind is None and sel.profiles is not None):
                     mig_total += c
                     if not first:
                         mig_sel = mig_sel.merge(sel)

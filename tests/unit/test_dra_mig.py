@@ -128,6 +128,11 @@ def test_mig_demand_is_fitted_to_slice_memory() -> None:
     seven_b = {"model-params": "7B", "latency-class": "batch"}
     spec = parse_workload(claim_pod("b", "big", **seven_b))
     assert (spec.gpus, spec.mig_slices, spec.mig_profiles) == (0, 1, ("3g.40gb",))
+    # A class of the driver that names no device type, and a profile in the request: MIG too.
+    dra.put_class({"metadata": {"name": "any"}, "spec": {"selectors": [{"cel": {
+        "expression": "device.driver == 'gpu.nvidia.com'"}}]}})
+    dra.put_claim(claim("by-profile", "any", 1, prof.format("3g.40gb")))
+    assert parse_workload(claim_pod("p", "by-profile")).mig_slices == 1
 
     # 7B bf16 (~16 GB with its KV cache) does not fit a 10 GB slice, fits a 40 GB one.
     small = svc.placer.filter(claim_pod("s", "small", **seven_b), ["m"])
