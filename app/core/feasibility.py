@@ -80,8 +80,13 @@ MIG_BUSY = reject(ReasonCode.GPUS_BUSY, "not enough free MIG slices of the claim
                   unresolvable=False)
 
 
+# A free-GPU count this large means "capacity not checked" (the binder describes a placement whose
+# own devices are already counted); MIG slices then ignore their free counts the same way.
+UNCHECKED = 1 << 30
+
+
 def _evaluate_mig(
-    spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, policy: FeasibilityPolicy
+    spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, free_gpus: int, policy: FeasibilityPolicy
 ) -> NodeFit | Rejection:
     """A pod whose claims ask for MIG slices (docs/dra.md, "MIG").
 
@@ -97,9 +102,10 @@ def _evaluate_mig(
              and m[1] + 1e-9 >= spec.mig_min_memory_gb]
     if not cands:
         return MIG_PROFILE
-    if sum(m[3] for m in cands) < spec.mig_slices:
+    unchecked = free_gpus >= UNCHECKED
+    if not unchecked and sum(m[3] for m in cands) < spec.mig_slices:
         return MIG_BUSY
-    mem = min(m[1] for m in cands if m[3] > 0)
+    mem = min(m[1] for m in cands if m[3] > 0 or unchecked)
     full = node.gpu.memory_gb if node.gpu is not None else 0.0
     share = min(1.0, mem / full) if full > 0 else 1.0
     physical = node.gpu_count + node.mig_gpus
@@ -143,7 +149,7 @@ def evaluate(
 ) -> NodeFit | Rejection:
     """Apply the stage's hard rules; return the best feasible precision or a Rejection."""
     if spec.mig_slices > 0 and spec.gpus == 0:
-        return _evaluate_mig(spec, node, usage, policy)
+        return _evaluate_mig(spec, node, usage, free_gpus, policy)
     if spec.gpus > 0 and not node.has_gpus:
         if node.mig:
             return PARTITIONED

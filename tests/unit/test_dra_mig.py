@@ -296,3 +296,20 @@ def test_hostile_selectors_and_claims_cost_nothing() -> None:
     pod = {"metadata": {"namespace": "default"}, "spec": {"resourceClaims": [{"name": "r", "resourceClaimName": "c"}]}}
     assert dra.pod_devices(pod).mig == 0
     assert dra.drop_claim("default/c") == set() and dra.held == {}
+
+
+def test_placed_message_describes_a_mig_pod_whose_own_slice_is_held() -> None:
+    # At bind the pod's claim is already allocated (PreBind), so its own slice is not free: the
+    # Placed event's description must not take that for "no room".
+    from app.core.feasibility import UNCHECKED, NodeFit, evaluate
+    svc = _mig_core()
+    dra = svc.snapshot.dra
+    dra.put_claim(held(claim("mine"), "m", "gpu-1-mig-3-0-3"))
+    dra.put_claim(held(claim("other"), "m", "gpu-1-mig-3-4-3", "gpu-0-mig-3-0-3"))
+    _absorb(svc)
+    spec = parse_workload(claim_pod("p", "mine", **{"model-params": "7B", "latency-class": "batch"}))
+    assert spec.mig_profiles == ("3g.40gb",)
+    facts, usage = svc.snapshot.nodes["m"], svc.snapshot.usage["m"]
+    policy = svc.policies.placement.feasibility
+    assert evaluate(spec, facts, usage, 0, policy).code is ReasonCode.GPUS_BUSY  # type: ignore[union-attr]
+    assert isinstance(evaluate(spec, facts, usage, UNCHECKED, policy), NodeFit)
