@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import Any, Protocol
 
-from app.core.feasibility import NodeFit, evaluate
+from app.core.feasibility import UNCHECKED, NodeFit, evaluate
 from app.core.gravity import MISSING, GravityModel
 from app.core.policy import FeasibilityPolicy
 from app.core.ranking import Agreement, best_nodes
@@ -143,7 +143,7 @@ class PodBinding:
                 return None
             usage = self.snapshot.usage.get(node) or NodeUsage()
             # The pod's own GPUs may already be counted (assumed); evaluate without the GPU check.
-            verdict = evaluate(spec, facts, usage, 1 << 30, self.feasibility)
+            verdict = evaluate(spec, facts, usage, UNCHECKED, self.feasibility)
         return verdict if isinstance(verdict, NodeFit) else None
 
 

@@ -129,6 +129,9 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         "finetune_method": spec.effective_finetune_method.value if spec.stage in TRAINING_STAGES else None,
         "active_params": spec.active_params,
         "gang": spec.gang.key if spec.gang else None,
+        # What the pod's DRA claims say, as read (docs/dra.md): MIG slices, the recognised
+        # selectors' restrictions, and the selectors whose decision is kube-scheduler's alone.
+        "claims": _claims(spec),
         "bound_node": bound[0] if bound and not bound[1] else None,
         "chosen": ranked[0]["node"] if ranked else None,
         "runner_up": ranked[1]["node"] if len(ranked) > 1 else None,
@@ -138,6 +141,19 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         "free_gpus_by_domain": dict(free_by_domain),
         "gravity": None if pull is None else {k: v for k, v in pull.items() if k != "nodes"},
         "nodes": nodes,
+    }
+
+
+def _claims(spec: WorkloadSpec) -> dict[str, Any] | None:
+    if not (spec.mig_slices or spec.gpu_products or spec.gpu_min_memory_gb or spec.claim_notes):
+        return None
+    return {
+        "mig_slices": spec.mig_slices,
+        "mig_profiles": list(spec.mig_profiles),
+        "mig_min_memory_gb": round(spec.mig_min_memory_gb, 1),
+        "gpu_products": [f"{how} {', '.join(v)}" for how, v in spec.gpu_products],
+        "gpu_min_memory_gb": round(spec.gpu_min_memory_gb, 1),
+        "left_to_kube_scheduler": list(spec.claim_notes),
     }
 
 

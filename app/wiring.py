@@ -122,7 +122,6 @@ def build_live(
                                     rejected=GangMetricsAdapter(service.metrics).plan_rejected)
         restored = gangs.restore(records)
         log.info("restored %d gang plan(s) from pod annotations", restored)
-        PodGroupWatcher(client.CustomObjectsApi(api), raw, service.snapshot, service.lock).start()
     changes = 0
 
     def mark_ready() -> None:
@@ -146,6 +145,11 @@ def build_live(
     # event writer, not a second one of the cache's own.
     cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics,
                          on_change=mark_ready, events=service.binder)
+    if isinstance(gangs, GangCoordinator):
+        # Gang sizes from PodGroups (coscheduling, and the native Workload API's): ready only once
+        # each kind was listed or found not served (docs/gangs.md).
+        PodGroupWatcher(client.CustomObjectsApi(api), raw, service.snapshot, service.lock,
+                        synced=cache.sync_gate("podgroups"), notify=mark_ready).start()
     # GPUs through Dynamic Resource Allocation, when the cluster serves resource.k8s.io (docs/dra.md).
     DraWatcher(api, cache).start()
     start_quality_refresher(service)

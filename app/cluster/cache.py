@@ -86,7 +86,11 @@ def apply_node(
 ) -> None:
     policy = settings.policies().node_facts
     # GPUs published in ResourceSlices read like GFD labels (docs/dra.md); a no-op without DRA.
-    snapshot.upsert_node(facts_for(snapshot.dra.overlay(node, policy.labels), catalog, policy))
+    # MIG slices (and how many are free) come from the slices and the allocated claims.
+    name = _name_of(node)
+    dra = snapshot.dra
+    snapshot.upsert_node(facts_for(dra.overlay(node, policy.labels), catalog, policy,
+                                   mig=dra.mig_of(name), mig_gpus=dra.mig_parents(name)))
 
 
 def apply_pod(

@@ -83,9 +83,11 @@ class DraWatcher:
                 dra.put_template(obj)
         else:
             if deleted:
-                dra.claims.pop(key, None)
+                nodes |= dra.drop_claim(key)
             else:
-                dra.put_claim(obj)
+                # Nodes whose MIG slices this claim takes or gives back: their free slices are
+                # node facts (docs/dra.md, "MIG").
+                nodes |= dra.put_claim(obj)
                 reserved = (obj.get("status") or {}).get("reservedFor") or []
                 pods = [r for r in reserved if isinstance(r, dict) and r.get("resource") == "pods"]
                 for r in pods:
@@ -141,7 +143,7 @@ class DraWatcher:
             elif kind == "resourceclaimtemplates":
                 dra.templates.clear()
             else:
-                dra.claims.clear()
+                nodes |= dra.clear_claims()
             for obj in items:
                 try:
                     n, p = self._put(kind, obj, False)
@@ -154,6 +156,7 @@ class DraWatcher:
                 dra.enabled = True
             # Pods parsed from now on count their claims' GPUs.
             workload.CLAIM_GPUS = dra.pod_gpus
+            workload.CLAIM_DEVICES = dra.pod_devices
         return nodes, pods
 
     # --- list + watch ------------------------------------------------------------------------------

@@ -24,11 +24,187 @@ DRIVER = "gpu.nvidia.com"
 MAX_DEVICES = 1024
 # ``device.driver == "gpu.nvidia.com"`` (either quote) inside a DeviceClass selector.
 _DRIVER_RE = re.compile(r"""device\.driver\s*==\s*["']([^"']+)["']""")
-# ``device.attributes["gpu.nvidia.com"].productName == "..."``; anything fancier is "any GPU".
-_PRODUCT_RE = re.compile(
-    r"""^\s*device\.attributes\[["']([^"']+)["']\]\.productName\s*==\s*["']([^"']+)["']\s*$""")
 # ``device.attributes["gpu.nvidia.com"].type == "mig"``: the class hands out MIG slices.
 _TYPE_RE = re.compile(r"""\.type\s*==\s*["'](\w+)["']""")
+
+# --- the simple CEL forms we read (docs/dra.md, "What is read from selectors") --------------------
+# Not a CEL engine: an expression is split at top-level ``&&`` and each part either matches one of
+# these forms or is left to kube-scheduler's DynamicResources plugin (which evaluates every selector
+# anyway); ignoring a conjunct can only widen the set of nodes we accept, never narrow it wrongly.
+_Q = r"""["']([^"'\\]*)["']"""
+_ATTR = r"""device\.attributes\[\s*["']([^"']+)["']\s*\]\.(\w+)"""
+_CAP = r"""device\.capacity\[\s*["']([^"']+)["']\s*\]\.(\w+)"""
+_EQ = re.compile(rf"^{_ATTR}\s*==\s*{_Q}$")
+_IN = re.compile(rf"^{_ATTR}\s+in\s*\[([^\]]*)\]$")
+_STARTS = re.compile(rf"^{_ATTR}\.startsWith\(\s*{_Q}\s*\)$")
+_MATCHES = re.compile(rf"^{_ATTR}\.matches\(\s*{_Q}\s*\)$")
+_CMP = re.compile(rf"^{_CAP}\.compareTo\(\s*quantity\(\s*{_Q}\s*\)\s*\)\s*(>=|>|==)\s*0$")
+_DRV = re.compile(rf"^device\.driver\s*==\s*{_Q}$")
+_LIST_ITEM = re.compile(_Q)
+MAX_EXPR = 4096  # longer expressions are not read (kube-scheduler still evaluates them)
+MAX_PARENS = 4  # redundant parentheses dropped around one part
+MAX_VALUES = 64  # values of one ``in`` list
+MAX_PREDICATES = 16  # productName predicates kept per pod (dropping one only widens the set)
+
+
+def _conjuncts(expr: str) -> list[str] | None:
+    """``a && b && c`` split at the top level; None when the expression has a top-level ``||``
+    or ``!`` (a disjunction or negation cannot be read as a list of restrictions)."""
+    parts: list[str] = []
+    depth, quote_ch, start, i = 0, "", 0, 0
+    while i < len(expr):
+        c = expr[i]
+        if quote_ch:
+            if c == "\\":
+                i += 1
+            elif c == quote_ch:
+                quote_ch = ""
+        elif c in "\"'":
+            quote_ch = c
+        elif c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif depth == 0 and expr.startswith("&&", i):
+            parts.append(expr[start:i])
+            start, i = i + 2, i + 2
+            continue
+        elif depth == 0 and (expr.startswith("||", i) or (c == "!" and not expr.startswith("!=", i))):
+            return None
+        i += 1
+    parts.append(expr[start:])
+    out = []
+    for p in parts:
+        p = p.strip()
+        for _ in range(MAX_PARENS):  # bounded: a hostile expression must not cost quadratic time
+            if not (p.startswith("(") and p.endswith(")") and _balanced(p[1:-1])):
+                break
+            p = p[1:-1].strip()
+        out.append(p)
+    return out
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for c in s:
+        depth += c == "("
+        depth -= c == ")"
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What the recognised selectors of a class or request say about the devices they accept."""
+
+    driver: str | None = None
+    kind: str | None = None  # "gpu" or "mig" (attribute ``type``)
+    # productName predicates, all of which must hold: ("in", names) / ("prefix", p) / ("re", rx)
+    products: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    profiles: tuple[str, ...] | None = None  # MIG profiles allowed (None: any)
+    min_memory_mib: float = 0.0
+    unread: tuple[str, ...] = ()  # conjuncts left to kube-scheduler (for explain)
+
+    def merge(self, other: Selection) -> Selection:
+        profiles = self.profiles if other.profiles is None else other.profiles if self.profiles is None \
+            else tuple(p for p in self.profiles if p in other.profiles)
+        return Selection(driver=other.driver or self.driver, kind=other.kind or self.kind,
+                         products=self.products + other.products, profiles=profiles,
+                         min_memory_mib=max(self.min_memory_mib, other.min_memory_mib),
+                         unread=self.unread + other.unread)
+
+
+def _short(expr: str, limit: int = 80) -> str:
+    expr = " ".join(expr.split())
+    return expr if len(expr) <= limit else expr[: limit - 3] + "..."
+
+
+def read_selectors(selectors: Any, driver: str = DRIVER) -> Selection:
+    """The restrictions of a list of ``{cel: {expression}}`` selectors we can read (docs/dra.md)."""
+    out = Selection()
+    for sel in selectors if isinstance(selectors, list) else []:
+        expr = ((sel or {}).get("cel") or {}).get("expression") if isinstance(sel, dict) else None
+        if not isinstance(expr, str):
+            continue
+        parts = _conjuncts(expr) if len(expr) <= MAX_EXPR else None
+        if parts is None:
+            out = out.merge(Selection(unread=(_short(expr),)))
+            continue
+        for part in parts:
+            out = out.merge(_read_one(part, driver))
+    return out
+
+
+def _read_one(part: str, driver: str) -> Selection:
+    unread = Selection(unread=(_short(part),))
+    if (m := _DRV.match(part)) is not None:
+        return Selection(driver=m.group(1))
+    if (m := _CMP.match(part)) is not None:
+        domain, name, raw, op = m.groups()
+        if domain != driver or name != "memory":
+            return unread
+        try:
+            mib = parse_quantity(raw) / 2**20
+        except ValueError:
+            return unread
+        if op == "==":
+            return Selection(min_memory_mib=mib)  # exactly X: at least X (the rest is kube-scheduler's)
+        return Selection(min_memory_mib=mib + (1e-6 if op == ">" else 0.0))
+    for rx, how in ((_EQ, "in"), (_IN, "in"), (_STARTS, "prefix"), (_MATCHES, "re")):
+        if (m := rx.match(part)) is None:
+            continue
+        domain, name, raw = m.groups()
+        if domain != driver:
+            return unread
+        values = tuple(_LIST_ITEM.findall(raw)) if rx is _IN else (raw,)
+        if len(values) > MAX_VALUES:
+            return unread  # dropping values would narrow the set: leave it to kube-scheduler
+        if how == "re" and not _simple_regex(raw):
+            return unread
+        if name == "productName":
+            return Selection(products=((how, values),))
+        if name == "profile" and how == "in":
+            return Selection(profiles=values)
+        if name == "type" and how == "in" and len(values) == 1:
+            return Selection(kind=values[0].lower())
+        return unread
+    return unread
+
+
+_QUANTIFIED_GROUP = re.compile(r"\)[*+?{]")
+MAX_REGEX = 128
+
+
+def _simple_regex(pattern: str) -> bool:
+    """A ``matches`` pattern we evaluate ourselves: short, compilable, no quantified group and at most
+    three quantifiers, so Python's backtracking stays polynomial on a product name (a tenant's
+    selector must not cost a filter call seconds). Anything else is left to kube-scheduler (RE2)."""
+    if len(pattern) > MAX_REGEX or _QUANTIFIED_GROUP.search(pattern) is not None:
+        return False
+    if sum(pattern.count(c) for c in "*+?{") > 3:
+        return False
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True
+
+
+def product_matches(predicates: tuple[tuple[str, tuple[str, ...]], ...], product: str | None) -> bool:
+    """Does ``product`` (a device's productName) satisfy every recognised productName predicate?"""
+    if not predicates:
+        return True
+    if product is None:
+        return False
+    for how, values in predicates:
+        if how == "in" and product not in values:
+            return False
+        if how == "prefix" and not product.startswith(values[0]):
+            return False
+        if how == "re" and re.search(values[0], product) is None:  # CEL matches: RE2, unanchored
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,17 +215,32 @@ class DraDevice:
     mig: bool
     architecture: str | None = None
     compute_capability: str | None = None
+    profile: str | None = None  # MIG profile, e.g. "3g.40gb"
+    parent: str | None = None  # MIG: the parent GPU's UUID
+    clique: str | None = None  # multi-node NVLink (IMEX) clique id, when the driver publishes one
+
+
+@dataclass(frozen=True, slots=True)
+class MigSlices:
+    """The MIG devices of one profile on one node."""
+
+    profile: str
+    memory_mib: float  # the smallest among them
+    devices: tuple[tuple[str, str], ...]  # (pool, device name)
 
 
 @dataclass(frozen=True, slots=True)
 class DraNodeGpus:
     """What one node's slices of the GPU driver publish."""
 
-    product: str | None  # the most common full-GPU product
-    count: int  # full GPUs (MIG slices not counted, like GFD's MIG products)
+    product: str | None  # the most common full-GPU product (MIG-only node: the parents' product)
+    count: int  # full GPUs (MIG slices not counted: a full-GPU pod cannot use them)
     memory_mib: float | None  # the smallest full-GPU memory (a pod may land on any of them)
     mig_devices: int = 0
     mixed_products: bool = False
+    mig: tuple[MigSlices, ...] = ()  # by profile
+    mig_gpus: int = 0  # physical GPUs partitioned into MIG (distinct parents)
+    clique: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +251,9 @@ class ClaimDemand:
     allocated: bool = False
     product: str | None = None  # a simple productName equality selector, for explain only
     all_devices: bool = False  # allocationMode All: at least one, the driver decides how many
+    mig: int = 0  # MIG slices
+    selection: Selection = field(default_factory=Selection)  # full-GPU requests' restrictions
+    mig_selection: Selection = field(default_factory=Selection)  # MIG requests' restrictions
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -79,6 +273,10 @@ def _attr(attrs: dict[str, Any], key: str) -> str | None:
     return None
 
 
+# Attribute names a driver may give a device's multi-node NVLink clique (docs/dra.md, "IMEX cliques").
+CLIQUE_ATTRS = ("cliqueID", "cliqueId", "clique")
+
+
 def parse_device(dev: dict[str, Any]) -> DraDevice | None:
     if not isinstance(dev, dict) or not isinstance(dev.get("name"), str):
         return None
@@ -92,10 +290,17 @@ def parse_device(dev: dict[str, Any]) -> DraDevice | None:
         except ValueError:
             mem_mib = None
     dtype = (_attr(attrs, "type") or "").lower()
-    mig = dtype == "mig" or _attr(attrs, "parentUUID") is not None or _attr(attrs, "profile") is not None
+    profile, parent = _attr(attrs, "profile"), _attr(attrs, "parentUUID")
+    mig = dtype == "mig" or parent is not None or profile is not None
+    clique = next((c for c in (_attr(attrs, k) for k in CLIQUE_ATTRS) if c), None)
     return DraDevice(name=dev["name"], product=_attr(attrs, "productName"), memory_mib=mem_mib, mig=mig,
                      architecture=_attr(attrs, "architecture"),
-                     compute_capability=_attr(attrs, "cudaComputeCapability"))
+                     compute_capability=_attr(attrs, "cudaComputeCapability"),
+                     profile=profile if mig else None, parent=parent if mig else None,
+                     clique=clique[:MAX_NAME] if clique else None)
+
+
+MAX_NAME = 253
 
 
 @dataclass(slots=True)
@@ -125,25 +330,46 @@ def parse_slice(obj: dict[str, Any]) -> _Slice | None:
                   devices=parsed)
 
 
-def node_gpus(slices: list[_Slice], driver: str = DRIVER) -> DraNodeGpus | None:
-    """Summarise the newest generation of each pool of ``driver`` on one node."""
+def _current(slices: list[_Slice], driver: str) -> list[tuple[str, DraDevice]]:
+    """(pool, device) of the newest generation of each pool of ``driver``."""
     newest: dict[str, int] = {}
     for s in slices:
         if s.driver == driver:
             newest[s.pool] = max(newest.get(s.pool, s.generation), s.generation)
-    devices = [d for s in slices if s.driver == driver and s.generation == newest.get(s.pool)
-               for d in s.devices]
-    if not devices:
+    return [(s.pool, d) for s in slices if s.driver == driver and s.generation == newest.get(s.pool)
+            for d in s.devices]
+
+
+def node_gpus(slices: list[_Slice], driver: str = DRIVER) -> DraNodeGpus | None:
+    """Summarise the newest generation of each pool of ``driver`` on one node."""
+    pooled = _current(slices, driver)
+    if not pooled:
         return None
+    devices = [d for _, d in pooled]
     full = [d for d in devices if not d.mig]
     products = Counter(d.product for d in full if d.product)
+    mig_products = Counter(d.product for d in devices if d.mig and d.product)
     mems = [d.memory_mib for d in full if d.memory_mib]
+    by_profile: dict[str, list[tuple[str, DraDevice]]] = {}
+    for pool, d in pooled:
+        if d.mig:
+            by_profile.setdefault(d.profile or "unknown", []).append((pool, d))
+    mig = tuple(
+        MigSlices(profile=p, memory_mib=min((d.memory_mib or 0.0) for _, d in devs),
+                  devices=tuple((pool, d.name) for pool, d in devs))
+        for p, devs in sorted(by_profile.items()))
+    cliques = Counter(d.clique for d in devices if d.clique)
+    product = products.most_common(1)[0][0] if products else (
+        mig_products.most_common(1)[0][0] if mig_products else None)
     return DraNodeGpus(
-        product=products.most_common(1)[0][0] if products else None,
+        product=product,
         count=len(full),
         memory_mib=min(mems) if mems else None,
         mig_devices=len(devices) - len(full),
         mixed_products=len(products) > 1,
+        mig=mig,
+        mig_gpus=len({d.parent or d.name for d in devices if d.mig}),
+        clique=cliques.most_common(1)[0][0] if cliques else None,
     )
 
 
@@ -152,12 +378,20 @@ def overlay(node: dict[str, Any], gpus: DraNodeGpus | None, keys: NodeLabelKeys)
 
     Slices win over GFD labels and over allocatable ``nvidia.com/gpu`` (the first GPU resource key):
     one set of GPUs is either published by the DRA driver or by the device plugin, and with the
-    extended-resource mapping allocatable is zero while the slices still list every GPU.
+    extended-resource mapping allocatable is zero while the slices still list every GPU. A node
+    whose GPUs are all MIG-partitioned keeps its parents' product (MIG slices come as facts of their
+    own, ``DraIndex.mig_of``) and zero full GPUs. A clique id from the slices becomes the first
+    NVLink-domain label unless the node already carries one (GFD's ``nvidia.com/gpu.clique``).
     """
-    if gpus is None or gpus.count == 0:
+    if gpus is None or (gpus.count == 0 and not gpus.mig and not gpus.clique):
         return node
     meta = dict(node.get("metadata") or {})
     labels = dict(meta.get("labels") or {})
+    if gpus.clique and keys.nvlink_domain and not any(labels.get(k) for k in keys.nvlink_domain):
+        labels[keys.nvlink_domain[0]] = gpus.clique
+    if gpus.count == 0 and not gpus.mig:
+        meta["labels"] = labels
+        return {**node, "metadata": meta}
     if gpus.product and keys.gpu_product:
         for k in keys.gpu_product:
             labels.pop(k, None)
@@ -165,7 +399,7 @@ def overlay(node: dict[str, Any], gpus: DraNodeGpus | None, keys: NodeLabelKeys)
     if keys.gpu_memory_mib:
         for k in keys.gpu_memory_mib:
             labels.pop(k, None)
-        if gpus.memory_mib:
+        if gpus.memory_mib and gpus.count:
             labels[keys.gpu_memory_mib[0]] = str(int(gpus.memory_mib))
     meta["labels"] = labels
     status = dict(node.get("status") or {})
@@ -182,6 +416,12 @@ def overlay(node: dict[str, Any], gpus: DraNodeGpus | None, keys: NodeLabelKeys)
 
 def class_driver(device_class: dict[str, Any]) -> tuple[str | None, bool]:
     """(driver named by the class's CEL selectors, whether it selects MIG slices)."""
+    sel = class_selection(device_class)
+    return sel.driver, sel.kind == "mig"
+
+
+def class_selection(device_class: dict[str, Any]) -> Selection:
+    """What a DeviceClass's selectors restrict: driver, device type, product, memory, profile."""
     spec = device_class.get("spec") if isinstance(device_class, dict) else None
     sels = spec.get("selectors") if isinstance(spec, dict) else None
     driver, mig = None, False
@@ -189,11 +429,14 @@ def class_driver(device_class: dict[str, Any]) -> tuple[str | None, bool]:
         expr = ((sel or {}).get("cel") or {}).get("expression") if isinstance(sel, dict) else None
         if not isinstance(expr, str):
             continue
+        # Searched anywhere (not only as a top-level conjunct): a class is trusted for what it names.
         if (m := _DRIVER_RE.search(expr)) is not None:
             driver = m.group(1)
         if (t := _TYPE_RE.search(expr)) is not None and t.group(1).lower() == "mig":
             mig = True
-    return driver, mig
+    read = read_selectors(sels, driver or DRIVER)
+    return Selection(driver=driver, kind="mig" if mig else read.kind, products=read.products,
+                     profiles=read.profiles, min_memory_mib=read.min_memory_mib)
 
 
 def _count(req: dict[str, Any]) -> tuple[int, bool]:
@@ -204,12 +447,40 @@ def _count(req: dict[str, Any]) -> tuple[int, bool]:
     return max(0, min(c, MAX_DEVICES)), False
 
 
-def _product(req: dict[str, Any]) -> str | None:
-    for sel in req.get("selectors") or []:
-        expr = ((sel or {}).get("cel") or {}).get("expression") if isinstance(sel, dict) else None
-        if isinstance(expr, str) and (m := _PRODUCT_RE.match(expr)) is not None:
-            return m.group(2)
+def _product(sel: Selection) -> str | None:
+    for how, values in sel.products:
+        if how == "in" and len(values) == 1:
+            return values[0]
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodDevices:
+    """A pod's devices of the driver through its claims (docs/dra.md), as WorkloadSpec fields."""
+
+    gpus: int = 0
+    gpu_products: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    gpu_min_memory_mib: float = 0.0
+    mig: int = 0
+    mig_profiles: tuple[str, ...] = ()  # empty: any profile
+    mig_min_memory_mib: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        """The WorkloadSpec fields (memory in GB, as node facts count it)."""
+        gb = 1.048576 / 1000.0  # MiB -> GB
+        out: dict[str, Any] = {}
+        if self.gpu_products:
+            out["gpu_products"] = self.gpu_products
+        if self.gpu_min_memory_mib:
+            out["gpu_min_memory_gb"] = self.gpu_min_memory_mib * gb
+        if self.mig:
+            out["mig_slices"] = self.mig
+            out["mig_profiles"] = self.mig_profiles
+            out["mig_min_memory_gb"] = self.mig_min_memory_mib * gb
+        if self.notes:
+            out["claim_notes"] = self.notes
+        return out
 
 
 @dataclass(slots=True)
@@ -220,9 +491,14 @@ class DraIndex:
     enabled: bool = False  # the API exists and the slices were listed
     slices: dict[str, _Slice] = field(default_factory=dict)  # slice name -> parsed
     by_node: dict[str, set[str]] = field(default_factory=dict)  # node -> slice names
-    classes: dict[str, tuple[str | None, bool]] = field(default_factory=dict)  # name -> (driver, mig)
+    classes: dict[str, Selection] = field(default_factory=dict)  # name -> what it selects
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # ns/name -> spec+status
     templates: dict[str, dict[str, Any]] = field(default_factory=dict)  # ns/name -> claim spec
+    # (pool, device) of the driver -> claims holding it (from status.allocation): MIG slices free
+    # on a node are the published ones nobody holds (docs/dra.md, "MIG").
+    held: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    claim_devices: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    pool_node: dict[str, str] = field(default_factory=dict)  # pool -> node (the driver's pools)
 
     # --- slices -----------------------------------------------------------------------------------
     def put_slice(self, obj: dict[str, Any]) -> str | None:
@@ -235,6 +511,8 @@ class DraIndex:
         if s is not None:
             self.slices[name] = s
             self.by_node.setdefault(s.node, set()).add(name)
+            if s.driver == self.driver:
+                self.pool_node[s.pool] = s.node
         return s.node if s is not None else (old.node if old is not None else None)
 
     def drop_slice(self, name: str) -> str | None:
@@ -244,11 +522,14 @@ class DraIndex:
         self.by_node.get(old.node, set()).discard(name)
         return old.node
 
+    def _node_slices(self, node: str) -> list[_Slice]:
+        return [self.slices[n] for n in sorted(self.by_node.get(node, ())) if n in self.slices]
+
     def gpus_of(self, node: str) -> DraNodeGpus | None:
         names = self.by_node.get(node)
         if not names:
             return None
-        return node_gpus([self.slices[n] for n in sorted(names) if n in self.slices], self.driver)
+        return node_gpus(self._node_slices(node), self.driver)
 
     def overlay(self, node: dict[str, Any], keys: NodeLabelKeys) -> dict[str, Any]:
         name = (node.get("metadata") or {}).get("name") if isinstance(node, dict) else None
@@ -256,79 +537,193 @@ class DraIndex:
             return node
         return overlay(node, self.gpus_of(name), keys)
 
-    def _is_mig_device(self, pool: str, device: str) -> bool:
-        for s in self.slices.values():
+    def mig_of(self, node: str) -> tuple[tuple[str, float, int, int], ...]:
+        """(profile, memory GB, slices, free slices) per MIG profile of ``node``: free are those no
+        allocated claim holds. Node facts (``NodeFacts.mig``)."""
+        gpus = self.gpus_of(node) if self.by_node.get(node) else None
+        if gpus is None or not gpus.mig:
+            return ()
+        gb = 1.048576 / 1000.0
+        return tuple((m.profile, m.memory_mib * gb, len(m.devices),
+                      sum(1 for d in m.devices if not self.held.get(d)))
+                     for m in gpus.mig)
+
+    def mig_parents(self, node: str) -> int:
+        gpus = self.gpus_of(node) if self.by_node.get(node) else None
+        return gpus.mig_gpus if gpus is not None else 0
+
+    def _device(self, pool: str, device: str) -> DraDevice | None:
+        node = self.pool_node.get(pool)
+        candidates = [self.slices[n] for n in self.by_node.get(node, ()) if n in self.slices] \
+            if node is not None else list(self.slices.values())
+        for s in candidates:
             if s.driver == self.driver and s.pool == pool:
                 for d in s.devices:
                     if d.name == device:
-                        return d.mig
-        return False
+                        return d
+        return None
+
+    def _is_mig_device(self, pool: str, device: str) -> bool:
+        d = self._device(pool, device)
+        return d is not None and d.mig
 
     # --- claims -----------------------------------------------------------------------------------
     def put_class(self, obj: dict[str, Any]) -> None:
-        self.classes[str((obj.get("metadata") or {}).get("name") or "")] = class_driver(obj)
+        self.classes[str((obj.get("metadata") or {}).get("name") or "")] = class_selection(obj)
 
     def demand(self, claim_spec: dict[str, Any], status: dict[str, Any] | None = None) -> ClaimDemand:
-        """Full GPUs of our driver a claim holds (allocated) or asks for (not yet)."""
+        """Full GPUs and MIG slices of our driver a claim holds (allocated) or asks for (not yet)."""
         alloc = (status or {}).get("allocation") if isinstance(status, dict) else None
         if isinstance(alloc, dict):
             results = ((alloc.get("devices") or {}).get("results")) or []
-            n = sum(1 for r in results if isinstance(r, dict) and r.get("driver") == self.driver
-                    and not self._is_mig_device(str(r.get("pool")), str(r.get("device"))))
-            return ClaimDemand(gpus=n, allocated=True)
+            n = mig = 0
+            profiles: list[str] = []
+            for r in results if isinstance(results, list) else []:
+                if not isinstance(r, dict) or r.get("driver") != self.driver:
+                    continue
+                d = self._device(str(r.get("pool")), str(r.get("device")))
+                if d is not None and d.mig:
+                    mig += 1
+                    if d.profile and d.profile not in profiles:
+                        profiles.append(d.profile)
+                else:
+                    n += 1
+            # What was allocated is exact: the profiles held are the only ones the pod may use.
+            return ClaimDemand(gpus=n, allocated=True, mig=mig,
+                               mig_selection=Selection(profiles=tuple(profiles) or None))
         reqs = ((claim_spec.get("devices") or {}).get("requests")) if isinstance(claim_spec, dict) else None
-        total, product, every = 0, None, False
+        total, mig_total, product, every = 0, 0, None, False
+        full_sel, mig_sel = Selection(), Selection()
         for req in reqs if isinstance(reqs, list) else []:
             if not isinstance(req, dict):
                 continue
             # firstAvailable: kube-scheduler tries the alternatives in order; count the first one
-            # of a full-GPU class (a lower count later in the list can only free devices).
+            # of our driver (a lower count later in the list can only free devices). Its
+            # restrictions are not applied: a later alternative may be what gets allocated.
+            first = isinstance(req.get("firstAvailable"), list) and not isinstance(req.get("exactly"), dict)
             options = [req["exactly"]] if isinstance(req.get("exactly"), dict) else \
                 [o for o in req.get("firstAvailable") or [] if isinstance(o, dict)]
             if not options and "deviceClassName" in req:
                 options = [req]  # v1beta1-shaped request
             for opt in options:
-                driver, mig = self.classes.get(str(opt.get("deviceClassName")), (None, False))
-                if driver != self.driver or mig:
+                cls = self.classes.get(str(opt.get("deviceClassName")))
+                if cls is None or cls.driver != self.driver:
                     continue
+                sel = cls.merge(read_selectors(opt.get("selectors"), self.driver))
                 c, all_mode = _count(opt)
-                total += c
-                every = every or all_mode
-                product = product or _product(opt)
+                # A profile selector on a class of any device type also asks for MIG slices (only
+                # MIG devices carry a profile).
+                if sel.kind == "mig" or (sel.kind is None and sel.profiles is not None):
+                    mig_total += c
+                    if not first:
+                        mig_sel = mig_sel.merge(sel)
+                else:
+                    total += c
+                    every = every or all_mode
+                    product = product or _product(sel)
+                    if not first:
+                        full_sel = full_sel.merge(sel)
+                    elif sel.unread or sel.products or sel.min_memory_mib:
+                        full_sel = full_sel.merge(Selection(unread=("firstAvailable alternatives",)))
                 break
-        return ClaimDemand(gpus=min(total, MAX_DEVICES), product=product, all_devices=every)
+        return ClaimDemand(gpus=min(total, MAX_DEVICES), product=product, all_devices=every,
+                           mig=min(mig_total, MAX_DEVICES), selection=full_sel, mig_selection=mig_sel)
 
-    def put_claim(self, obj: dict[str, Any]) -> None:
+    def put_claim(self, obj: dict[str, Any]) -> set[str]:
+        """Add or replace a claim; returns the nodes whose held MIG slices changed."""
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
-        self.claims[key] = {"spec": obj.get("spec") or {}, "status": obj.get("status") or {}}
+        status = obj.get("status") or {}
+        self.claims[key] = {"spec": obj.get("spec") or {}, "status": status}
+        alloc = status.get("allocation") if isinstance(status, dict) else None
+        results = ((alloc.get("devices") or {}).get("results") or []) if isinstance(alloc, dict) else []
+        devices = tuple((str(r.get("pool")), str(r.get("device"))) for r in
+                        (results if isinstance(results, list) else [])[:MAX_DEVICES]
+                        if isinstance(r, dict) and r.get("driver") == self.driver)
+        return self._hold(key, devices)
+
+    def drop_claim(self, key: str) -> set[str]:
+        self.claims.pop(key, None)
+        return self._hold(key, ())
+
+    def _hold(self, key: str, devices: tuple[tuple[str, str], ...]) -> set[str]:
+        old = self.claim_devices.pop(key, ())
+        if old == devices:
+            if devices:
+                self.claim_devices[key] = devices
+            return set()
+        for d in old:
+            holders = self.held.get(d)
+            if holders is not None:
+                holders.discard(key)
+                if not holders:
+                    del self.held[d]
+        for d in devices:
+            self.held.setdefault(d, set()).add(key)
+        if devices:
+            self.claim_devices[key] = devices
+        # Only MIG slices are node facts (full GPUs are counted through the pods that hold them).
+        return {self.pool_node[p] for p, dev in set(old) ^ set(devices)
+                if p in self.pool_node and self._is_mig_device(p, dev)}
+
+    def clear_claims(self) -> set[str]:
+        nodes = {self.pool_node[p] for p, _ in self.held if p in self.pool_node}
+        self.claims.clear()
+        self.held.clear()
+        self.claim_devices.clear()
+        return nodes
 
     def put_template(self, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
         self.templates[key] = ((obj.get("spec") or {}).get("spec")) or {}
 
-    def pod_gpus(self, pod: dict[str, Any]) -> int:
-        """Full GPUs a pod's claims hold or ask for (0 when it has none or DRA is not in use)."""
+    def _claim_demands(self, pod: dict[str, Any]) -> list[ClaimDemand]:
         spec = pod.get("spec") if isinstance(pod, dict) else None
         refs = spec.get("resourceClaims") if isinstance(spec, dict) else None
         if not refs or not isinstance(refs, list):
-            return 0
+            return []
         meta = pod.get("metadata") or {}
         ns = str(meta.get("namespace") or "default")
         generated: dict[str, str] = {}
         for st in ((pod.get("status") or {}).get("resourceClaimStatuses") or []):
             if isinstance(st, dict) and isinstance(st.get("resourceClaimName"), str):
                 generated[str(st.get("name"))] = st["resourceClaimName"]
-        total = 0
+        out: list[ClaimDemand] = []
         for ref in refs[:MAX_DEVICES]:
             if not isinstance(ref, dict):
                 continue
             claim_name = ref.get("resourceClaimName") or generated.get(str(ref.get("name")))
             if isinstance(claim_name, str) and (c := self.claims.get(f"{ns}/{claim_name}")) is not None:
-                total += self.demand(c["spec"], c["status"]).gpus
+                out.append(self.demand(c["spec"], c["status"]))
             elif isinstance(ref.get("resourceClaimTemplateName"), str):
                 tmpl = self.templates.get(f"{ns}/{ref['resourceClaimTemplateName']}")
                 if tmpl is not None:
-                    total += self.demand(tmpl).gpus
-        return min(total, MAX_DEVICES)
+                    out.append(self.demand(tmpl))
+        return out
+
+    def pod_gpus(self, pod: dict[str, Any]) -> int:
+        """Full GPUs a pod's claims hold or ask for (0 when it has none or DRA is not in use)."""
+        return min(sum(d.gpus for d in self._claim_demands(pod)), MAX_DEVICES)
+
+    def pod_devices(self, pod: dict[str, Any]) -> PodDevices:
+        """Everything a pod's claims say beyond the full-GPU count: MIG slices, the restrictions
+        of recognised selectors, and the selectors left to kube-scheduler (docs/dra.md)."""
+        demands = self._claim_demands(pod)
+        if not demands:
+            return PodDevices()
+        full, migs = Selection(), Selection()
+        mig = 0
+        for d in demands:
+            if d.gpus and not d.allocated:
+                full = full.merge(d.selection)
+            if d.mig:
+                mig += d.mig
+                migs = migs.merge(d.mig_selection)
+        notes = tuple(dict.fromkeys(full.unread + migs.unread))[:8]
+        return PodDevices(
+            gpus=min(sum(d.gpus for d in demands), MAX_DEVICES),
+            gpu_products=full.products[:MAX_PREDICATES], gpu_min_memory_mib=full.min_memory_mib,
+            mig=min(mig, MAX_DEVICES), mig_profiles=migs.profiles or (),
+            mig_min_memory_mib=migs.min_memory_mib,
+            notes=tuple(f"selector not interpreted, left to kube-scheduler: {n}" for n in notes))

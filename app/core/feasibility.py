@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.core.dra import product_matches
 from app.core.nodes import CPU_MEMORY_BANDWIDTH_TBS, NodeFacts
 from app.core.policy import FeasibilityPolicy
 from app.core.profiles import Profile
@@ -69,6 +70,59 @@ class NodeFit:
         return "measured" if measured else "estimated"
 
 
+PARTITIONED = reject(ReasonCode.NO_GPUS, "node's GPUs are all partitioned into MIG slices")
+SELECTOR_PRODUCT = reject(ReasonCode.DEVICE_SELECTOR,
+                          "GPU model not accepted by the claim's productName selector")
+SELECTOR_MEMORY = reject(ReasonCode.DEVICE_SELECTOR, "GPU memory below the claim's memory selector")
+NO_MIG = reject(ReasonCode.NO_GPUS, "node has no MIG slices")
+MIG_PROFILE = reject(ReasonCode.DEVICE_SELECTOR, "no MIG slice of the claimed profile or memory")
+MIG_BUSY = reject(ReasonCode.GPUS_BUSY, "not enough free MIG slices of the claimed profile",
+                  unresolvable=False)
+
+
+# A free-GPU count this large means "capacity not checked" (the binder describes a placement whose
+# own devices are already counted); MIG slices then ignore their free counts the same way.
+UNCHECKED = 1 << 30
+
+
+def _evaluate_mig(
+    spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, free_gpus: int, policy: FeasibilityPolicy
+) -> NodeFit | Rejection:
+    """A pod whose claims ask for MIG slices (docs/dra.md, "MIG").
+
+    The slices of the claimed profiles (any profile when none is named) with enough memory for the
+    claim's memory selector are candidates; enough of them must be free. kube-scheduler picks which
+    of them the pod gets, so the rules are checked against the smallest free candidate, as one GPU
+    with that memory and the bandwidth share of its memory slices (MIG partitions memory bandwidth
+    with memory; a CUDA process sees one MIG device, so a model must fit in one slice).
+    """
+    if not node.mig:
+        return NO_MIG
+    cands = [m for m in node.mig if (not spec.mig_profiles or m[0] in spec.mig_profiles)
+             and m[1] + 1e-9 >= spec.mig_min_memory_gb]
+    if not cands:
+        return MIG_PROFILE
+    unchecked = free_gpus >= UNCHECKED
+    if not unchecked and sum(m[3] for m in cands) < spec.mig_slices:
+        return MIG_BUSY
+    mem = min(m[1] for m in cands if m[3] > 0 or unchecked)
+    full = node.gpu.memory_gb if node.gpu is not None else 0.0
+    share = min(1.0, mem / full) if full > 0 else 1.0
+    physical = node.gpu_count + node.mig_gpus
+    slice_cost = node.hourly_cost / physical * share if physical else node.hourly_cost
+    view = node.model_copy(update={
+        "gpu_count": 1, "gpu_memory_gb": mem, "gpu_bandwidth_tbs": node.gpu_bandwidth_tbs * share,
+        "hourly_cost": slice_cost * spec.mig_slices, "mig": ()})
+    one = spec.model_copy(update={"gpus": 1, "mig_slices": 0})
+    got = evaluate(one, view, usage, 1, policy)
+    if isinstance(got, Rejection):
+        if got.code is ReasonCode.GPU_MEMORY:
+            return Rejection(got.code, got.message.replace("per GPU on 1 GPU", "per MIG slice")
+                             .replace("GPU memory too small", "MIG slice memory too small"), got.unresolvable)
+        return got
+    return got.on(node)
+
+
 def _fmt_params(p: float) -> str:
     for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
         if p >= scale:
@@ -94,13 +148,25 @@ def evaluate(
     policy: FeasibilityPolicy,
 ) -> NodeFit | Rejection:
     """Apply the stage's hard rules; return the best feasible precision or a Rejection."""
+    if spec.mig_slices > 0 and spec.gpus == 0:
+        return _evaluate_mig(spec, node, usage, free_gpus, policy)
     if spec.gpus > 0 and not node.has_gpus:
+        if node.mig:
+            return PARTITIONED
         return reject(ReasonCode.NO_GPUS, "node has no GPUs")
     cpu_stage = spec.stage in CPU_STAGES and not policy.cpu_stages_may_use_gpu_nodes
-    if cpu_stage and spec.gpus == 0 and node.has_gpus:
+    if cpu_stage and spec.gpus == 0 and spec.mig_slices == 0 and node.gpu_node:
         assert spec.stage is not None
         return reject(ReasonCode.CPU_STAGE_ON_GPU,
                       f"{spec.stage.value} pods without GPU requests stay off GPU nodes")
+    if spec.gpus > 0 and (spec.gpu_products or spec.gpu_min_memory_gb):
+        # Recognised selectors of the pod's claims (docs/dra.md): kube-scheduler applies them per
+        # pod too, but a gang plan is made for every member at once and must not pick nodes
+        # DynamicResources would then refuse.
+        if not product_matches(spec.gpu_products, node.gpu_product):
+            return SELECTOR_PRODUCT
+        if spec.gpu_min_memory_gb and node.gpu_memory_gb + 1e-9 < spec.gpu_min_memory_gb:
+            return SELECTOR_MEMORY
     if spec.gpus > 0 and free_gpus < spec.gpus:
         return reject(ReasonCode.GPUS_BUSY, "not enough free GPUs (in use or reserved for a gang)",
                       unresolvable=False)

@@ -49,6 +49,10 @@ class NodeFacts(BaseModel):
     unschedulable: bool = False
     labels: dict[str, str] = {}
     warnings: tuple[str, ...] = ()
+    # MIG slices published through DRA ResourceSlices (docs/dra.md, "MIG"): per profile
+    # (profile, memory GB, slices, free slices); free ones are those no allocated claim holds.
+    mig: tuple[tuple[str, float, int, int], ...] = ()
+    mig_gpus: int = 0  # physical GPUs partitioned into those slices (not in gpu_count)
     # Everything the hard rules read except the name: nodes with equal shapes get equal verdicts,
     # so a 5,000-node request evaluates each shape once (thousands of nodes, a dozen shapes).
     shape: tuple[object, ...] = ()
@@ -61,6 +65,11 @@ class NodeFacts(BaseModel):
     @property
     def gpu_known(self) -> bool:
         return self.gpu is not None
+
+    @property
+    def gpu_node(self) -> bool:
+        """Full GPUs or MIG slices: a node CPU-stage pods keep off (docs/stage-policy.md)."""
+        return self.gpu_count > 0 or bool(self.mig)
 
     def domain_at(self, label_key: str) -> str | None:
         """The topology domain this node is in for an arbitrary label key (None: unlabelled)."""
@@ -83,6 +92,8 @@ def node_facts(
     keys: NodeLabelKeys,
     cpu_hourly_cost: float = 0.05,
     unknown_gpu_hourly_cost: float = 4.0,
+    mig: tuple[tuple[str, float, int, int], ...] = (),
+    mig_gpus: int = 0,
 ) -> NodeFacts:
     """Build NodeFacts from a Node dict. Never raises on odd labels: problems become ``warnings``."""
     meta = node.get("metadata") or {}
@@ -125,19 +136,20 @@ def node_facts(
             warnings.append(str(exc))
 
     cls_raw = ann.get(ANN + "node-class") or labels.get(ANN + "node-class")
-    node_class = NodeClass.GPU if gpu_count else NodeClass.CPU
+    node_class = NodeClass.GPU if gpu_count or mig else NodeClass.CPU
     if cls_raw:
         try:
             node_class = NodeClass(cls_raw.lower())
         except ValueError:
             warnings.append(f'node-class "{cls_raw}" is not storage, cpu or gpu')
-    if node_class is not NodeClass.GPU and gpu_count:
+    if node_class is not NodeClass.GPU and (gpu_count or mig):
         node_class = NodeClass.GPU  # GPUs present outrank a stale annotation
 
     # An unknown GPU is priced like a big one: pricing it like a CPU node would make it the cheapest
     # node in the cluster and pull every CPU pod onto it, stranding its GPUs.
     per_gpu = gpu.hourly_cost_usd if gpu else unknown_gpu_hourly_cost
-    cost = per_gpu * gpu_count if gpu_count else cpu_hourly_cost
+    physical = gpu_count + (mig_gpus if mig else 0)  # a MIG-partitioned GPU costs what it costs whole
+    cost = per_gpu * physical if physical else cpu_hourly_cost
     if (raw_cost := ann.get(ANN + "hourly-cost")) is not None:
         try:
             cost = parse_money(raw_cost)
@@ -148,7 +160,10 @@ def node_facts(
         qty(r) > 0 for r in keys.rdma_resources
     )
     fabric = tuple(_first(labels, tier) or "" for tier in keys.fabric_tiers)
-    shape = (node_class, gpu.name if gpu else product, gpu_count, mem_gb, bw, qty("cpu"), qty("memory"), cost)
+    # The raw product too: a claim's productName selector (docs/dra.md) tells apart two products the
+    # catalog reads as one model. MIG slices with their free counts: a MIG pod's verdict depends on them.
+    shape = (node_class, gpu.name if gpu else product, gpu_count, mem_gb, bw, qty("cpu"), qty("memory"), cost,
+             mig, product)
     return NodeFacts(
         shape=shape,
         name=name,
@@ -169,10 +184,15 @@ def node_facts(
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
         labels=labels,
         warnings=tuple(warnings),
+        mig=mig,
+        mig_gpus=mig_gpus if mig else 0,
     )
 
 
-def facts_for(node: dict[str, Any], catalog: GpuCatalog, policy: NodeFactsPolicy) -> NodeFacts:
+def facts_for(
+    node: dict[str, Any], catalog: GpuCatalog, policy: NodeFactsPolicy,
+    mig: tuple[tuple[str, float, int, int], ...] = (), mig_gpus: int = 0,
+) -> NodeFacts:
     """node_facts with every knob taken from the policy (the one call site shape everyone uses)."""
     return node_facts(node, catalog, policy.labels, policy.default_cpu_hourly_cost,
-                      policy.unknown_gpu_hourly_cost)
+                      policy.unknown_gpu_hourly_cost, mig, mig_gpus)

@@ -33,6 +33,7 @@ class ReasonCode(StrEnum):
     PRECISION = "precision"  # the GPU lacks the precision asked for (fp8)
     LATENCY_SLO = "latency_slo"  # predicted ms/token above max-ms-per-token
     GPU_MEMORY = "gpu_memory"  # weights + KV cache do not fit in GPU memory
+    DEVICE_SELECTOR = "device_selector"  # a DRA claim's selector or MIG profile excludes the node's GPUs
     HOST_MEMORY = "host_memory"  # the node's memory cannot hold the weights
     NOT_CACHED = "not_cached"  # the node is not in the extender's cache yet
     GANG = "gang"  # gang scheduling: waiting for members, being planned, reserved elsewhere

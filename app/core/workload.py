@@ -170,6 +170,15 @@ class WorkloadSpec(BaseModel):
     colocation_required: str | None = None
     gang: GangRef | None = None
     gpus: int = 0
+    # From DRA claims (docs/dra.md): the productName predicates and minimum memory of recognised
+    # selectors on full GPUs, MIG slices asked for (count, profiles, minimum memory), and the
+    # selectors left to kube-scheduler, for explain.
+    gpu_products: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    gpu_min_memory_gb: float = 0.0
+    mig_slices: int = 0
+    mig_profiles: tuple[str, ...] = ()  # empty: any profile
+    mig_min_memory_gb: float = 0.0
+    claim_notes: tuple[str, ...] = ()
     cpu_millis: float = 0.0
     memory_bytes: float = 0.0
     node_name: str = ""
@@ -248,6 +257,9 @@ MAX_GPUS = 1e6
 # Full GPUs a pod holds or asks for through DRA ResourceClaims (docs/dra.md): installed by the
 # cluster adapter once the resource.k8s.io API answers; None counts extended resources only.
 CLAIM_GPUS: Callable[[dict[str, Any]], int] | None = None
+# The rest of what a pod's claims say (MIG slices, selector restrictions; app.core.dra.PodDevices),
+# installed alongside; called only for pods with spec.resourceClaims.
+CLAIM_DEVICES: Callable[[dict[str, Any]], Any] | None = None
 
 
 def _mapping(value: Any, what: str) -> dict[str, Any]:
@@ -515,6 +527,8 @@ def parse_workload(
         fields["gpus"], fields["cpu_millis"], fields["memory_bytes"] = pod_resources(pod, gpu_resources)
     except ValueError as exc:
         problems.append(AnnotationProblem("resources", str(exc)))
+    if CLAIM_DEVICES is not None and spec.get("resourceClaims"):
+        fields.update(CLAIM_DEVICES(pod).fields())
 
     if fields.get("stage") is Stage.SERVING and "model_params" not in fields and "kv_cache_gb" in fields:
         problems.append(AnnotationProblem("kv-cache-gb", "kv-cache-gb is set but model-params is missing"))

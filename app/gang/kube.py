@@ -102,7 +102,8 @@ class PodGroupWatcher:
     coscheduling ``minMember`` and native ``minCount`` (one thread each)."""
 
     def __init__(self, custom: client.CustomObjectsApi, raw: Raw, snapshot: ClusterSnapshot,
-                 lock: threading.RLock, kinds: tuple[WatchedKind, ...] = (COSCHEDULING, NATIVE)) -> None:
+                 lock: threading.RLock, kinds: tuple[WatchedKind, ...] = (COSCHEDULING, NATIVE),
+                 synced: threading.Event | None = None, notify: Callable[[], None] | None = None) -> None:
         self.custom = custom
         self.raw = raw
         self.snapshot = snapshot
@@ -114,6 +115,20 @@ class PodGroupWatcher:
         self.present: dict[str, bool] = {k.group: False for k in kinds}
         # Retries come every couple of seconds during an outage: one line a minute.
         self._log = RateLimitedLog(log)
+        # Set once every kind was listed or found absent (the extender's readiness waits for it:
+        # before the first list a native gang member would be told "waits for PodGroup" and a
+        # coscheduling gang read with a wrong size; docs/gangs.md). ``notify`` re-checks readiness.
+        self._synced, self._notify = synced, notify
+        self._first: set[str] = set()
+
+    def _listed(self, kind: WatchedKind) -> None:
+        with self.lock:
+            self._first.add(kind.group)
+            done = self._first >= {k.group for k in self.kinds}
+        if done and self._synced is not None and not self._synced.is_set():
+            self._synced.set()
+            if self._notify is not None:
+                self._notify()
 
     def start(self) -> None:
         for t in self._threads:
@@ -130,6 +145,7 @@ class PodGroupWatcher:
                 rv = self._list(kind)
                 backoff.reset()
                 self.present[kind.group], told_absent = True, False
+                self._listed(kind)
                 self._watch(kind, rv)
             except ApiException as exc:
                 if exc.status in (403, 404):
@@ -139,6 +155,7 @@ class PodGroupWatcher:
                         log.info("%s unavailable (%s); gang sizes from the other conventions",
                                  kind.label, exc.status)
                     self.present[kind.group], told_absent = False, True
+                    self._listed(kind)
                     backoff.reset()
                     self._stop.wait(ABSENT_RETRY)
                     continue

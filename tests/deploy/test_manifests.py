@@ -186,7 +186,8 @@ def test_pipeline_chains_five_stages_with_depends_on() -> None:
 
 
 def _dra_docs() -> set[tuple[str, str]]:
-    return {(d["kind"], d["metadata"]["name"]) for d in _docs(EXAMPLES / "dra" / "serving-70b-dra.yaml")}
+    return {(d["kind"], d["metadata"]["name"]) for p in sorted((EXAMPLES / "dra").glob("*.yaml"))
+            if p.name != "kustomization.yaml" for d in _docs(p)}
 
 
 def test_dra_example_claims_gpus_the_extender_counts() -> None:
@@ -200,7 +201,8 @@ def test_dra_example_claims_gpus_the_extender_counts() -> None:
     assert {d["apiVersion"] for d in docs if d["kind"] != "Deployment"} == {"resource.k8s.io/v1"}
     dra = DraIndex()
     dra.put_class(by_kind["DeviceClass"])
-    assert dra.classes[by_kind["DeviceClass"]["metadata"]["name"]] == (DRIVER, False)
+    cls = dra.classes[by_kind["DeviceClass"]["metadata"]["name"]]
+    assert (cls.driver, cls.kind) == (DRIVER, "gpu")
     dra.put_template(by_kind["ResourceClaimTemplate"])
     meta, spec = _pod_meta_spec(by_kind["Deployment"])  # type: ignore[misc]
     assert _gpus(spec) == 0, "GPUs come from the claim, not from nvidia.com/gpu"
@@ -213,6 +215,28 @@ def test_dra_example_claims_gpus_the_extender_counts() -> None:
     finally:
         workload.CLAIM_GPUS = None
     assert (w.gpus, w.model_params, _stage(meta["annotations"])) == (4, 70e9, "serving")
+
+
+def test_mig_example_claims_one_40gb_slice() -> None:
+    # The MIG example (docs/dra.md, "MIG"): its class selects MIG devices of NVIDIA's driver and the
+    # template's profile selector is read, so the pod is fitted to a 3g.40gb slice, not to a GPU.
+    from app.core import workload
+    from app.core.dra import DRIVER, DraIndex
+
+    by_kind = {d["kind"]: d for d in _docs(EXAMPLES / "dra" / "serving-7b-mig.yaml")}
+    dra = DraIndex()
+    dra.put_class(by_kind["DeviceClass"])
+    cls = dra.classes[by_kind["DeviceClass"]["metadata"]["name"]]
+    assert (cls.driver, cls.kind) == (DRIVER, "mig")
+    dra.put_template(by_kind["ResourceClaimTemplate"])
+    meta, spec = _pod_meta_spec(by_kind["Deployment"])  # type: ignore[misc]
+    pod = {"metadata": {**meta, "name": "chat-7b-mig-0", "namespace": "llm-examples"}, "spec": spec}
+    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices
+    try:
+        w = workload.parse_workload(pod)
+    finally:
+        workload.CLAIM_GPUS = workload.CLAIM_DEVICES = None
+    assert (w.gpus, w.mig_slices, w.mig_profiles, w.claim_notes) == (0, 1, ("3g.40gb",), ())
 
 
 def _kustomize(kustomize: Path, path: Path) -> list[dict[str, Any]]:

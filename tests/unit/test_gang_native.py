@@ -153,3 +153,41 @@ def test_basic_policy_pods_are_placed_and_bound_one_by_one() -> None:
     assert len(d.passed) == 2 and not c.gangs.ledger.plans
     assert asyncio.run(c.gangs.bind_member(parse_workload(pod), d.passed[0])) == ""
     assert c.binder.bound == {"ml/b-0": d.passed[0]}
+
+
+@pytest.mark.parametrize("status", [None, 404])
+def test_not_ready_before_the_pod_groups_are_listed(status: int | None) -> None:
+    """Ready before the first PodGroup list, the extender would tell every native gang member
+    "waits for PodGroup" (and read coscheduling gangs with the wrong size). Ready comes once each
+    kind was listed, or found not served (docs/gangs.md)."""
+    from kubernetes.client.exceptions import ApiException
+
+    release, stop = threading.Event(), threading.Event()
+    synced, notified = threading.Event(), threading.Event()
+
+    class Custom:
+        def list_cluster_custom_object(self, *args: Any, watch: bool = False, **_: Any) -> Any:
+            if watch:
+                stop.wait(5)
+                raise ApiException(status=500)
+            release.wait(5)
+            if status:
+                raise ApiException(status=status)
+            return json.dumps({"metadata": {"resourceVersion": "1"},
+                               "items": [pod_group("g", {"gang": {"minCount": 3}})]}).encode()
+
+    def raw(fn: Any, *args: Any, **kw: Any) -> bytes:
+        return bytes(fn(*args, **kw))
+
+    snapshot = ClusterSnapshot()
+    watcher = PodGroupWatcher(Custom(), raw, snapshot, threading.RLock(),  # type: ignore[arg-type]
+                              synced=synced, notify=notified.set)
+    watcher.start()
+    try:
+        assert not synced.wait(0.3) and not notified.is_set()
+        release.set()
+        assert synced.wait(5) and notified.wait(5)
+        assert snapshot.native_min_count == ({} if status else {"ml/g": 3})
+    finally:
+        watcher.stop()
+        stop.set()

@@ -4,7 +4,7 @@ read the same verdict. Bounded answers: a huge annotation value is never multipl
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -71,6 +71,31 @@ def _gang(svc: ExtenderService) -> tuple[dict[str, Any], str]:
     return pod, "h100-0"
 
 
+def _device_selector(svc: ExtenderService) -> tuple[dict[str, Any], str]:
+    """A claim whose selector asks for an L4 (docs/dra.md): the H100 node is not one."""
+    from app.core import workload
+    from app.core.dra import DraIndex
+
+    dra = DraIndex()
+    dra.put_class({"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [{"cel": {
+        "expression": "device.driver == 'gpu.nvidia.com'"}}]}})
+    dra.put_template({"metadata": {"namespace": "default", "name": "l4"}, "spec": {"spec": {"devices": {
+        "requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1, "selectors": [
+            {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA L4"'}}]}}]}}}})
+    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices
+    pod = serving("p", gpus=0, **{"model-params": "7B"})
+    pod["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimTemplateName": "l4"}]
+    return pod, "h100-0"
+
+
+@pytest.fixture(autouse=True)
+def _no_claim_hooks() -> Iterator[None]:
+    from app.core import workload
+
+    yield
+    workload.CLAIM_GPUS = workload.CLAIM_DEVICES = None
+
+
 Case = Callable[[ExtenderService], tuple[dict[str, Any], str]]
 CASES: dict[ReasonCode, Case] = {
     ReasonCode.NO_GPUS: lambda s: (serving("p", **{"model-params": "7B"}), "cpu-0"),
@@ -82,6 +107,7 @@ CASES: dict[ReasonCode, Case] = {
     ReasonCode.LATENCY_SLO: lambda s: (serving("p", **{"model-params": "7B", "max-ms-per-token": "2"}),
                                        "l4-0"),
     ReasonCode.GPU_MEMORY: lambda s: (serving("p", gpus=4, **{"model-params": "70B"}), "t4-0"),
+    ReasonCode.DEVICE_SELECTOR: _device_selector,
     ReasonCode.HOST_MEMORY: lambda s: (pod_object("q", stage="quantize", cpu="16", memory="64Gi", uid="u-q",
                                                   annotations={"llm-placement.io/model-params": "180B"}),
                                        "storage-0"),
