@@ -109,6 +109,9 @@ class Settings(BaseSettings):
     # Where binds, events and annotations are sent from: a child process (own GIL, off the
     # interpreter that answers filter calls) or threads of this one (docs/extender-protocol.md).
     api_calls: Literal["process", "thread"] = "process"
+    # auto: filter answers only our best node(s), one when the pod has no soft in-tree preference
+    # (docs/scoring.md); off: every feasible node, and prioritize ranks them.
+    filter_to_best: Literal["auto", "off"] = "auto"
     tier_bandwidth_gbps: TierBandwidth = TierBandwidth()
 
     # Decode efficiency: the share of peak HBM bandwidth real inference engines reach.
@@ -178,7 +181,8 @@ class Settings(BaseSettings):
                 whole_node_guard=self.whole_node_guard,
             )
             self._policies = Policies(
-                placement=PlacementPolicy(feasibility, scoring, tuple(self.labels.gpu_resource)),
+                placement=PlacementPolicy(feasibility, scoring, tuple(self.labels.gpu_resource),
+                                          filter_to_best=self.filter_to_best == "auto"),
                 node_facts=NodeFactsPolicy(
                     self.labels, self.default_cpu_hourly_cost, self.unknown_gpu_hourly_cost
                 ),

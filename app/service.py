@@ -98,7 +98,11 @@ class ExtenderService:
             with self.lock:
                 self._absorb_nodes(args)
                 decision = self.placer.filter(args.pod, args.names())
+                scores = self.placer.narrow(decision, args.pod)
                 self.memory.remember_filter(decision)
+                if scores is not None and decision.spec is not None:
+                    # Scored here, not in prioritize: bind's agreement and explain read them.
+                    self.memory.remember_scores(decision.spec.uid, scores)
             self._count_filter(decision)
             return wire.filter_result(args, decision.passed, decision.failed, decision.unresolvable)
         except Exception as exc:  # never a 500: the message must reach the pod's events

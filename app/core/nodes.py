@@ -47,6 +47,9 @@ class NodeFacts(BaseModel):
     rdma: bool = False
     hourly_cost: float = 0.0
     unschedulable: bool = False
+    # A PreferNoSchedule taint: kube-scheduler's TaintToleration scores it, so filter_to_best
+    # leaves the choice among equal-best nodes to kube-scheduler (app/core/narrowing.py).
+    prefer_no_schedule: bool = False
     labels: dict[str, str] = {}
     warnings: tuple[str, ...] = ()
     # MIG slices published through DRA ResourceSlices (docs/dra.md, "MIG"): per profile
@@ -182,11 +185,18 @@ def node_facts(
         rdma=rdma,
         hourly_cost=cost,
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+        prefer_no_schedule=_prefer_no_schedule(node),
         labels=labels,
         warnings=tuple(warnings),
         mig=mig,
         mig_gpus=mig_gpus if mig else 0,
     )
+
+
+def _prefer_no_schedule(node: dict[str, Any]) -> bool:
+    taints = (node.get("spec") or {}).get("taints") or []
+    return isinstance(taints, list) and any(
+        isinstance(t, dict) and t.get("effect") == "PreferNoSchedule" for t in taints)
 
 
 def facts_for(

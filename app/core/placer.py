@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from app.core.feasibility import NodeFit, apply_default_target, evaluate
+from app.core.narrowing import NOT_BEST, soft_preference
 from app.core.policy import PlacementPolicy
+from app.core.ranking import best_nodes
 from app.core.reasons import MESSAGE_CHARS, MESSAGE_PREFIX, ReasonCode, Rejection, clip, reject
 from app.core.scoring import GravityFn, NodeScore, score_nodes
 from app.core.snapshot import ClusterSnapshot, NodeUsage
@@ -169,6 +171,28 @@ class Placer:
                     codes.setdefault(r.message, r.code)
                     last = r
         return decision
+
+    def narrow(self, decision: FilterDecision, pod: dict[str, Any]) -> list[NodeScore] | None:
+        """Keep only our best-ranked passing node(s) (policy ``filter_to_best``); return the scores.
+
+        One node when the pod has no soft in-tree preference (kube-scheduler then skips scoring and
+        prioritize); all equal-best nodes otherwise, so its own scores still break the tie.
+        """
+        if not self.policy.filter_to_best or decision.spec is None or len(decision.passed) < 2:
+            return None
+        scores = self.score(decision.spec, [decision.fits[n] for n in decision.passed])
+        best = best_nodes({s.node: s.total for s in scores})
+        keep = [n for n in decision.passed if n in best]
+        if len(keep) > 1 and soft_preference(pod) is None and not any(
+                decision.fits[n].node.prefer_no_schedule for n in keep):
+            keep = keep[:1]
+        if len(keep) < len(decision.passed):
+            kept = set(keep)
+            for n in decision.passed:
+                if n not in kept:
+                    decision.failed[n] = NOT_BEST
+            decision.passed = keep
+        return scores
 
     def score(self, spec: WorkloadSpec, fits: Sequence[NodeFit]) -> list[NodeScore]:
         term = None

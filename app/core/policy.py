@@ -121,6 +121,8 @@ class PlacementPolicy:
     feasibility: FeasibilityPolicy
     scoring: ScoringPolicy
     gpu_resources: tuple[str, ...]
+    # Filter answers only our best node(s) (app/core/narrowing.py); False: every feasible node.
+    filter_to_best: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,10 @@ def svc(binder: MemoryBinder) -> ExtenderService:
 
 
 def make_service(binder: MemoryBinder) -> ExtenderService:
-    s = ExtenderService(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load(), binder=binder)
+    # Every feasible node kept, so explain and filter can be compared node by node (narrowing to the
+    # best node is covered in test_filter_to_best.py).
+    s = ExtenderService(Settings(cluster_source="none", metrics_port=0, filter_to_best="off"),
+                        GpuCatalog.load(), binder=binder)
     s.ready.set()
     for n in cluster():
         s.absorb_node(n)

@@ -11,11 +11,19 @@ from fastapi.testclient import TestClient
 
 from app.api.app import create_app
 from app.config import Settings
+from app.core.catalog import GpuCatalog
 from app.service import ExtenderService
 from app.sim.fleet import node_object, pod_object
-from tests.conftest import mixed_nodes
+from tests.conftest import mixed_nodes, mixed_service
 
 NAMES = [n["metadata"]["name"] for n in mixed_nodes()]
+
+
+@pytest.fixture
+def service(catalog: GpuCatalog) -> ExtenderService:
+    # The wire format of answers that keep every feasible node; narrowing to the best node
+    # (filter_to_best) has its own tests in test_filter_to_best.py.
+    return mixed_service(Settings(cluster_source="none", metrics_port=0, filter_to_best="off"), catalog)
 
 
 @pytest.fixture
