@@ -63,7 +63,7 @@ def report(result: SoakResult) -> Table:
 
 def main(
     pods: int = typer.Option(3000, help="non-poison pods (gangs count each member)"),
-    rounds: int = typer.Option(3, help="fault rounds; each kills extender, kube-scheduler, kube-apiserver, etcd"),
+    rounds: int = typer.Option(3, help="fault rounds (each kills extender, kube-scheduler, apiserver, etcd)"),
     interval: float = typer.Option(30.0, help="seconds between faults"),
     down: float = typer.Option(3.0, help="seconds a killed component stays down"),
     scale: int = typer.Option(4, help="node pools x this (1: 4 H100, 2 L4, 2 A100, 2 CPU nodes)"),
@@ -100,7 +100,8 @@ def main(
         doc = {**result.to_json(), "startup_s": round(startup, 1),
                "cores": os.cpu_count(), "load_avg_end": os.getloadavg()}
         path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        console.print(f"soak: figures written to {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+        shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        console.print(f"soak: figures written to {shown}")
         ok = result.total_violations == 0
     finally:
         kwok.stop()
