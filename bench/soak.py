@@ -53,6 +53,7 @@ def report(result: SoakResult) -> Table:
         ("longest Pending (s)", f"{result.max_pending_s:.1f}"),
         ("reserved GPUs at the end", result.reserved_gpus_end),
         ("pod watch relists (outages seen)", result.tracker_relists),
+        ("pods finished by the soak (kwok late)", result.finished_by_soak),
     ]
     rows += [(f"violations: {k}", v) for k, v in result.violations.items()]
     rows.append(("violations: total", result.total_violations))
@@ -106,7 +107,7 @@ def main(
     finally:
         kwok.stop()
         cp.stop()
-        if ok:
+        if ok and os.environ.get("LLMP_KEEP_LOGS") != "1":
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             console.print(f"soak: logs kept in {workdir / 'logs'}")
