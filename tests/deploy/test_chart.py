@@ -282,7 +282,7 @@ def test_extender_rbac_is_least_privilege() -> None:
     grants = {(g, res, v) for rule in CHART_RBAC_RULES for g in rule["apiGroups"]
               for res in rule["resources"] for v in rule["verbs"]}
     for needed in [("", "nodes", "watch"), ("", "pods", "patch"), ("", "pods/binding", "create"),
-                   ("", "events", "create"), ("events.k8s.io", "events", "create"),
+                   ("", "events", "create"),
                    ("scheduling.x-k8s.io", "podgroups", "list"),
                    *[("scheduling.k8s.io", "podgroups", v) for v in ("get", "list", "watch")],
                    *[("resource.k8s.io", res, v) for res in ("resourceslices", "resourceclaims",
