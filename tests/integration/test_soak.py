@@ -26,8 +26,10 @@ from .harness.soak import FAULTS, SoakResult, SoakShape, run_soak
 
 pytestmark = pytest.mark.integration
 
-# One fault of each kind, 8 s apart; the pools hold 32 + 16 + 16 GPUs and 128 CPUs.
-SHAPE = SoakShape(pods=150, fault_rounds=1, fault_interval_s=8.0, down_s=2.0, timeout_s=420.0)
+# One fault of each kind, 5 s apart (plus each restart), while pods of 2-6 s keep arriving: every
+# fault lands mid-workload. The pools hold 32 + 16 + 16 GPUs and 128 CPUs.
+SHAPE = SoakShape(pods=150, fault_rounds=1, fault_interval_s=5.0, down_s=2.0, min_duration_s=2.0,
+                  max_duration_s=6.0, timeout_s=420.0)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,7 @@ def soak() -> Iterator[SoakResult]:
     workdir = Path(tempfile.mkdtemp(prefix="llmp-soak-", dir=base))
     cp = ControlPlane(workdir, find_binaries(build=False))
     cp.start()
-    kwok = Kwok(kwok_bin, cp.admin_kubeconfig, workdir)
+    kwok = Kwok(kwok_bin, cp.admin_kubeconfig, workdir, pod_stages=False)
     failed = True
     try:
         kwok.start()
