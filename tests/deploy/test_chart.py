@@ -294,6 +294,22 @@ def test_extender_rbac_is_least_privilege() -> None:
     assert not any(res in ("secrets", "nodes/proxy", "pods/exec") for _, res, _ in grants)
 
 
+def test_pod_patch_policy_limits_the_service_account_to_our_annotations(default: Rendered, ds: Rendered) -> None:
+    """`pods patch` is cluster-wide in RBAC; the chart's ValidatingAdmissionPolicy narrows it
+    (files/pod-patch-policy.yaml, exercised on a real API server in
+    tests/integration/test_least_privilege.py)."""
+    policy_file = yaml.safe_load((FILES / "pod-patch-policy.yaml").read_text())
+    for r in (default, ds):
+        sa = r.one("ServiceAccount")["metadata"]["name"]
+        policy = r.one("ValidatingAdmissionPolicy")
+        spec = dict(policy["spec"])
+        [cond] = spec.pop("matchConditions")
+        assert cond["expression"] == f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{sa}'"
+        assert spec == policy_file
+        binding = r.one("ValidatingAdmissionPolicyBinding")
+        assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+
 def test_scheduler_rbac_is_the_standard_secondary_scheduler_set(default: Rendered, ds: Rendered) -> None:
     sa = default.one("ServiceAccount")["metadata"]["name"]
     subject = [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]

@@ -9,20 +9,40 @@ that no call makes fails ``test_the_chart_grants_the_extender_no_write_it_does_n
 the objects it lists are granted as the usual get/list/watch trio).
 
 What a grant implies (README, "What it guarantees"): ``pods patch`` is cluster-wide and RBAC cannot
-limit it to annotations, so it is the extender's widest grant; the extender only ever sends a merge
-patch of ``metadata.annotations`` (app/cluster/binder.py ``annotate``).
+limit it to fields; the extender only ever sends a merge patch of ``metadata.annotations``
+(app/cluster/binder.py ``annotate``), and the chart's ValidatingAdmissionPolicy
+(files/pod-patch-policy.yaml) denies its identity any other change to a pod: checked here with the
+same file on the real API server, while the extender still plans and binds a gang under it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import kubernetes
 import pytest
+import yaml
+from kubernetes.client.rest import ApiException
 
-from .harness import EXTENDER_USER, ControlPlane
+from .conftest import ClusterScope
+from .harness import (
+    EXTENDER_USER,
+    ControlPlane,
+    create_pod,
+    create_pods,
+    gpu_node,
+    llm_pod,
+    wait_for_node_names,
+    wait_until,
+)
+from .harness.schedconfig import CHART_FILES
 
 pytestmark = pytest.mark.integration
 
 SCHEDULER_USER = "system:kube-scheduler"
+POLICY_FILE = CHART_FILES / "pod-patch-policy.yaml"
+ANN = "llm-placement.io/"
 
 # (apiGroup, resource, verb, where in app/ the extender makes that call)
 EXTENDER_USES = [
@@ -131,3 +151,85 @@ def test_scheduler_identity_has_what_kube_scheduler_needs_and_not_more(control_p
     assert not missing, missing
     granted = [t for t in SCHEDULER_DENIED if _allowed(control_plane, SCHEDULER_USER, *t)]
     assert not granted, granted
+
+
+# --- pods patch narrowed to llm-placement.io/ annotations (helm/llm-placement/files/pod-patch-policy.yaml)
+POLICY = "llm-placement-it-pod-patch"
+
+
+@pytest.fixture(scope="module")
+def pod_patch_policy(control_plane: ControlPlane) -> Iterator[None]:
+    """The chart's ValidatingAdmissionPolicy, matched to the harness's extender identity."""
+    spec = yaml.safe_load(POLICY_FILE.read_text())
+    spec["matchConditions"] = [{"name": "llm-placement-identity",
+                                "expression": f"request.userInfo.username == '{EXTENDER_USER}'"}]
+    adm = kubernetes.client.AdmissionregistrationV1Api(control_plane.api)
+    adm.create_validating_admission_policy({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POLICY}, "spec": spec})
+    adm.create_validating_admission_policy_binding({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": POLICY}, "spec": {"policyName": POLICY, "validationActions": ["Deny"]}})
+    try:
+        yield
+    finally:
+        adm.delete_validating_admission_policy_binding(POLICY)
+        adm.delete_validating_admission_policy(POLICY)
+
+
+def _extender_core(cp: ControlPlane) -> kubernetes.client.CoreV1Api:
+    cfg = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=str(cp.extender_kubeconfig), client_configuration=cfg)
+    return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(cfg))
+
+
+def _patch_status(core: kubernetes.client.CoreV1Api, ns: str, name: str, body: dict[str, Any]) -> int:
+    # Strategic merge: containers merge by name, so an image change is a valid pod update that only
+    # the policy can refuse (a merge patch would replace the list and fail validation anyway).
+    try:
+        core.patch_namespaced_pod(name, ns, body, _content_type="application/strategic-merge-patch+json",
+                                  _preload_content=False)
+        return 200
+    except ApiException as exc:
+        return int(exc.status)
+
+
+def test_the_extender_may_patch_only_its_own_annotations_of_a_pod(
+    cluster: ClusterScope, pod_patch_policy: None, unique: Callable[[str], str]
+) -> None:
+    core, ns = cluster.core, cluster.namespace
+    name = unique("victim")
+    create_pod(core, ns, llm_pod(name, scheduler_name="nobody-runs-this-scheduler"))
+    ext = _extender_core(cluster.cp)
+    image = {"spec": {"containers": [{"name": "main", "image": "registry.invalid/other:latest"}]}}
+    tries = iter(range(10_000))
+    # The policy takes effect asynchronously (the API server's policy informer); each try is a real
+    # change (a patch that changes nothing passes any policy).
+    wait_until(lambda: _patch_status(ext, ns, name, {"metadata": {"labels": {"try": str(next(tries))}}})
+               in (403, 422), 30, "the pod-patch policy to deny a label change by the extender")
+    label = {"metadata": {"labels": {"app": "changed"}}}
+    assert _patch_status(ext, ns, name, image) in (403, 422)
+    assert _patch_status(ext, ns, name, {"metadata": {"annotations": {"other.io/x": "1"}}}) in (403, 422)
+    assert _patch_status(ext, ns, name, {"metadata": {"annotations": {ANN + "gang-plan": ""}}}) == 200
+    # Everyone else is untouched by the policy: the admin changes the label.
+    assert _patch_status(core, ns, name, label) == 200
+    assert _patch_status(core, ns, name, image) == 200
+    core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+
+
+def test_gangs_are_planned_and_bound_under_the_pod_patch_policy(
+    cluster: ClusterScope, pod_patch_policy: None, unique: Callable[[str], str]
+) -> None:
+    """The extender's own writes (the gang-plan annotation) pass the policy it ships with."""
+    core, ns = cluster.core, cluster.namespace
+    cluster.add_nodes([gpu_node(cluster.node_name(f"vap-{i}"), "H100", gpus=8, rdma=True, index=i)
+                       for i in range(2)])
+    group = unique("vap-gang")
+    names = [f"{group}-{i}" for i in range(2)]
+    create_pods(core, ns, [llm_pod(n, stage="pretraining", gpus=8,
+                                   annotations={ANN + "gang-size": "2"},
+                                   labels={"scheduling.x-k8s.io/pod-group": group}) for n in names])
+    bound = wait_for_node_names(core, ns, names, timeout=120)
+    assert len(set(bound.values())) == 2
+    for n in names:
+        core.delete_namespaced_pod(n, ns, grace_period_seconds=0)
