@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit e2e lint lint-docker typecheck controlplane kwok kustomize helm manifests system-deps bench kind-up kind-e2e kind-down clean
+.PHONY: demo test unit e2e lint lint-docker typecheck controlplane kwok kustomize helm manifests system-deps bench soak kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -79,6 +79,12 @@ bench: $(STAMP) controlplane kwok
 	  $(BIN)/python bench/replay.py --trace multigpu50 --trace default --sharing skip; \
 	else echo "bench: ../shared/data/alibaba-gpu-v2023 not found: openb trace replays skipped"; fi
 	$(BIN)/python bench/replay.py --gravity gpu --gravity cpu --pipelines 12 --gravity-speed 1200
+
+## Soak with faults: ~3,000 pods of every stage on kwok nodes while the extender, kube-scheduler,
+## kube-apiserver and etcd are killed (-9) and restarted; invariants checked throughout
+## (tests/integration/harness/soak.py). Figures in bench/results/soak-3000.json and BENCHMARKS.md.
+soak: $(STAMP) controlplane kwok
+	$(BIN)/python bench/soak.py
 
 ## For laptops with Docker (not exercised in this repository's CI: no Docker engine there).
 kind-up:

@@ -141,6 +141,9 @@ class Settings(BaseSettings):
 
     gang_reservation_ttl_seconds: float = Field(120.0, gt=0)
     gang_bind_timeout_seconds: float = Field(3.0, gt=0)
+    # A filter after this long without one first adopts the gang plans persisted on pending members:
+    # a standby replica taking over from a dead leader (docs/gangs.md, "Two replicas").
+    gang_takeover_idle_seconds: float = Field(10.0, gt=0)
     solver_time_limit_seconds: float = Field(0.5, gt=0)
     producer_memory_seconds: float = Field(3600.0, ge=0)
 

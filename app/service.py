@@ -10,6 +10,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from app import wire
@@ -80,6 +81,9 @@ class ExtenderService:
         self._node_rv: dict[str, str] = {}
         # Set once the cluster watch has listed everything (or at once without a cluster).
         self.ready = ready or threading.Event()
+        # Runs before each filter: a standby replica's first call adopts the gang plans the dead
+        # leader persisted (app/gang/takeover.py); None without a cluster.
+        self.before_filter: Callable[[], object] | None = None
         self._quality = QualityPublisher(self.metrics)
 
     @property
@@ -94,6 +98,11 @@ class ExtenderService:
         except wire.WireError as exc:
             self.metrics.request_errors.labels("filter", "malformed").inc()
             return wire.filter_result(None, [], {}, {}, MESSAGE_PREFIX + str(exc))
+        if self.before_filter is not None:
+            try:
+                self.before_filter()
+            except Exception:  # placing without adopted plans beats answering no filter at all
+                log.exception("adopting persisted gang plans failed")
         try:
             with self.lock:
                 self._absorb_nodes(args)

@@ -25,6 +25,7 @@ from app.gang.book import GangBook
 from app.gang.coordinator import GangCoordinator, GangRuntime
 from app.gang.kube import PodGroupWatcher, load_plan_records
 from app.gang.persist import BackgroundWriter
+from app.gang.takeover import PlannedPods, Takeover
 from app.metrics import Metrics
 from app.quality import DEFAULT_REFRESH_SECONDS, QualityRefresher
 from app.service import ExtenderService
@@ -143,13 +144,19 @@ def build_live(
 
     # Warnings about one pod (unreadable, unknown annotation keys) go out through the service's
     # event writer, not a second one of the cache's own.
+    planned = PlannedPods()
     cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics,
-                         on_change=mark_ready, events=service.binder)
+                         on_change=mark_ready, events=service.binder, planned=planned)
     if isinstance(gangs, GangCoordinator):
         # Gang sizes from PodGroups (coscheduling, and the native Workload API's): ready only once
         # each kind was listed or found not served (docs/gangs.md).
         PodGroupWatcher(client.CustomObjectsApi(api), raw, service.snapshot, service.lock,
                         synced=cache.sync_gate("podgroups"), notify=mark_ready).start()
+        # Two replicas: the standby's extender learns the leader's plans only from the pods
+        # (docs/gangs.md, "Two replicas").
+        service.before_filter = Takeover(planned.pods, gangs.restore, tuple(settings.labels.gpu_resource),
+                                         ttl=settings.gang_reservation_ttl_seconds,
+                                         idle_seconds=settings.gang_takeover_idle_seconds)
     # GPUs through Dynamic Resource Allocation, when the cluster serves resource.k8s.io (docs/dra.md).
     DraWatcher(api, cache).start()
     start_quality_refresher(service)

@@ -27,6 +27,7 @@ from app.core.nodes import facts_for
 from app.core.snapshot import TERMINAL_PHASES, ClusterSnapshot, PlacedPod
 from app.core.units import quote
 from app.core.workload import PREFIX, WorkloadError, parse_workload, pod_resources, unknown_keys
+from app.gang.takeover import PlannedPods
 from app.metrics import Metrics
 from app.ratelog import RateLimitedLog
 
@@ -172,8 +173,11 @@ class ClusterCache:
         metrics: Metrics,
         on_change: Callable[[], None] | None = None,
         events: EventSink | None = None,
+        planned: PlannedPods | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
+        # Pending pods carrying a gang plan, for a standby replica's takeover (app/gang/takeover.py).
+        self.planned = planned
         self.snapshot = snapshot
         self.lock = lock
         self.catalog = catalog
@@ -245,6 +249,8 @@ class ClusterCache:
                 for p in items:
                     live.add(_uid_of(p))
                     self._guarded(kind, p, self._apply_pod, _slim(kind, p))
+                if self.planned is not None:
+                    self.planned.replace(items)
                 # Pods deleted while we were not watching; assumed pods stay until the watch
                 # confirms them (we bound them a moment ago and the list may predate that).
                 for uid in [u for u, p in self.snapshot.pods.items() if u not in live and not p.assumed]:
@@ -279,6 +285,8 @@ class ClusterCache:
                               deleted=True)
                 else:
                     self._apply_pod(obj)
+                if self.planned is not None:
+                    self.planned.update(obj, deleted=deleted)
                 # Pod events cannot change the node gauges; keep the per-event work O(1).
                 self.metrics.cache_pods.set(len(self.snapshot.pods))
 

@@ -106,7 +106,9 @@ class Lifecycle:
         self._clear(p)
 
     def restore(self, records: list[PlanRecord], now: float | None = None) -> int:
-        """Rebuild reservations from persisted plans (before serving); returns the gangs restored."""
+        """Rebuild reservations from persisted plans (before serving, and when a standby replica
+        takes over: app/gang/takeover.py); returns the gangs restored. A gang already in the ledger
+        keeps the plan it has (ours, newer than anything persisted)."""
         now = self.clock() if now is None else now
         ledger = self.book.ledger
         by_gang: dict[str, list[PlanRecord]] = {}
@@ -115,6 +117,8 @@ class Lifecycle:
         restored = 0
         with self.lock:
             for gang, recs in by_gang.items():
+                if ledger.get(gang) is not None:
+                    continue
                 planned_at = max(r.planned_at for r in recs)
                 if planned_at + ledger.ttl <= now:
                     continue  # expired while we were away: plan afresh

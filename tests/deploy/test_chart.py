@@ -282,7 +282,7 @@ def test_extender_rbac_is_least_privilege() -> None:
     grants = {(g, res, v) for rule in CHART_RBAC_RULES for g in rule["apiGroups"]
               for res in rule["resources"] for v in rule["verbs"]}
     for needed in [("", "nodes", "watch"), ("", "pods", "patch"), ("", "pods/binding", "create"),
-                   ("", "events", "create"), ("events.k8s.io", "events", "create"),
+                   ("", "events", "create"),
                    ("scheduling.x-k8s.io", "podgroups", "list"),
                    *[("scheduling.k8s.io", "podgroups", v) for v in ("get", "list", "watch")],
                    *[("resource.k8s.io", res, v) for res in ("resourceslices", "resourceclaims",
@@ -292,6 +292,22 @@ def test_extender_rbac_is_least_privilege() -> None:
     dangerous = {"delete", "deletecollection", "escalate", "bind", "impersonate"}
     assert not any(v in dangerous for _, _, v in grants)
     assert not any(res in ("secrets", "nodes/proxy", "pods/exec") for _, res, _ in grants)
+
+
+def test_pod_patch_policy_limits_the_service_account_to_our_annotations(default: Rendered, ds: Rendered) -> None:
+    """`pods patch` is cluster-wide in RBAC; the chart's ValidatingAdmissionPolicy narrows it
+    (files/pod-patch-policy.yaml, exercised on a real API server in
+    tests/integration/test_least_privilege.py)."""
+    policy_file = yaml.safe_load((FILES / "pod-patch-policy.yaml").read_text())
+    for r in (default, ds):
+        sa = r.one("ServiceAccount")["metadata"]["name"]
+        policy = r.one("ValidatingAdmissionPolicy")
+        spec = dict(policy["spec"])
+        [cond] = spec.pop("matchConditions")
+        assert cond["expression"] == f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{sa}'"
+        assert spec == policy_file
+        binding = r.one("ValidatingAdmissionPolicyBinding")
+        assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
 
 
 def test_scheduler_rbac_is_the_standard_secondary_scheduler_set(default: Rendered, ds: Rendered) -> None:

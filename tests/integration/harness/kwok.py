@@ -147,8 +147,12 @@ phase: Running
 """
 
 
-def kwok_config(label_selector: str) -> list[dict[str, Any]]:
-    """The KwokConfiguration plus the Stage documents (one multi-document YAML file)."""
+def kwok_config(label_selector: str, pod_stages: bool = True) -> list[dict[str, Any]]:
+    """The KwokConfiguration plus the Stage documents (one multi-document YAML file).
+
+    ``pod_stages=False`` keeps only the node stage: the caller plays the pods' kubelet itself (the
+    soak, tests/integration/harness/soak.py, which must not race a second writer of pod status).
+    """
     options = {
         "manageAllNodes": False,
         "manageNodesWithLabelSelector": label_selector,
@@ -203,7 +207,7 @@ def kwok_config(label_selector: str) -> list[dict[str, Any]]:
             delay={"durationMilliseconds": 0},
         ),
     ]
-    return [conf, *stages]
+    return [conf, *(stages if pod_stages else stages[:1])]
 
 
 def complete_after(seconds: float) -> dict[str, str]:
@@ -219,17 +223,19 @@ class Kwok:
     """
 
     def __init__(self, binary: Path, kubeconfig: Path, workdir: Path,
-                 label_selector: str = f"{KWOK_LABEL}={KWOK_LABEL_VALUE}") -> None:
+                 label_selector: str = f"{KWOK_LABEL}={KWOK_LABEL_VALUE}", pod_stages: bool = True) -> None:
         self.binary = binary
         self.kubeconfig = kubeconfig
         self.workdir = workdir
         self.label_selector = label_selector
+        self.pod_stages = pod_stages
         self.config_path = workdir / "kwok.yaml"
         self.component: Component | None = None
 
     def start(self, timeout: float = KWOK_READY_TIMEOUT) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(yaml.safe_dump_all(kwok_config(self.label_selector), sort_keys=False))
+        self.config_path.write_text(yaml.safe_dump_all(kwok_config(self.label_selector, self.pod_stages),
+                                                       sort_keys=False))
         argv = [
             str(self.binary),
             f"--kubeconfig={self.kubeconfig}",
