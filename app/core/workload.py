@@ -36,7 +36,7 @@ ANNOTATION_KEYS: tuple[str, ...] = (
     "serving-role", "prompt-tokens", "max-ttft-ms", "serving-group",
 )
 # Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
-WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan")
+WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan", "gang-members")
 # Bounds on list annotations (docs/annotations.md, "Limits"): a list is parsed on every filter and
 # each depends-on entry is resolved per request, so a 36,000-name value must be refused up front.
 MAX_LIST_ITEMS = 256

@@ -55,6 +55,7 @@ class GangRuntime:
     clock: Callable[[], float] = time.time
     bind_timers: Timers = loop_timers  # bind barrier timeouts (asyncio's call_later by default)
     wake_timers: Timers = thread_timers  # regroup wake-ups
+    member_timers: Timers = thread_timers  # re-checks of gangs turned away as incomplete
     solve: SolveFn | None = None  # None: CP-SAT with the policy's time limit
     synced: Callable[[], bool] = lambda: True  # has the watch listed everything (deletions trusted)
     # The HTTP server answers filter on its event loop: a filter that waited for a solve would hold
@@ -94,6 +95,8 @@ class GangCoordinator:
             fail_bind=lambda key, msg: self.barrier.fail(key, msg),
             forget=lambda key: self.regroup.forget(key), synced=rt.synced,
         )
+        self._member_timers = rt.member_timers
+        self._member_checks: set[str] = set()
         self.regroup = Regrouper(self.book, lock, replan=lambda key: self.planner.replan(key),
                                  timers=rt.wake_timers)
         self.barrier = BindBarrier(
@@ -162,6 +165,7 @@ class GangCoordinator:
                     "with minMember"))
             members = book.members(key, spec)
             if len(members) < size:
+                self._recheck_members(key, size, MEMBER_RECHECK_SECONDS)
                 return _reject_all(node_names, reject(
                     ReasonCode.GANG, f"waiting for gang members {len(members)}/{size}"))
             if book.planning(key):
@@ -198,6 +202,35 @@ class GangCoordinator:
                 return _reject_gang(fits, rejections, Rejection(ReasonCode.GANG, self.regroup.park(key, uid)))
             return _only(node, fits, rejections)
 
+    def _recheck_members(self, key: str, size: int, delay: float) -> None:
+        """(lock held) Look again at a gang turned away as incomplete.
+
+        Members created together are often all filtered before the watch has delivered the last of
+        them: each sees "1/2" and is turned away, and nothing would bring them back before
+        kube-scheduler's periodic flush of unschedulable pods (five minutes). Once every member is in
+        the cache, each waiting member gets an annotation write, the pod update that requeues it.
+        """
+        if key in self._member_checks:
+            return
+        self._member_checks.add(key)
+        self._member_timers(delay, lambda: self._members_complete(key, size, delay))
+
+    def _members_complete(self, key: str, size: int, delay: float) -> None:
+        with self.lock:
+            self._member_checks.discard(key)
+            members, unbound = self.book.pending(key)
+            if not members:
+                return  # the gang was deleted
+            if len(members) < size:
+                if delay < MEMBER_RECHECK_MAX_SECONDS:
+                    self._recheck_members(key, size, min(delay * 2, MEMBER_RECHECK_MAX_SECONDS))
+                return
+            if self.writer is None or self.book.ledger.get(key) is not None:
+                return  # planned already: the plan annotation has requeued them
+            value = f"{len(members)}/{size}"
+            for m in unbound:
+                self.writer.annotate(m.namespace, m.name, {MEMBERS_ANNOTATION: value})
+
     # --- the service's gang binder, start and stop ------------------------------------------------
     async def bind_member(self, spec: WorkloadSpec, node: str) -> str:
         return await self.barrier.bind_member(spec, node)
@@ -208,6 +241,12 @@ class GangCoordinator:
     def close(self) -> None:
         self.planner.close()
         self.barrier.close()
+
+
+# The first re-check of an incomplete gang, then doubling up to the cap while members are missing.
+MEMBER_RECHECK_SECONDS = 1.0
+MEMBER_RECHECK_MAX_SECONDS = 30.0
+MEMBERS_ANNOTATION = PREFIX + "gang-members"
 
 
 def _being_planned(key: str) -> Rejection:

@@ -98,10 +98,10 @@ class Cluster:
     def __init__(self, settings: Settings | None = None, binder: FakeBinder | None = None,
                  clock: list[float] | None = None, solve: SolveFn | None = None, background: bool = False) -> None:
         self.binder = binder or FakeBinder()
-        self.bind_timers, self.wake_timers = FakeTimers(), FakeTimers()
+        self.bind_timers, self.wake_timers, self.member_timers = FakeTimers(), FakeTimers(), FakeTimers()
         runtime = GangRuntime(clock=(lambda: clock[0]) if clock is not None else time.time,
                               bind_timers=self.bind_timers, wake_timers=self.wake_timers, solve=solve,
-                              background=background)
+                              background=background, member_timers=self.member_timers)
         self.service: ExtenderService = build_core(
             settings or Settings(cluster_source="none", metrics_port=0), GpuCatalog.load(), binder=self.binder,
             gang_runtime=runtime,
@@ -383,3 +383,29 @@ def test_gangs_of_small_pods_pack_nodes(members: int) -> None:
     pods = c.gang("g", members, gpus=2)
     nodes = {c.filter(p).passed[0] for p in pods}
     assert len(nodes) == members * 2 // 8
+
+
+def test_members_turned_away_before_the_watch_saw_them_all_are_requeued_once_all_exist() -> None:
+    """Members created together, each filtered before the cache held the other: without a nudge
+    they would wait for kube-scheduler's five-minute flush of unschedulable pods."""
+    c = Cluster()
+    c.nodes("n", 2, "leaf-1")
+    [first] = c.gang("g", 2, create=1)
+    d = c.filter(first)
+    assert d.passed == [] and "waiting for gang members 1/2" in next(iter(d.rejections.values()))
+    [check] = c.member_timers.pending()
+    assert check.delay == 1.0
+    # Still incomplete at the check: look again later, nothing written.
+    assert c.member_timers.fire() == 1
+    [again] = c.member_timers.pending()
+    assert again.delay == 2.0 and not c.binder.annotations
+    # The second member reaches the cache: both get the write that requeues them.
+    second = pod_object("g-1", namespace="ml", stage="pretraining", gpus=8,
+                        annotations={"llm-placement.io/gang-size": "2"},
+                        labels={"scheduling.x-k8s.io/pod-group": "g"})
+    c.add(second)
+    assert c.member_timers.fire() == 1
+    c.flush()
+    assert {k: v.get("llm-placement.io/gang-members") for k, v in c.binder.annotations.items()} == {
+        "ml/g-0": "2/2", "ml/g-1": "2/2"}
+    assert not c.member_timers.pending()
