@@ -134,8 +134,14 @@ class ExtenderService:
                 # an exact-generation check would recompute every node. Scores still read live usage.
                 fresh = prior is not None and time.time() - prior.at < FILTER_REUSE_SECONDS
                 known = prior.fits if prior is not None and fresh else None
-                scores = self.placer.prioritize(args.pod, args.names(), known)
-                self.memory.remember_scores(uid, scores)
+                names = args.names()
+                scored = prior.scores if prior is not None and fresh and prior.score_list else None
+                if scored is not None and scored.keys() >= set(names):
+                    # filter_to_best scored these nodes in this cycle's filter: reuse, not recompute.
+                    scores = [scored[n] for n in names]
+                else:
+                    scores = self.placer.prioritize(args.pod, names, known)
+                    self.memory.remember_scores(uid, scores)
             return wire.priority_list(scores)
         except Exception as exc:
             # kube-scheduler ignores prioritize errors silently, so count them for alerting.

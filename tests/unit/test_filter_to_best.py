@@ -74,6 +74,8 @@ def test_equal_best_nodes_narrow_to_one_unless_the_pod_has_a_soft_preference() -
         "labelSelector": {"matchLabels": {"app": "x"}}}])
     # kube-scheduler's own spread scores must still choose among our equal-best nodes.
     assert sorted(filter_call(svc, spread, names)["NodeNames"]) == names
+    # prioritize (now called: several nodes left) answers from the scores filter computed: all tied.
+    assert prioritize_call(svc, spread, names) == dict.fromkeys(names, 10)
 
 
 def test_a_prefer_no_schedule_taint_among_the_best_leaves_the_choice_to_kube_scheduler() -> None:
