@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from app.core.feasibility import UNCHECKED, NodeFit, evaluate
 from app.core.gravity import MISSING, GravityModel
 from app.core.policy import FeasibilityPolicy
-from app.core.ranking import Agreement, best_nodes
+from app.core.ranking import Agreement
 from app.core.reasons import MESSAGE_PREFIX
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import PREFIX, WorkloadSpec
@@ -99,8 +99,7 @@ class PodBinding:
         if agreed is Agreement.LOWER:
             log.warning("kube-scheduler bound %s to %s, below our best node(s) %s: in-tree scores "
                         "outweighed the extender (docs/scoring.md)", spec.key, node,
-                        sorted(best_nodes({n: s.total for n, s in remembered.scores.items()}))[:3]
-                        if remembered else [])
+                        remembered.best_nodes()[:3] if remembered else [])
         if fit is not None:
             gpu = fit.node.gpu.name if fit.node.gpu else ("unknown" if fit.node.has_gpus else "cpu")
             m.hourly_cost.labels(stage, gpu).inc(fit.pod_hourly_cost)
@@ -158,7 +157,7 @@ def placed_message(spec: WorkloadSpec, node: str, fit: NodeFit | None, remembere
             parts.append(f"{fit.ms_per_token:.1f} ms/token predicted")
         if fit.fallback_used:
             parts.append(f"precision {fit.sizing.precision.value} (fallback)")
-    score = remembered.scores.get(node) if remembered else None
+    score = remembered.score_of(node) if remembered else None
     if score is not None and score.terms:
         parts.append("top terms: " + ", ".join(f"{t} {v:.2f}" for t, v in score.top_terms()))
     if remembered is not None and remembered.agreement is not None:

@@ -10,18 +10,20 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from app import wire
 from app.bind_gate import BindGate
 from app.binding import BinderLike, PodBinding
 from app.config import Settings
+from app.core.batch_scoring import ScoreList
 from app.core.catalog import GpuCatalog
 from app.core.gravity import GravityModel
 from app.core.nodes import NodeFacts, facts_for
 from app.core.placer import FilterDecision, GangHook, Placer
 from app.core.reasons import MESSAGE_PREFIX, problem_key
+from app.core.scoring import NodeScore
 from app.core.snapshot import ClusterSnapshot
 from app.core.units import quote
 from app.core.workload import WorkloadError, WorkloadSpec
@@ -135,13 +137,16 @@ class ExtenderService:
                 fresh = prior is not None and time.time() - prior.at < FILTER_REUSE_SECONDS
                 known = prior.fits if prior is not None and fresh else None
                 names = args.names()
-                scored = prior.scores if prior is not None and fresh and prior.score_list else None
-                if scored is not None and scored.keys() >= set(names):
+                scored = prior.score_list if prior is not None and fresh else None
+                reused = scored.take(names) if isinstance(scored, ScoreList) else None
+                if reused is not None:
                     # filter_to_best scored these nodes in this cycle's filter: reuse, not recompute.
-                    scores = [scored[n] for n in names]
+                    scores: Sequence[NodeScore] = reused
                 else:
                     scores = self.placer.prioritize(args.pod, names, known)
                     self.memory.remember_scores(uid, scores)
+            if isinstance(scores, ScoreList):
+                return wire.priority_pairs(scores.names, scores.bands.tolist())
             return wire.priority_list(scores)
         except Exception as exc:
             # kube-scheduler ignores prioritize errors silently, so count them for alerting.

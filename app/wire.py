@@ -181,7 +181,12 @@ class Scored(Protocol):
 
 
 def priority_list(scores: Sequence[Scored]) -> bytes:
-    return orjson.dumps([{"Host": s.node, "Score": s.score} for s in scores])
+    return priority_pairs([s.node for s in scores], [s.score for s in scores])
+
+
+def priority_pairs(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
+    """The HostPriorityList from two columns (scores computed as columns make no objects for it)."""
+    return orjson.dumps([{"Host": h, "Score": s} for h, s in zip(hosts, scores, strict=True)])
 
 
 def binding_result(error: str = "") -> bytes:

@@ -10,7 +10,9 @@ placement logic itself costs on this machine.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import random
 import resource
 import time
 import tracemalloc
@@ -76,11 +78,14 @@ def main(nodes: int = 5000, pods: int = 100_000, runs: int = 200, heap: bool = F
         spec = svc.placer.parse(p)
         svc.snapshot.place(PlacedPod(spec.uid, spec.key, node, 0, 100, 128 * 2**20, spec.stage, None, None))
     if varied:
+        rng = random.Random(7)
         for i in range(nodes):
             busy = (i * 7) % 8  # 0..7 GPUs in use, spread over every GPU model
             if busy:
                 stage = Stage.PRETRAINING if i % 3 == 0 else Stage.SERVING
-                svc.snapshot.place(PlacedPod(f"g{i}", f"gpu/g{i}", f"n{i:05d}", busy, 1000.0 * busy,
+                # CPU requests vary per node as in a real cluster, so nodes rarely share usage.
+                cpu = 1000.0 * busy + 100 * rng.randrange(0, 120)
+                svc.snapshot.place(PlacedPod(f"g{i}", f"gpu/g{i}", f"n{i:05d}", busy, cpu,
                                              8 * 2**30 * busy, stage, None, None))
     traced_now, _ = tracemalloc.get_traced_memory() if heap else (0, 0)
     tracemalloc.stop()
@@ -89,10 +94,16 @@ def main(nodes: int = 5000, pods: int = 100_000, runs: int = 200, heap: bool = F
     cache_rss = rss_mb()
 
     names = [f"n{i:05d}" for i in range(nodes)]
+    # A soft in-tree preference: filter keeps every equal-best node and prioritize is called.
+    soft = pod_object("sft", stage="alignment", gpus=2, annotations={"llm-placement.io/model-params": "7B"})
+    soft["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [
+            {"key": "zone", "operator": "In", "values": ["a"]}]}}]}}
     cases = {
         "serving 70B, SLO 30 ms (2/5 pass)": pod_object("chat", stage="serving", gpus=4, annotations={
             "llm-placement.io/model-params": "70B", "llm-placement.io/max-ms-per-token": "30"}),
         "plain 1-GPU pod (all pass)": pod_object("plain", gpus=1),
+        "alignment 7B, 2 GPUs, preferred affinity": soft,
         "data-prep CPU pod (none pass)": pod_object("prep", stage="data-prep", cpu="4"),
     }
     usage = "varied GPU usage" if varied else "all GPUs free"
@@ -101,7 +112,12 @@ def main(nodes: int = 5000, pods: int = 100_000, runs: int = 200, heap: bool = F
         table.add_column(col, justify="right" if col != "request" else "left")
     for label, pod in cases.items():
         fbody = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
+        # prioritize at its worst: every feasible node (filter_to_best off, or a pod with a soft
+        # preference whose feasible nodes all tie); with filter_to_best it is usually not called.
+        narrowing = svc.placer.policy
+        svc.placer.policy = dataclasses.replace(narrowing, filter_to_best=False)
         survivors = orjson.loads(svc.filter(fbody))["NodeNames"] or names[:1]
+        svc.placer.policy = narrowing
         pbody = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": survivors})
         for verb, body, fn in (("filter", fbody, svc.filter), ("prioritize", pbody, svc.prioritize)):
             if verb == "prioritize":

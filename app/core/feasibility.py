@@ -7,6 +7,7 @@ available" line aggregates it into counts, and a flag saying whether preemption 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from app.core.dra import product_matches
 from app.core.nodes import CPU_MEMORY_BANDWIDTH_TBS, NodeFacts
@@ -31,6 +32,8 @@ from app.core.workload import (
     Stage,
     WorkloadSpec,
 )
+
+K = TypeVar("K")  # node names, or the placer's node classes
 
 __all__ = ["NodeFit", "Rejection", "apply_default_target", "evaluate", "pod_hourly_cost"]
 
@@ -264,7 +267,7 @@ def evaluate(
 
 
 def apply_default_target(
-    spec: WorkloadSpec, fits: dict[str, NodeFit], rejections: dict[str, Rejection],
+    spec: WorkloadSpec, fits: dict[K, NodeFit], rejections: dict[K, Rejection],
     policy: FeasibilityPolicy,
 ) -> None:
     """Interactive serving without max-ms-per-token: drop the feasible nodes that miss the default

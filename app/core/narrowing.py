@@ -5,16 +5,14 @@ kube-scheduler skips scoring, and our prioritize call, when filter leaves one no
 our best nodes already win (docs/scoring.md), so in-tree scores only ever chose *among our equal-best
 nodes*; narrowing to one of them changes nothing for a pod that has no soft in-tree preference. A pod
 that has one keeps all its equal-best nodes, and kube-scheduler's own scores break the tie as before.
+The nodes left out are not listed as failed: kube-scheduler only reads per-node reasons when no node
+is feasible (docs/scoring.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-
-from app.core.reasons import MESSAGE_PREFIX
-
-NOT_BEST = MESSAGE_PREFIX + "another node ranks better for this pod (filter_to_best)"
 
 # Controllers whose pods kube-scheduler's default PodTopologySpread constraints (ScheduleAnyway, by
 # host and zone) spread when the pod names no constraints of its own.

@@ -6,12 +6,16 @@ through two small protocols so each can be developed and tested on its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
+import numpy as np
+
+from app.core.batch_scoring import Floats, Ints, ScoreList, score_batch
 from app.core.feasibility import NodeFit, apply_default_target, evaluate
-from app.core.narrowing import NOT_BEST, soft_preference
+from app.core.narrowing import soft_preference
+from app.core.nodes import NodeFacts
 from app.core.policy import PlacementPolicy
 from app.core.ranking import best_nodes
 from app.core.reasons import MESSAGE_CHARS, MESSAGE_PREFIX, ReasonCode, Rejection, clip, reject
@@ -56,7 +60,9 @@ class FilterDecision:
     failed: dict[str, str] = field(default_factory=dict)
     unresolvable: dict[str, str] = field(default_factory=dict)
     error: str = ""
-    fits: dict[str, NodeFit] = field(default_factory=dict)
+    fits: Mapping[str, NodeFit] = field(default_factory=dict)
+    # The grouped verdicts behind ``fits`` (None on the per-node gang path), reused by scoring.
+    classified: Classified | None = None
     # Annotation problems (app.core.reasons.AnnotationProblem: text and key), for metrics.
     invalid: list[str] = field(default_factory=list)
     # The rule behind each distinct rejection message of this call, for the metric.
@@ -109,43 +115,60 @@ class Placer:
 
     def evaluate_nodes(
         self, spec: WorkloadSpec, node_names: Sequence[str]
-    ) -> tuple[dict[str, NodeFit], dict[str, Rejection]]:
-        fits: dict[str, NodeFit] = {}
-        rejections: dict[str, Rejection] = {}
-        gang_key = spec.gang.key if spec.gang else None
-        hard = self.gravity.hard_rejections(spec, node_names) if self.gravity else {}
-        entries = self.snapshot.entries
-        # CPU pods do not care about GPU reservations; skip the per-node ledger lookup for them.
-        reserved = self.gangs.reserved_map(gang_key) if self.gangs is not None and spec.gpus > 0 else {}
-        need = spec.gpus
-        # Verdicts depend only on the node's shape and two bits of live state; memoise per request.
-        memo: dict[int, NodeFit | Rejection] = {}
-        for name in node_names:
-            entry = entries.get(name)
-            if entry is None:
-                rejections[name] = NOT_CACHED
-                continue
-            if hard and name in hard:
-                rejections[name] = hard[name]
-                continue
-            facts, usage, sid = entry
-            free = facts.gpu_count - usage.gpus
-            if reserved and free > 0:
-                free -= reserved.get(name, 0)
-            key = sid * 4 + (2 if free >= need else 0) + (1 if usage.training else 0)
-            verdict = memo.get(key)
-            if verdict is None:
-                verdict = memo[key] = evaluate(spec, facts, usage, free, self.policy.feasibility)
-            if type(verdict) is Rejection:
-                rejections[name] = verdict
-            else:
-                fit = cast(NodeFit, verdict)
-                fits[name] = fit if fit.node is facts else fit.on(facts)
-        # Needs every candidate's verdict: filtered only when another node meets the target.
-        apply_default_target(spec, fits, rejections, self.policy.feasibility)
+    ) -> tuple[Mapping[str, NodeFit], dict[str, Rejection]]:
+        """Every candidate's verdict: the feasible ones (name -> fit) and the rejected ones."""
+        c = self.classify(spec, node_names)
+        fits: Mapping[str, NodeFit] = FitMap(c, self.snapshot.entries)
+        rejections = c.rejections()
         if spec.gang is not None and self.gangs is not None:
-            fits, rejections = self.gangs.filter_member(spec, fits, rejections, node_names)
+            fits, rejections = self.gangs.filter_member(spec, dict(fits), rejections, node_names)
         return fits, rejections
+
+    def classify(self, spec: WorkloadSpec, node_names: Sequence[str]) -> Classified:
+        """Group the candidates into classes our rules cannot tell apart, and judge each class once.
+
+        A verdict depends only on the node's shape, whether its free GPUs (net of other gangs'
+        reservations) cover the pod, and whether training runs there; those are columns of the
+        snapshot's node table, so the grouping is numpy work and Python runs once per class.
+        """
+        names = node_names if isinstance(node_names, list) else list(node_names)
+        table = self.snapshot.table
+        rows = table.rows(names)
+        known = rows >= 0
+        r = np.where(known, rows, 0)
+        free = table.gpu_count[r] - table.gpus_used[r]
+        if self.gangs is not None and spec.gpus > 0:  # CPU pods do not care about GPU reservations
+            reserved = self.gangs.reserved_map(spec.gang.key if spec.gang else None)
+            if reserved:
+                free = np.where(free > 0, free - table.column(reserved)[r], free)
+        key = table.shape[r] * 4 + np.where(free >= spec.gpus, 2, 0) + (table.training[r] > 0)
+        key[~known] = -1
+        hard = self.gravity.hard_rejections(spec, names) if self.gravity else {}
+        if hard:
+            for i, name in enumerate(names):
+                if name in hard:
+                    key[i] = -2 - i  # a class of its own: the reason names this node's producer
+        uniq, first, class_of = np.unique(key, return_index=True, return_inverse=True)
+        entries = self.snapshot.entries
+        verdicts: list[NodeFit | Rejection] = []
+        for k, i in zip(uniq.tolist(), first.tolist(), strict=True):
+            if k == -1:
+                verdicts.append(NOT_CACHED)
+            elif k <= -2:
+                verdicts.append(hard[names[i]])
+            else:
+                facts, usage, _ = entries[names[i]]
+                verdicts.append(evaluate(spec, facts, usage, int(free[i]), self.policy.feasibility))
+        # Needs every candidate's verdict: filtered only when another node meets the target.
+        class_fits = {j: v for j, v in enumerate(verdicts) if type(v) is NodeFit}
+        class_rejections: dict[int, Rejection] = {}
+        apply_default_target(spec, class_fits, class_rejections, self.policy.feasibility)
+        for j, why in class_rejections.items():
+            verdicts[j] = why
+        passes = np.array([type(v) is NodeFit for v in verdicts], dtype=bool)
+        passing = np.flatnonzero(passes[class_of])
+        return Classified(names, class_of.astype(np.int64), verdicts, r, passing,
+                          [names[i] for i in passing.tolist()] if len(passing) < len(names) else names)
 
     def filter(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterDecision:
         try:
@@ -158,21 +181,32 @@ class Placer:
             return FilterDecision(
                 spec=None, unresolvable=dict.fromkeys(node_names, msg), invalid=exc.problems
             )
-        fits, rejections = self.evaluate_nodes(spec, node_names)
-        decision = FilterDecision(spec=spec, fits=fits)
-        codes, last = decision.codes, None
-        for name in node_names:
-            if name in fits:
-                decision.passed.append(name)
-            else:
-                r = rejections.get(name) or UNKNOWN
-                (decision.unresolvable if r.unresolvable else decision.failed)[name] = r.message
-                if r is not last:  # verdicts are shared per node shape: a few distinct objects
-                    codes.setdefault(r.message, r.code)
-                    last = r
+        if spec.gang is not None and self.gangs is not None:
+            fits, rejections = self.evaluate_nodes(spec, node_names)
+            return _decision(spec, node_names, fits, rejections)
+        c = self.classify(spec, node_names)
+        decision = FilterDecision(spec=spec, fits=FitMap(c, self.snapshot.entries), classified=c)
+        names = c.names
+        decision.passed = list(c.passing_names)
+        if len(decision.passed) < len(names):
+            verdicts = c.verdicts
+            messages = [v.message if type(v) is Rejection else "" for v in verdicts]
+            hopeless = np.array([type(v) is Rejection and v.unresolvable for v in verdicts], dtype=bool)
+            failing = np.ones(len(names), dtype=bool)
+            failing[c.passing] = False
+            for j in np.unique(c.class_of[failing]).tolist():
+                r = cast(Rejection, verdicts[j])
+                decision.codes.setdefault(r.message, r.code)
+            # One comprehension per kind of rejection: a Python step per node, but the cheapest one.
+            for mask, into in ((failing & ~hopeless[c.class_of], decision.failed),
+                               (failing & hopeless[c.class_of], decision.unresolvable)):
+                at = np.flatnonzero(mask)
+                if len(at):
+                    into.update({names[i]: messages[j]
+                                 for i, j in zip(at.tolist(), c.class_of[at].tolist(), strict=True)})
         return decision
 
-    def narrow(self, decision: FilterDecision, pod: dict[str, Any]) -> list[NodeScore] | None:
+    def narrow(self, decision: FilterDecision, pod: dict[str, Any]) -> Sequence[NodeScore] | None:
         """Keep only our best-ranked passing node(s) (policy ``filter_to_best``); return the scores.
 
         One node when the pod has no soft in-tree preference (kube-scheduler then skips scoring and
@@ -180,33 +214,52 @@ class Placer:
         """
         if not self.policy.filter_to_best or decision.spec is None or len(decision.passed) < 2:
             return None
-        scores = self.score(decision.spec, [decision.fits[n] for n in decision.passed])
-        best = best_nodes({s.node: s.total for s in scores})
-        keep = [n for n in decision.passed if n in best]
-        if len(keep) > 1 and soft_preference(pod) is None and not any(
-                decision.fits[n].node.prefer_no_schedule for n in keep):
+        scores: Sequence[NodeScore]
+        c = decision.classified
+        if c is not None:
+            batch = self._score_positions(decision.spec, c, c.passing)
+            best = batch.best_positions()
+            keep = [batch.names[i] for i in best.tolist()]
+            tainted = bool(self.snapshot.table.prefer_no_schedule[c.rows[c.passing[best]]].any())
+            scores = batch
+        else:
+            scores = self.score(decision.spec, [decision.fits[n] for n in decision.passed])
+            top = best_nodes({s.node: s.total for s in scores})
+            keep = [n for n in decision.passed if n in top]
+            tainted = any(decision.fits[n].node.prefer_no_schedule for n in keep)
+        if len(keep) > 1 and not tainted and soft_preference(pod) is None:
             keep = keep[:1]
-        if len(keep) < len(decision.passed):
-            kept = set(keep)
-            for n in decision.passed:
-                if n not in kept:
-                    decision.failed[n] = NOT_BEST
-            decision.passed = keep
+        decision.passed = keep  # the others are left out of the answer (docs/scoring.md)
         return scores
 
     def score(self, spec: WorkloadSpec, fits: Sequence[NodeFit]) -> list[NodeScore]:
+        """Scores one node at a time (app.core.scoring, the readable definition): explain, plans."""
         term = None
         # Producers (depends-on) and serving-group partners pull through the same term.
         if self.gravity is not None and (spec.depends_on or spec.serving_group):
             term = self.gravity.term(spec, [f.node.name for f in fits])
         return score_nodes(spec, fits, self.snapshot.usage, self.policy.scoring, term)
 
+    def _score_positions(self, spec: WorkloadSpec, c: Classified, positions: Ints) -> ScoreList:
+        """Scores of the candidates at ``positions`` (feasible ones), as columns (app.core.batch_scoring)."""
+        names = c.passing_names if positions is c.passing else [c.names[i] for i in positions.tolist()]
+        rows = c.rows[positions]
+        table = self.snapshot.table
+        gravity: Floats | None = None
+        if self.gravity is not None and (spec.depends_on or spec.serving_group):
+            term = self.gravity.term(spec, names)
+            if term is not None:
+                gravity = np.array([np.nan if (g := term(n)) is None else g for n in names], dtype=np.float64)
+        return score_batch(spec, names, cast(list[NodeFit], c.verdicts), c.class_of[positions],
+                           table.gpus_used[rows], table.cpu_used[rows], table.training[rows],
+                           table.interactive[rows], self.policy.scoring, gravity)
+
     def prioritize(
         self,
         pod: dict[str, Any],
         node_names: Sequence[str],
-        known_fits: dict[str, NodeFit] | None = None,
-    ) -> list[NodeScore]:
+        known_fits: Mapping[str, NodeFit] | None = None,
+    ) -> Sequence[NodeScore]:
         """Scores for the nodes kube-scheduler kept; infeasible or unknown nodes score 0.
 
         ``known_fits``: the filter verdicts of this same pod on an unchanged snapshot, which spares
@@ -216,12 +269,101 @@ class Placer:
             spec = self.parse(pod)
         except WorkloadError:
             return [NodeScore(n, 0, 0.0) for n in node_names]
-        if known_fits is not None and known_fits.keys() >= set(node_names):
-            fits = {n: known_fits[n] for n in node_names}
+        if spec.gang is not None and self.gangs is not None:
+            # Gang members: the plan narrows the verdicts per node (GangHook.filter_member).
+            if known_fits is not None and known_fits.keys() >= set(node_names):
+                fits: Mapping[str, NodeFit] = {n: known_fits[n] for n in node_names}
+            else:
+                fits, _ = self.evaluate_nodes(spec, node_names)
+            scores = self.score(spec, list(fits.values()))
+            if len(scores) == len(node_names):
+                return scores
+            scored = {s.node: s for s in scores}
+            return [scored.get(n) or NodeScore(n, 0, 0.0) for n in node_names]
+        c = known_fits.classified if isinstance(known_fits, FitMap) else None
+        if c is not None and len(c.names) == len(node_names) and c.names == list(node_names):
+            pass  # the same candidates filter judged in this cycle
         else:
-            fits, _ = self.evaluate_nodes(spec, node_names)
-        scores = self.score(spec, list(fits.values()))
-        if len(scores) == len(node_names):
-            return scores  # every node kept, in request order: the common case, no re-mapping
-        scored = {s.node: s for s in scores}
-        return [scored.get(n) or NodeScore(n, 0, 0.0) for n in node_names]
+            c = self.classify(spec, node_names)
+        batch = self._score_positions(spec, c, c.passing)
+        if len(c.passing) == len(node_names):
+            return batch  # every node kept, in request order: the common case, no re-mapping
+        by_name = {batch.names[i]: i for i in range(len(batch))}
+        out: list[NodeScore] = []
+        for n in node_names:
+            i = by_name.get(n)
+            out.append(NodeScore(n, 0, 0.0) if i is None else batch[i])
+        return out
+
+
+@dataclass(slots=True)
+class Classified:
+    """One request's candidates, grouped into classes our rules cannot tell apart (Placer.classify)."""
+
+    names: list[str]
+    class_of: Ints  # per candidate: its class, an index into ``verdicts``
+    verdicts: list[NodeFit | Rejection]  # per class
+    rows: Ints  # per candidate: its row in the snapshot's node table
+    passing: Ints  # the feasible candidates' positions, in request order
+    passing_names: list[str]  # their names
+
+    def rejections(self) -> dict[str, Rejection]:
+        failing = np.ones(len(self.names), dtype=bool)
+        failing[self.passing] = False
+        at, classes = np.flatnonzero(failing).tolist(), self.class_of[failing].tolist()
+        return {self.names[i]: cast(Rejection, self.verdicts[j]) for i, j in zip(at, classes, strict=True)}
+
+
+class FitMap(Mapping[str, NodeFit]):
+    """The feasible candidates of one request, name -> fit; each ``NodeFit`` is made when asked for.
+
+    A class's fit is shared by all its nodes; only the node facts differ, and few consumers (bind,
+    explain, a plan) ever look at more than a handful of nodes.
+    """
+
+    def __init__(self, classified: Classified, entries: Mapping[str, tuple[NodeFacts, Any, int]]) -> None:
+        self.classified = classified
+        self._entries = entries
+        self._names = classified.passing_names
+        self._pos: dict[str, int] | None = None
+        self._made: dict[str, NodeFit] = {}
+
+    def _index(self) -> dict[str, int]:
+        if self._pos is None:
+            self._pos = dict(zip(self._names, self.classified.passing.tolist(), strict=True))
+        return self._pos
+
+    def __getitem__(self, name: str) -> NodeFit:
+        fit = self._made.get(name)
+        if fit is None:
+            c = self.classified
+            shared = cast(NodeFit, c.verdicts[int(c.class_of[self._index()[name]])])
+            entry = self._entries.get(name)
+            fit = shared if entry is None or shared.node is entry[0] else shared.on(entry[0])
+            self._made[name] = fit
+        return fit
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _decision(spec: WorkloadSpec, node_names: Sequence[str], fits: Mapping[str, NodeFit],
+              rejections: dict[str, Rejection]) -> FilterDecision:
+    decision = FilterDecision(spec=spec, fits=fits)
+    codes, last = decision.codes, None
+    for name in node_names:
+        if name in fits:
+            decision.passed.append(name)
+        else:
+            r = rejections.get(name) or UNKNOWN
+            (decision.unresolvable if r.unresolvable else decision.failed)[name] = r.message
+            if r is not last:  # verdicts are shared per node shape: a few distinct objects
+                codes.setdefault(r.message, r.code)
+                last = r
+    return decision

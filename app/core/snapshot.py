@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from app.core.dra import DraIndex
+from app.core.node_table import NodeTable
 from app.core.nodes import NodeFacts
 from app.core.workload import TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
 
@@ -75,6 +76,8 @@ class ClusterSnapshot:
         # on clusters without the resource.k8s.io API.
         self.dra = DraIndex()
         self.generation = 0  # bumps on every change; caches key on it
+        # The same nodes and usage counters as columns, for per-request work by class of node.
+        self.table = NodeTable()
 
     # --- nodes ---------------------------------------------------------------------------------
     def upsert_node(self, facts: NodeFacts) -> None:
@@ -84,11 +87,14 @@ class ClusterSnapshot:
         self.nodes[facts.name] = facts
         usage = self.usage.setdefault(facts.name, NodeUsage())
         self.entries[facts.name] = (facts, usage, sid)
+        self.table.set_node(facts.name, sid, facts.gpu_count, facts.prefer_no_schedule)
+        self._sync(facts.name, usage)
         self.generation += 1
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
         self.entries.pop(name, None)
+        self.table.remove_node(name)
         self.generation += 1
 
     # --- pods ----------------------------------------------------------------------------------
@@ -117,6 +123,7 @@ class ClusterSnapshot:
                 u.training += 1
         if pod.stage is Stage.SERVING and pod.latency_class is LatencyClass.INTERACTIVE:
             u.interactive += 1
+        self._sync(pod.node, u)
         self.generation += 1
 
     def assume(self, spec: WorkloadSpec, node: str) -> None:
@@ -152,7 +159,11 @@ class ClusterSnapshot:
                     u.training -= 1
             if pod.stage is Stage.SERVING and pod.latency_class is LatencyClass.INTERACTIVE:
                 u.interactive -= 1
+            self._sync(pod.node, u)
         self.generation += 1
+
+    def _sync(self, node: str, u: NodeUsage) -> None:
+        self.table.set_usage(node, u.gpus, u.cpu_millis, u.training, u.interactive)
 
     def forget_finished_before(self, cutoff: float) -> None:
         for key in [k for k, p in self.finished.items() if (p.finished_at or 0) < cutoff]:

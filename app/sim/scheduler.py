@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -89,7 +90,7 @@ class Cycle:
     spec: WorkloadSpec | None
     req: Req
     candidates: list[Candidate] = field(default_factory=list)  # in kube-scheduler's node order
-    fits: dict[str, NodeFit] = field(default_factory=dict)
+    fits: Mapping[str, NodeFit] = field(default_factory=dict)
     reason: str = ""
 
     def best(self) -> list[Candidate]:

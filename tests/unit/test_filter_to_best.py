@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from app.config import Settings
-from app.core.narrowing import NOT_BEST, soft_preference
+from app.core.narrowing import soft_preference
 from app.core.ranking import Agreement
 from app.service import ExtenderService
 from app.sim.fleet import node_object, pod_object
@@ -57,10 +57,9 @@ def test_a_pod_without_soft_preferences_gets_exactly_our_best_node() -> None:
     narrowed = filter_call(svc, pod, names)
     [chosen] = narrowed["NodeNames"]
     assert ranks[chosen] == best
-    # The others are reported with a reason, not silently dropped (the scheduler's diagnosis).
-    for n in full["NodeNames"]:
-        if n != chosen:
-            assert narrowed["FailedNodes"][n] == NOT_BEST
+    # The others are left out of the answer, not listed as failed: kube-scheduler reads per-node
+    # reasons only when no node is feasible, and thousands of them made every answer huge.
+    assert not set(full["NodeNames"]) & set(narrowed.get("FailedNodes") or {})
     # Bind's agreement reads the scores filter computed: kube-scheduler's node is our best.
     remembered = svc.remembered("uid-sft")
     assert remembered is not None and remembered.agreement_with(chosen) in (Agreement.TOP, Agreement.TIED_TOP)
