@@ -115,6 +115,10 @@ class ExtenderService:
                     # Scored here, not in prioritize: bind's agreement and explain read them.
                     self.memory.remember_scores(decision.spec.uid, scores)
             self._count_filter(decision)
+            if decision.passed:
+                # kube-scheduler reads per-node reasons only when no node passes (the pod's
+                # FailedScheduling event, preemption); docs/extender-protocol.md.
+                return wire.filter_result(args, decision.passed, {}, {})
             return wire.filter_result(args, decision.passed, decision.failed, decision.unresolvable)
         except Exception as exc:  # never a 500: the message must reach the pod's events
             log.exception("filter failed")

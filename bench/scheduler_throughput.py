@@ -382,6 +382,8 @@ def run_variant(
     with_ext = variant != "no-extender"
     cp.start_scheduler(with_extender=with_ext, node_cache_capable=node_cache_capable)
     spy = start_profile(cp, profile) if profile and with_ext else None
+    go_prof = (start_scheduler_profile(cp, profile.with_name(f"{profile.stem}-{variant}.pprof"))
+               if profile else None)
     last_progress, seen = time.monotonic(), 0
     cpu_after, req_after = cpu_before, req_before
     while not watcher.done.wait(1.0):
@@ -402,6 +404,9 @@ def run_variant(
         cpu_after, req_after = component_cpu(cp), api_requests(cp)
     if spy is not None:
         spy.wait()
+    if go_prof is not None:
+        go_prof.join()
+        report_scheduler_profile(variant, go_prof.out)
     metrics_after = cp.extender_metrics()
     cycle = scheduler_cycle(cp)
     cp.stop_scheduler()
@@ -512,6 +517,44 @@ def start_profile(cp: ControlPlane, out: Path) -> subprocess.Popen[bytes]:
     argv = [spy, "record", "-p", str(cp.extender.pid), "-d", "15", "-r", "100", "--nonblocking",
             "-f", "raw", "--threads", "-o", str(out)]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class SchedulerProfile(threading.Thread):
+    """kube-scheduler's own CPU profile (Go pprof, 15 s) taken while it schedules the pods."""
+
+    def __init__(self, url: str, out: Path) -> None:
+        super().__init__(daemon=True)
+        self.url, self.out = url, out
+
+    def run(self) -> None:
+        time.sleep(1.0)  # past start-up and the informers' first sync
+        try:
+            r = httpx.get(self.url, verify=False, timeout=60)
+            r.raise_for_status()
+            self.out.write_bytes(r.content)
+        except httpx.HTTPError as exc:
+            print(f"  kube-scheduler profile failed: {exc}", flush=True)
+
+
+def start_scheduler_profile(cp: ControlPlane, out: Path) -> SchedulerProfile:
+    wait_until(lambda: cp.scheduler is not None and cp.scheduler.pid is not None, 30, "kube-scheduler")
+    prof = SchedulerProfile(f"https://127.0.0.1:{cp.ports.scheduler}/debug/pprof/profile?seconds=15", out)
+    prof.start()
+    return prof
+
+
+def report_scheduler_profile(variant: str, path: Path) -> None:
+    """The functions kube-scheduler spent its CPU in (cumulative), via ``go tool pprof``."""
+    go = shutil.which("go")
+    if go is None or not path.exists():
+        return
+    out = subprocess.run([go, "tool", "pprof", "-top", "-cum", "-nodecount=45", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    print()
+    print(f"kube-scheduler profile, {variant} ({path}), top functions by cumulative CPU:")
+    for line in out.stdout.splitlines():
+        if line.strip() and not line.startswith(("File:", "Build ID:", "Type:", "Time:", "Duration:")):
+            print("  " + line)
 
 
 IDLE_LEAVES = ("select", "poll", "wait", "recv_into", "readinto", "acquire", "sleep", "accept", "get")

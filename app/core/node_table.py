@@ -86,17 +86,21 @@ class NodeTable:
     def rows(self, names: Sequence[str]) -> Ints:
         """Row of each name (``UNKNOWN_ROW`` for names the snapshot does not hold), in order.
 
-        kube-scheduler sends the same candidate list again and again (every node that passed its own
+        kube-scheduler often sends the same candidate list again (every node that passed its own
         filters), so the last translation is kept: comparing two lists of names is several times
-        cheaper than hashing every name again.
+        cheaper than hashing every name again. (Its parallel filters reorder the list from cycle to
+        cycle on a large cluster, so the translation itself must be cheap too.)
         """
         last = self._last_names
         if last is not None and self._last_version == self.version and len(names) == len(last) and (
                 names == last):
             assert self._last_rows is not None
             return self._last_rows
-        get = self.index.get
-        rows = np.fromiter((get(n, UNKNOWN_ROW) for n in names), dtype=np.int64, count=len(names))
+        try:  # every name known: the loop runs in C
+            rows = np.fromiter(map(self.index.__getitem__, names), dtype=np.int64, count=len(names))
+        except KeyError:
+            get = self.index.get
+            rows = np.fromiter((get(n, UNKNOWN_ROW) for n in names), dtype=np.int64, count=len(names))
         self._last_names = list(names)  # a copy: the caller may reuse its list
         self._last_rows = rows
         self._last_version = self.version

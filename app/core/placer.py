@@ -7,10 +7,11 @@ through two small protocols so each can be developed and tested on its own.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from app.core.batch_scoring import Floats, Ints, ScoreList, score_batch
 from app.core.feasibility import NodeFit, apply_default_target, evaluate
@@ -53,24 +54,87 @@ class GravityHook(Protocol):
         ...
 
 
-@dataclass(slots=True)
 class FilterDecision:
-    spec: WorkloadSpec | None
-    passed: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-    unresolvable: dict[str, str] = field(default_factory=dict)
-    error: str = ""
-    fits: Mapping[str, NodeFit] = field(default_factory=dict)
-    # The grouped verdicts behind ``fits`` (None on the per-node gang path), reused by scoring.
-    classified: Classified | None = None
-    # Annotation problems (app.core.reasons.AnnotationProblem: text and key), for metrics.
-    invalid: list[str] = field(default_factory=list)
-    # The rule behind each distinct rejection message of this call, for the metric.
-    codes: dict[str, ReasonCode] = field(default_factory=dict)
+    """What filter decided for one pod: the passing nodes, why the others failed, and for what rule.
+
+    Per-node reasons are built when first read: the service sends them only when no node passes
+    (kube-scheduler reads them for nothing else), so a call that places the pod never builds
+    thousands of them; explain, tests and the simulator read them all the same.
+    """
+
+    __slots__ = (
+        "_failed",
+        "_unresolvable",
+        "classified",
+        "codes",
+        "error",
+        "fits",
+        "invalid",
+        "passed",
+        "spec",
+    )
+
+    def __init__(
+        self,
+        spec: WorkloadSpec | None,
+        *,
+        passed: list[str] | None = None,
+        failed: dict[str, str] | None = None,
+        unresolvable: dict[str, str] | None = None,
+        fits: Mapping[str, NodeFit] | None = None,
+        classified: Classified | None = None,
+        invalid: list[str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.passed: list[str] = passed if passed is not None else []
+        self.error = ""
+        self.fits: Mapping[str, NodeFit] = fits if fits is not None else {}
+        # The grouped verdicts behind ``fits`` (None on the per-node gang path), reused by scoring.
+        self.classified = classified
+        # Annotation problems (app.core.reasons.AnnotationProblem: text and key), for metrics.
+        self.invalid: list[str] = invalid if invalid is not None else []
+        # The rule behind each distinct rejection message of this call, for the metric.
+        self.codes: dict[str, ReasonCode] = {}
+        # None until read, when ``classified`` holds the verdicts to build them from.
+        self._failed = failed if failed is not None or classified is not None else {}
+        self._unresolvable = unresolvable if unresolvable is not None or classified is not None else {}
+
+    @property
+    def failed(self) -> dict[str, str]:
+        if self._failed is None:
+            self._build_reasons()
+        assert self._failed is not None
+        return self._failed
+
+    @property
+    def unresolvable(self) -> dict[str, str]:
+        if self._unresolvable is None:
+            self._build_reasons()
+        assert self._unresolvable is not None
+        return self._unresolvable
 
     @property
     def rejections(self) -> dict[str, str]:
         return {**self.failed, **self.unresolvable}
+
+    def _build_reasons(self) -> None:
+        """Each failing candidate's reason, from its class's verdict (the candidates in ``classified``
+        that did not pass filter; a node dropped later by ``narrow`` is not a failure)."""
+        self._failed, self._unresolvable = {}, {}
+        c = self.classified
+        if c is None or len(c.passing) == len(c.names):
+            return
+        names, verdicts = c.names, c.verdicts
+        messages = [v.message if type(v) is Rejection else "" for v in verdicts]
+        hopeless = np.array([type(v) is Rejection and v.unresolvable for v in verdicts], dtype=bool)
+        failing = c.failing()
+        # One comprehension per kind of rejection: a Python step per node, but the cheapest one.
+        for mask, into in ((failing & ~hopeless[c.class_of], self._failed),
+                           (failing & hopeless[c.class_of], self._unresolvable)):
+            at = np.flatnonzero(mask)
+            if len(at):
+                into.update({names[i]: messages[j]
+                             for i, j in zip(at.tolist(), c.class_of[at].tolist(), strict=True)})
 
 
 class Placer:
@@ -189,21 +253,9 @@ class Placer:
         names = c.names
         decision.passed = list(c.passing_names)
         if len(decision.passed) < len(names):
-            verdicts = c.verdicts
-            messages = [v.message if type(v) is Rejection else "" for v in verdicts]
-            hopeless = np.array([type(v) is Rejection and v.unresolvable for v in verdicts], dtype=bool)
-            failing = np.ones(len(names), dtype=bool)
-            failing[c.passing] = False
-            for j in np.unique(c.class_of[failing]).tolist():
-                r = cast(Rejection, verdicts[j])
+            for j in np.unique(c.class_of[c.failing()]).tolist():
+                r = cast(Rejection, c.verdicts[j])
                 decision.codes.setdefault(r.message, r.code)
-            # One comprehension per kind of rejection: a Python step per node, but the cheapest one.
-            for mask, into in ((failing & ~hopeless[c.class_of], decision.failed),
-                               (failing & hopeless[c.class_of], decision.unresolvable)):
-                at = np.flatnonzero(mask)
-                if len(at):
-                    into.update({names[i]: messages[j]
-                                 for i, j in zip(at.tolist(), c.class_of[at].tolist(), strict=True)})
         return decision
 
     def narrow(self, decision: FilterDecision, pod: dict[str, Any]) -> Sequence[NodeScore] | None:
@@ -307,9 +359,13 @@ class Classified:
     passing: Ints  # the feasible candidates' positions, in request order
     passing_names: list[str]  # their names
 
-    def rejections(self) -> dict[str, Rejection]:
+    def failing(self) -> npt.NDArray[np.bool_]:
         failing = np.ones(len(self.names), dtype=bool)
         failing[self.passing] = False
+        return failing
+
+    def rejections(self) -> dict[str, Rejection]:
+        failing = self.failing()
         at, classes = np.flatnonzero(failing).tolist(), self.class_of[failing].tolist()
         return {self.names[i]: cast(Rejection, self.verdicts[j]) for i, j in zip(at, classes, strict=True)}
 

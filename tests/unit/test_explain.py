@@ -126,8 +126,11 @@ def test_explain_matches_filter_and_prioritize(svc: ExtenderService) -> None:
     assert kept == {"h200-0", "h100-0"}
     assert {n for n, e in entries.items() if e["feasible"]} == kept
 
-    # Every rejected node carries the very reason filter returned, in the same map.
-    failed, unresolvable = filtered["FailedNodes"], filtered["FailedAndUnresolvableNodes"]
+    # Every rejected node carries the very reason filter decided, in the same map. (The answer
+    # itself carries no reasons here: nodes passed, and kube-scheduler reads them only otherwise.)
+    assert filtered["FailedNodes"] == {} and filtered["FailedAndUnresolvableNodes"] == {}
+    decision = svc.placer.filter(pod, sorted(entries))
+    failed, unresolvable = decision.failed, decision.unresolvable
     assert set(failed) | set(unresolvable) == set(entries) - kept
     assert set(failed) == {"h100-busy"}  # preemption could free GPUs there
     for node, reason in {**failed, **unresolvable}.items():

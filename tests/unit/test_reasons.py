@@ -137,9 +137,16 @@ def test_each_rule_is_reachable_and_metric_explain_and_answer_agree(code: Reason
 
     before = rejections(svc, code.value)
     out = json.loads(svc.filter(json.dumps({"Pod": pod, "NodeNames": names}).encode()))
-    answered = {**(out["FailedNodes"] or {}), **(out["FailedAndUnresolvableNodes"] or {})}
-    assert answered[node] == message  # kube-scheduler's event quotes this text
     assert rejections(svc, code.value) == before + 1  # once per distinct reason per call
+    answered = {**(out["FailedNodes"] or {}), **(out["FailedAndUnresolvableNodes"] or {})}
+    if out["NodeNames"]:
+        # Another node passed: no per-node reasons (kube-scheduler reads them only when none
+        # passes). Asked about that node alone, the pod's event gets this very text.
+        assert answered == {}
+        out = json.loads(svc.filter(json.dumps({"Pod": pod, "NodeNames": [node]}).encode()))
+        assert out["NodeNames"] == []
+        answered = {**(out["FailedNodes"] or {}), **(out["FailedAndUnresolvableNodes"] or {})}
+    assert answered[node] == message  # kube-scheduler's event quotes this text
 
     if code is not ReasonCode.NOT_CACHED:  # explain lists the nodes in the cache
         spec = svc.placer.parse(pod)

@@ -45,8 +45,14 @@ def test_filter_cache_mode_pascal_case(client: TestClient) -> None:
     assert out["Error"] == "" and out["Nodes"] is None
     # 70B bf16 at 30 ms/token on 4 GPUs: only the HBM3/HBM3e parts have the bandwidth.
     assert sorted(out["NodeNames"]) == ["h100-0", "h200-0"]
+    # A node passed, so no per-node reasons: kube-scheduler reads them only when none passes.
+    assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}
+    # Without the nodes that pass, every other node is answered with its reason.
+    others = [n for n in NAMES if n not in ("h100-0", "h200-0")]
+    out = client.post("/scheduler/filter", content=json.dumps({**body, "NodeNames": others})).json()
+    assert out["NodeNames"] == []
     rejected = {**out["FailedNodes"], **out["FailedAndUnresolvableNodes"]}
-    assert set(rejected) == set(NAMES) - {"h100-0", "h200-0"}
+    assert set(rejected) == set(others)
     assert "ms/token" in rejected["a100-0"]
     # Node-independent messages so the scheduler aggregates them into counts.
     assert all(n not in msg for n, msg in rejected.items())

@@ -505,8 +505,8 @@ class ControlPlane:
             "--bind-address=127.0.0.1",
             f"--secure-port={self.ports.scheduler}",
             # No authn/authz kubeconfigs (docs/control-plane.md, section 3), so only these paths are served; /metrics lets the
-            # benchmark read kube-scheduler's own view of each scheduling cycle.
-            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            # benchmark read kube-scheduler's own view of each scheduling cycle, /debug/pprof profile it.
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics,/debug/pprof/*",
             f"-v={self.scheduler_verbosity}",
             *self.scheduler_extra_args,
         ]
