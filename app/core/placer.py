@@ -38,10 +38,10 @@ class GangHook(Protocol):
     def filter_member(
         self,
         spec: WorkloadSpec,
-        fits: dict[str, NodeFit],
+        fits: Mapping[str, NodeFit],
         rejections: dict[str, Rejection],
         node_names: Sequence[str],
-    ) -> tuple[dict[str, NodeFit], dict[str, Rejection]]: ...
+    ) -> tuple[Mapping[str, NodeFit], dict[str, Rejection]]: ...
 
 
 class GravityHook(Protocol):
@@ -185,7 +185,7 @@ class Placer:
         fits: Mapping[str, NodeFit] = FitMap(c, self.snapshot.entries)
         rejections = c.rejections()
         if spec.gang is not None and self.gangs is not None:
-            fits, rejections = self.gangs.filter_member(spec, dict(fits), rejections, node_names)
+            fits, rejections = self.gangs.filter_member(spec, fits, rejections, node_names)
         return fits, rejections
 
     def classify(self, spec: WorkloadSpec, node_names: Sequence[str]) -> Classified:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from app.core.feasibility import NodeFit
@@ -45,7 +45,7 @@ from app.gang.solver import PlanResult, plan
 
 RESERVED_ELSEWHERE = reject(ReasonCode.GANG, "reserved for gang plan on another node")
 NOT_IN_PLAN = reject(ReasonCode.GANG, "gang plan does not include this pod")
-Verdicts = tuple[dict[str, NodeFit], dict[str, Rejection]]
+Verdicts = tuple[Mapping[str, NodeFit], dict[str, Rejection]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +139,7 @@ class GangCoordinator:
 
     # --- GangHook: filter ---------------------------------------------------------------------
     def filter_member(
-        self, spec: WorkloadSpec, fits: dict[str, NodeFit], rejections: dict[str, Rejection],
+        self, spec: WorkloadSpec, fits: Mapping[str, NodeFit], rejections: dict[str, Rejection],
         node_names: Sequence[str],
     ) -> Verdicts:
         gang = spec.gang
@@ -257,7 +257,7 @@ def _reject_all(node_names: Sequence[str], r: Rejection) -> Verdicts:
     return {}, {n: r for n in node_names}
 
 
-def _only(node: str, fits: dict[str, NodeFit], rejections: dict[str, Rejection]) -> Verdicts:
+def _only(node: str, fits: Mapping[str, NodeFit], rejections: dict[str, Rejection]) -> Verdicts:
     out = dict(rejections)
     for n in fits:
         if n != node:
@@ -265,7 +265,7 @@ def _only(node: str, fits: dict[str, NodeFit], rejections: dict[str, Rejection])
     return {node: fits[node]}, out
 
 
-def _reject_gang(fits: dict[str, NodeFit], rejections: dict[str, Rejection], why: Rejection,
+def _reject_gang(fits: Mapping[str, NodeFit], rejections: dict[str, Rejection], why: Rejection,
                  unresolvable: bool = True) -> Verdicts:
     """The gang's reason on every node that could take a member alone or lacked only capacity.
 
@@ -282,7 +282,7 @@ def _reject_gang(fits: dict[str, NodeFit], rejections: dict[str, Rejection], why
     return {}, out
 
 
-def _retry(fits: dict[str, NodeFit], rejections: dict[str, Rejection], why: Rejection) -> Verdicts:
+def _retry(fits: Mapping[str, NodeFit], rejections: dict[str, Rejection], why: Rejection) -> Verdicts:
     """Resolvable: the pod waits for a plan being made right now, not for the cluster to change.
 
     kube-scheduler requeues a pod an extender rejected on the next cluster event either way (it

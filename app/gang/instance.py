@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from app.core.feasibility import NodeFit, evaluate
@@ -152,7 +152,7 @@ def _pref_rank(spec: WorkloadSpec, facts: NodeFacts) -> int:
 
 
 def evaluator(
-    snapshot: ClusterSnapshot, policy: GangPolicy, fits: dict[str, NodeFit] | None, spec_key: str | None,
+    snapshot: ClusterSnapshot, policy: GangPolicy, fits: Mapping[str, NodeFit] | None, spec_key: str | None,
     reserved: Callable[[str], int],
 ) -> Callable[[str, WorkloadSpec, str], bool]:
     """Per-node eligibility: the placer's verdicts for the filtered member's shape, else evaluate."""

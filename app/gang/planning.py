@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -95,7 +95,7 @@ class Planner:
         key: str,
         members: list[WorkloadSpec],
         spec: WorkloadSpec,
-        fits: dict[str, NodeFit] | None,
+        fits: Mapping[str, NodeFit] | None,
         offered: Sequence[str],
         state: GangState,
         now: float,
@@ -122,7 +122,7 @@ class Planner:
                          key, unfit[0], attempt + 1)
         return CHANGED
 
-    def start(self, key: str, spec: WorkloadSpec, fits: dict[str, NodeFit], offered: Sequence[str],
+    def start(self, key: str, spec: WorkloadSpec, fits: Mapping[str, NodeFit], offered: Sequence[str],
               state: GangState) -> Future[None]:
         """Plan ``key`` in the background (lock held): admission first, then this gang.
 
@@ -192,7 +192,7 @@ class Planner:
 
     # --- the three steps --------------------------------------------------------------------------
     def _brief(self, key: str, members: list[WorkloadSpec], spec: WorkloadSpec,
-               fits: dict[str, NodeFit] | None, offered: Sequence[str],
+               fits: Mapping[str, NodeFit] | None, offered: Sequence[str],
                state: GangState) -> Brief | Rejection:
         ledger, snapshot = self.book.ledger, self.book.snapshot
         previous = ledger.get(key)
