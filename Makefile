@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit e2e lint lint-docker typecheck controlplane kwok kustomize helm manifests system-deps bench soak kind-up kind-e2e kind-down clean
+.PHONY: demo test unit e2e lint lint-docker typecheck controlplane etcd kwok kustomize helm manifests system-deps bench soak kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/llm-placement demo
 
 ## Everything CI runs: lint, types, unit tests, then the real control plane, helm and Prometheus suites.
-test: $(STAMP) system-deps controlplane kwok kustomize helm
+test: $(STAMP) system-deps controlplane etcd kwok kustomize helm
 	$(BIN)/ruff check app tests bench scripts
 	$(BIN)/mypy app
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
@@ -30,7 +30,7 @@ test: $(STAMP) system-deps controlplane kwok kustomize helm
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
-e2e: $(STAMP) controlplane kwok
+e2e: $(STAMP) controlplane etcd kwok
 	$(BIN)/pytest -q -m integration tests/integration
 
 lint: $(STAMP)
@@ -46,6 +46,10 @@ system-deps:
 ## kube-apiserver + kube-scheduler from the official Go modules, cached outside the clone.
 controlplane:
 	bash scripts/build-controlplane.sh
+
+## etcd 3.6 (the line Kubernetes 1.36 is tested with) from its Go module, cached next to the control plane.
+etcd:
+	bash scripts/build-etcd.sh >/dev/null
 
 ## kwok (fake kubelets for the trace replays) from its Go module, cached next to the control plane.
 kwok:
@@ -68,7 +72,7 @@ lint-docker: $(STAMP)
 
 ## Placement-quality figures come from bench/replay.py (real kube-scheduler + extender on kwok nodes);
 ## trace_sim.py and data_gravity.py are the simulator's what-if figures.
-bench: $(STAMP) controlplane kwok
+bench: $(STAMP) controlplane etcd kwok
 	$(BIN)/python bench/gang_solver.py --instances 5
 	$(BIN)/python bench/extender_latency.py --runs 50
 	$(BIN)/python bench/data_gravity.py
@@ -83,7 +87,7 @@ bench: $(STAMP) controlplane kwok
 ## Soak with faults: ~3,000 pods of every stage on kwok nodes while the extender, kube-scheduler,
 ## kube-apiserver and etcd are killed (-9) and restarted; invariants checked throughout
 ## (tests/integration/harness/soak.py). Figures in bench/results/soak-3000.json and BENCHMARKS.md.
-soak: $(STAMP) controlplane kwok
+soak: $(STAMP) controlplane etcd kwok
 	$(BIN)/python bench/soak.py
 
 ## For laptops with Docker (not exercised in this repository's CI: no Docker engine there).

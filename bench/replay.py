@@ -258,8 +258,8 @@ def _share(flags: list[bool]) -> float:
 
 # ----- running -----------------------------------------------------------------------------------
 class Bench:
-    def __init__(self, workdir: Path) -> None:
-        self.cp = ControlPlane(workdir, find_binaries(build=True))
+    def __init__(self, workdir: Path, extender_env: dict[str, str] | None = None) -> None:
+        self.cp = ControlPlane(workdir, find_binaries(build=True), extender_extra_env=extender_env)
         self.kwok: Kwok | None = None
         self.nodes: list[str] = []
 
@@ -457,6 +457,8 @@ def main(
     data: Path = typer.Option(DATA, help="folder with the openb CSV files"),
     out: Path = typer.Option(RESULTS, help="where JSON and PNG results go"),
     timeout: float = typer.Option(3600.0, help="per replay, seconds"),
+    setting: list[str] = typer.Option(
+        [], help="what-if through the real path: an extender setting as LLMP_NAME=value (repeatable)"),
 ) -> None:
     if sharing not in ("whole", "skip"):
         raise typer.BadParameter("--sharing must be whole or skip")
@@ -468,7 +470,10 @@ def main(
     workdir = Path(tempfile.mkdtemp(prefix="llmp-replay-", dir=base))
     console.print(f"control plane workdir and logs: {workdir}")
     ok = False
-    with Bench(workdir) as bench:
+    env = dict(kv.split("=", 1) for kv in setting)
+    if any(not k.startswith("LLMP_") for k in env):
+        raise typer.BadParameter("--setting takes LLMP_NAME=value")
+    with Bench(workdir, env) as bench:
         if synthetic:
             nodes = [gpu_node(f"syn-{i:02d}", "H100", gpus=8, labels=kwok_node_labels(), index=i)
                      for i in range(24)]
