@@ -35,9 +35,9 @@ class NodeTable:
         self._size = 0
         # Bumps when a name gains or loses a row: the cached name -> row translation is then stale.
         self.version = 0
-        self._last_names: list[str] | None = None
-        self._last_rows: Ints | None = None
-        self._last_version = -1
+        # (version, names, rows) of the last translation, one tuple so a reader never pairs one
+        # call's names with another's rows.
+        self._last: tuple[int, list[str], Ints] | None = None
 
     # --- writes (the snapshot calls these under its callers' lock) ---------------------------------
     def set_node(self, name: str, shape_id: int, gpu_count: int, prefer_no_schedule: bool) -> None:
@@ -91,19 +91,15 @@ class NodeTable:
         cheaper than hashing every name again. (Its parallel filters reorder the list from cycle to
         cycle on a large cluster, so the translation itself must be cheap too.)
         """
-        last = self._last_names
-        if last is not None and self._last_version == self.version and len(names) == len(last) and (
-                names == last):
-            assert self._last_rows is not None
-            return self._last_rows
+        last = self._last
+        if last is not None and last[0] == self.version and len(names) == len(last[1]) and names == last[1]:
+            return last[2]
         try:  # every name known: the loop runs in C
             rows = np.fromiter(map(self.index.__getitem__, names), dtype=np.int64, count=len(names))
         except KeyError:
             get = self.index.get
             rows = np.fromiter((get(n, UNKNOWN_ROW) for n in names), dtype=np.int64, count=len(names))
-        self._last_names = list(names)  # a copy: the caller may reuse its list
-        self._last_rows = rows
-        self._last_version = self.version
+        self._last = (self.version, list(names), rows)  # a copy: the caller may reuse its list
         return rows
 
     def column(self, values: dict[str, int]) -> Ints:

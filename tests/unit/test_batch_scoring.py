@@ -170,3 +170,14 @@ def test_the_node_table_follows_every_usage_change() -> None:
         svc.absorb_node(node_object(f"n{i}", gpus=8, product="NVIDIA-L4"))
     assert table.gpus_used[table.index["n2"]] == 2
     assert table.gpu_count[table.index["n1499"]] == 8
+
+
+def test_the_row_translation_is_reused_only_for_the_same_names() -> None:
+    svc, _ = build([("NVIDIA-L4", 4, "32", False)] * 4, [])
+    table = svc.snapshot.table
+    asked = ["n2", "n0"]
+    assert table.rows(asked).tolist() == [table.index["n2"], table.index["n0"]]
+    asked[0] = "n3"  # the caller reuses its list: the kept translation must not follow it
+    assert table.rows(asked).tolist() == [table.index["n3"], table.index["n0"]]
+    svc.snapshot.remove_node("n0")  # a name losing its row invalidates the kept translation
+    assert table.rows(asked).tolist() == [table.index["n3"], -1]
