@@ -3,7 +3,7 @@
 Filter and prioritize see up to thousands of node names per call, and almost everything our rules
 read about a node is its shape (one small int) plus a few usage counters. Kept as arrays, a request
 turns its names into row numbers once and then groups, compares and gathers with numpy; Python only
-runs for each distinct class of node (docs/extender-protocol.md, "Latency"). The snapshot keeps the
+runs for each distinct class of node (docs/extender-protocol.md, "Targets"). The snapshot keeps the
 columns in step with its own dictionaries: every usage change goes through it.
 """
 
