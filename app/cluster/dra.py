@@ -3,7 +3,8 @@
 ResourceSlices become node facts (the affected Node is re-read and re-applied), DeviceClasses tell
 which claims ask for GPUs of the driver, ResourceClaims and ResourceClaimTemplates give a pod's GPU
 demand and, once allocated, its usage. Clusters without the API (404) or without the right to read
-it (403) are looked at again every minute; until then placement reads extended resources only.
+it (403) are looked at again after 1 s, then less often up to every minute (app/backoff.py); until
+then placement reads extended resources only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from app.backoff import Backoff
+from app.backoff import Backoff, absent_backoff
 from app.cluster.cache import ClusterCache, apply_node, apply_pod, watch_events
 from app.cluster.client import list_all, raw
 from app.core import workload
@@ -27,7 +28,6 @@ log = logging.getLogger(__name__)
 GROUP, VERSION = "resource.k8s.io", "v1"
 # Classes first: a claim's demand depends on its class's driver.
 KINDS = ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims")
-ABSENT_RETRY = 60.0
 
 
 class DraWatcher:
@@ -165,11 +165,13 @@ class DraWatcher:
 
     def _run(self, kind: str) -> None:
         backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
+        absent = absent_backoff()  # 403/404: soon at first, then every minute (app/backoff.py)
         told_absent = False
         while not self._stop.is_set():
             try:
                 items, rv = self._list(kind)
                 backoff.reset()
+                absent.reset()
                 self.present[kind], told_absent = True, False
                 self._refresh(*self._replace(kind, items))
                 self._listed(kind)  # after the nodes were re-read with their slices
@@ -185,7 +187,7 @@ class DraWatcher:
                     self._listed(kind)
                     self._notify()
                     backoff.reset()
-                    self._stop.wait(ABSENT_RETRY)
+                    self._stop.wait(absent.next())
                     continue
                 delay = backoff.next()
                 self._log.warning(f"dra:{kind}", f"DRA {kind} watch failed ({quote(str(exc.reason))}); "

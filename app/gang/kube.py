@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from app.backoff import Backoff
+from app.backoff import Backoff, absent_backoff
 from app.core.snapshot import ClusterSnapshot
 from app.core.units import quote
 from app.gang.persist import ANNOTATION, PlanRecord, records_from_pods
@@ -30,7 +30,6 @@ GROUP, VERSION, PLURAL = "scheduling.x-k8s.io", "v1alpha1", "podgroups"
 # The native PodGroup of the Workload API (Kubernetes 1.36, feature gate GenericWorkload); pods name
 # it in spec.schedulingGroup.podGroupName (docs/gangs.md, native Workload API).
 NATIVE_GROUP, NATIVE_VERSION = "scheduling.k8s.io", "v1alpha2"
-ABSENT_RETRY = 60.0  # the CRD may be installed later: look again this often
 # Call an API method and return the raw response body (the API adapter's connection-pool-safe
 # helper, handed in so this module does not depend on the cluster package).
 Raw = Callable[..., bytes]
@@ -139,11 +138,13 @@ class PodGroupWatcher:
 
     def _run(self, kind: WatchedKind = COSCHEDULING) -> None:
         backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
+        absent = absent_backoff()  # 403/404: soon at first, then every minute (app/backoff.py)
         told_absent = False
         while not self._stop.is_set():
             try:
                 rv = self._list(kind)
                 backoff.reset()
+                absent.reset()
                 self.present[kind.group], told_absent = True, False
                 self._listed(kind)
                 self._watch(kind, rv)
@@ -157,7 +158,7 @@ class PodGroupWatcher:
                     self.present[kind.group], told_absent = False, True
                     self._listed(kind)
                     backoff.reset()
-                    self._stop.wait(ABSENT_RETRY)
+                    self._stop.wait(absent.next())
                     continue
                 delay = backoff.next()
                 self._log.warning(kind.label, f"{kind.label} watch failed ({quote(str(exc.reason))}); "

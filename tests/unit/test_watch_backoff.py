@@ -9,6 +9,7 @@ pods unseen for 11.5 s after the API server was back.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from app.core.catalog import GpuCatalog
 from app.core.snapshot import ClusterSnapshot
 from app.gang.kube import PodGroupWatcher
 from app.metrics import Metrics
+from app.ratelog import RateLimitedLog
 from app.sim.fleet import node_object, pod_object
 
 
@@ -162,3 +164,72 @@ def test_jitter_spreads_retries(seed: int) -> None:
     delays = [Backoff(rand=rng.random).next() for _ in range(50)]
     assert len({round(d, 6) for d in delays}) > 1  # not in lockstep
     assert all(INITIAL_SECONDS / 2 <= d <= INITIAL_SECONDS for d in delays)
+
+
+def _refusing(until: float, clock: Clock, stop: VirtualStop, lists: list[float],
+              status: int = 403) -> Any:
+    """A custom-objects API that answers ``status`` until ``until`` (virtual s), then serves lists."""
+    from kubernetes.client.exceptions import ApiException
+
+    class Custom:
+        def list_cluster_custom_object(self, *args: Any, watch: bool = False, **_: Any) -> Stream:
+            if clock.now < until:
+                raise ApiException(status=status, reason="Forbidden" if status == 403 else "Not Found")
+            if not watch:
+                lists.append(clock.now)
+                stop.set()
+                return Stream([json.dumps({"metadata": {"resourceVersion": "1"}, "items": []}).encode()])
+            return Stream([])
+
+    return Custom()
+
+
+def test_a_refusal_while_the_api_server_starts_is_looked_at_again_within_seconds() -> None:
+    # Right after a restart kube-apiserver's authorizer can answer 403 for a moment. Waiting the
+    # full minute before the next look left the extender blind to the API for that minute (seen in
+    # CI: DRA device classes taken as absent after the API server restart test).
+    from app.cluster.dra import DraWatcher
+
+    for make in ("podgroups", "dra"):
+        clock = Clock()
+        stop = VirtualStop(clock)
+        lists: list[float] = []
+        custom = _refusing(1.5, clock, stop, lists)
+        if make == "podgroups":
+            def raw(fn: Any, *args: Any, **kw: Any) -> bytes:
+                return bytes(fn(*args, **kw).data)
+
+            pg = PodGroupWatcher(custom, raw, ClusterSnapshot(), threading.RLock())
+            pg._stop = stop  # type: ignore[assignment]
+            pg._run()
+        else:
+            dra = DraWatcher.__new__(DraWatcher)  # only the list loop: no cache, no nodes
+            dra._stop, dra.present = stop, {}  # type: ignore[assignment]
+            dra._log = RateLimitedLog(logging.getLogger(__name__))
+            dra._list = lambda kind, api=custom: (api.list_cluster_custom_object() and [], "1")  # type: ignore[method-assign]
+            dra._replace = lambda kind, items: (set(), [])  # type: ignore[method-assign]
+            dra._refresh = lambda nodes, pods: None  # type: ignore[method-assign]
+            dra._listed = lambda kind: None  # type: ignore[method-assign]
+            dra._notify = lambda: None  # type: ignore[method-assign]
+            dra._watch = lambda kind, rv: None  # type: ignore[method-assign]
+            dra._run("deviceclasses")
+        assert lists, make
+        assert lists[0] - 1.5 <= 2.0, (make, stop.waits)
+
+
+def test_an_api_that_stays_absent_is_looked_at_at_most_every_minute_after_the_first_tries() -> None:
+    clock = Clock()
+    stop = VirtualStop(clock)
+    lists: list[float] = []
+    custom = _refusing(3600.0, clock, stop, lists, status=404)
+
+    def raw(fn: Any, *args: Any, **kw: Any) -> bytes:
+        return bytes(fn(*args, **kw).data)
+
+    pg = PodGroupWatcher(custom, raw, ClusterSnapshot(), threading.RLock())
+    pg._stop = stop  # type: ignore[assignment]
+    pg._run()  # ends at the first list the API serves, after the virtual hour
+    looks = len(stop.waits)
+    # Between once and twice a minute over the hour (jitter picks in the upper half of the delay).
+    assert 60 <= looks <= 130, stop.waits
+    assert max(stop.waits) <= 60.0 and stop.waits[0] <= 1.0
