@@ -270,9 +270,14 @@ def test_standby_takes_over_mid_gang_with_the_reservations_and_binds_it_whole(ha
     assert placed == planned, {m: (placed[m], planned[m]) for m in members if placed[m] != planned[m]}
     assert not get_pod(core, NS, "intruder")["spec"].get("nodeName")
 
-    # Each member bound exactly once, where it stayed; nothing over-committed.
+    # Each member bound exactly once, where it stayed; nothing over-committed. kube-scheduler writes
+    # its Scheduled event asynchronously after the bind, so wait for it before counting.
     for m in members[1:]:
-        scheduled = [e for e in pod_events(core, NS, m) if e.get("reason") == "Scheduled"]
+        def scheduled_events(m: str = m) -> list[dict[str, Any]]:
+            return [e for e in pod_events(core, NS, m) if e.get("reason") == "Scheduled"]
+
+        wait_until(lambda m=m: bool(scheduled_events(m)), 30, f"kube-scheduler's Scheduled event for {m}")
+        scheduled = scheduled_events(m)
         assert len(scheduled) == 1, f"{m}: {len(scheduled)} Scheduled events"
         assert (scheduled[0].get("message") or "").endswith(placed[m]), scheduled[0].get("message")
     capacity = {n["metadata"]["name"]: node_gpus(n) for n in list_nodes(core)}
