@@ -24,6 +24,7 @@ from app.core.scoring import (
     NEUTRAL,
     TERMS,
     NodeScore,
+    _bandwidth,
     _memory_fit,
     _node_class,
     _precision,
@@ -187,14 +188,7 @@ def score_batch(
             "node_class": _node_class(spec, f),
             "precision": _precision(spec, f),
         }
-        if interactive_pod and f.ms_per_token:
-            t["bandwidth"] = min(1.0, target_ms / f.ms_per_token)
-        elif best_ms is not None and f.ms_per_token:
-            t["bandwidth"] = best_ms / f.ms_per_token
-        elif gpu_pod and max_bw > 0:
-            t["bandwidth"] = f.node.gpu_bandwidth_tbs / max_bw
-        else:
-            t["bandwidth"] = NEUTRAL
+        t["bandwidth"] = _bandwidth(f, interactive_pod, target_ms, best_ms, max_bw, gpu_pod)
         class_terms[c] = t
 
     n = len(names)

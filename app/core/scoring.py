@@ -111,6 +111,18 @@ def _preference(spec: WorkloadSpec, fit: NodeFit) -> float:
     return 0.0
 
 
+def _bandwidth(f: NodeFit, interactive: bool, target_ms: float, best_ms: float | None, max_bw: float,
+               gpu_pod: bool) -> float:
+    """Interactive serving: meeting the target is enough; otherwise relative to the best candidate."""
+    if interactive and f.ms_per_token:
+        return min(1.0, target_ms / f.ms_per_token)
+    if best_ms is not None and f.ms_per_token:
+        return best_ms / f.ms_per_token
+    if gpu_pod and max_bw > 0:
+        return f.node.gpu_bandwidth_tbs / max_bw
+    return NEUTRAL
+
+
 def _precision(spec: WorkloadSpec, fit: NodeFit) -> float:
     order = spec.precisions
     return 1.0 / (1 + order.index(fit.sizing.precision))
@@ -160,14 +172,7 @@ def score_nodes(
             "node_class": _node_class(spec, f),
             "precision": _precision(spec, f),
         }
-        if interactive and f.ms_per_token:
-            terms["bandwidth"] = min(1.0, target_ms / f.ms_per_token)
-        elif best_ms is not None and f.ms_per_token:
-            terms["bandwidth"] = best_ms / f.ms_per_token
-        elif gpu_pod and max_bw > 0:
-            terms["bandwidth"] = f.node.gpu_bandwidth_tbs / max_bw
-        else:
-            terms["bandwidth"] = NEUTRAL
+        terms["bandwidth"] = _bandwidth(f, interactive, target_ms, best_ms, max_bw, gpu_pod)
         terms["gravity"] = NEUTRAL
         return terms
 
