@@ -67,7 +67,7 @@ def build_core(
     writer = BackgroundWriter(binder) if binder is not None else None
     # The bind barrier gets the one capability it needs: bind this member to this node.
     gangs = GangCoordinator(policies.gang, snapshot, lock, binding.bind_spec, GangMetricsAdapter(metrics),
-                            writer, gang_runtime, book=book)
+                            writer, gang_runtime, book=book, data_sites=gravity.data_nodes)
     return ExtenderService(settings, catalog, snapshot=snapshot, lock=lock, metrics=metrics, memory=memory,
                            gravity=gravity, gangs=gangs, gang_binder=gangs, binding=binding, ready=ready)
 

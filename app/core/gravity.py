@@ -234,6 +234,11 @@ class GravityModel:
         best = min(known)
         return lambda n: _ratio(best, costs[n] if n in costs else cost(n))
 
+    def data_nodes(self, spec: WorkloadSpec) -> list[str]:
+        """Nodes holding what ``spec`` reads (its producers bound, finished or planned there): the
+        gang planner's pull toward the data (docs/gangs.md#data-gravity)."""
+        return [s.node for e in self.resolve(spec) for s in e.sites if s.share > 0]
+
     # --- reporting -------------------------------------------------------------------------------
     def observe(self, spec: WorkloadSpec, node: str) -> list[EdgeAt]:
         """The pod's edges as bound on ``node`` (for metrics); missing producers included."""

@@ -34,6 +34,7 @@ from app.core.snapshot import ClusterSnapshot
 from app.core.workload import PREFIX, WorkloadSpec
 from app.gang.barrier import BindBarrier, BindFn, loop_timers
 from app.gang.book import GangBook, GangState
+from app.gang.instance import DataSites
 from app.gang.ledger import Ledger
 from app.gang.lifecycle import Lifecycle
 from app.gang.persist import PlanRecord, PlanStore, PlanWriter
@@ -79,6 +80,7 @@ class GangCoordinator:
         workers: int = 2,
         lookahead: int = 2,
         book: GangBook | None = None,
+        data_sites: DataSites | None = None,
     ) -> None:
         rt = runtime or GangRuntime()
         self.lock = lock
@@ -115,7 +117,7 @@ class GangCoordinator:
             release=self.lifecycle.locked_release,
             replanned=lambda key: self.barrier.fail(
                 key, MESSAGE_PREFIX + f"gang {key} was replanned; retrying"),
-            lookahead=lookahead,
+            lookahead=lookahead, data_sites=data_sites,
         )
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.core.feasibility import NodeFit, evaluate
 from app.core.nodes import NodeFacts
@@ -19,12 +19,20 @@ from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import WorkloadSpec
 from app.gang.problem import Assignment, Candidate, Problem, Shape, fits_on
 
+# Nodes holding what a member reads (its producers' output): app.core.gravity.GravityModel.data_nodes.
+DataSites = Callable[[WorkloadSpec], Iterable[str]]
+# Data gravity for a gang, coarse on purpose (docs/gangs.md#data-gravity): a lockstep gang is first
+# kept compact by the topology tiers; among placements equal there, members go where they read their
+# input locally, else over NVLink, else inside the leaf switch.
+NEAR_NODE, NEAR_NVLINK, NEAR_LEAF, FAR = 0, 1, 2, 3
+
 
 @dataclass(frozen=True, slots=True)
 class GangInstance:
     problem: Problem
     pending: dict[str, list[WorkloadSpec]]  # shape key -> members to place (sorted by name)
     bound: dict[str, str]  # uid -> node of members already bound
+    inputs: dict[str, frozenset[str]] = field(default_factory=dict)  # pending uid -> its data's nodes
 
 
 def shape_key(spec: WorkloadSpec) -> str:
@@ -48,11 +56,13 @@ def build(
     candidates: Iterable[str],
     reserved: Callable[[str], int],
     excluded: set[str] | frozenset[str] = frozenset(),
+    data_sites: DataSites | None = None,
 ) -> GangInstance:
     """The problem for ``members`` of ``gang`` over ``candidates`` (the nodes kube-scheduler offered).
 
     ``eligible(shape, spec, node)``: may one member of that shape run on the node on its own;
-    ``reserved(node)`` is what other gangs hold there.
+    ``reserved(node)`` is what other gangs hold there; ``data_sites(member)``: where the data a
+    member reads sits (data gravity; None: no pull).
     """
     pending: dict[str, list[WorkloadSpec]] = defaultdict(list)
     bound: dict[str, str] = {}
@@ -74,6 +84,13 @@ def build(
     prices = sorted({_price(f) for f in snapshot.nodes.values() if f.has_gpus})
     rank = {p: i for i, p in enumerate(prices)}
     wanted_gpus = any(s.gpus for s in shapes) or not shapes
+    inputs: dict[str, frozenset[str]] = {}
+    if data_sites is not None:
+        for specs in pending.values():
+            for m in specs:
+                if m.depends_on or m.serving_group:
+                    inputs[m.uid or m.key] = frozenset(n for n in data_sites(m) if n in snapshot.nodes)
+    near = near_rank(snapshot, frozenset().union(*inputs.values()))
     nodes: list[Candidate] = []
     for name, facts in snapshot.nodes.items():
         usable = {k for k, names in allowed.items() if name in names}
@@ -91,6 +108,7 @@ def build(
             rdma=facts.rdma,
             cost_rank=rank.get(_price(facts), 0),
             pref_rank=_pref_rank(first, facts),
+            near_rank=near(facts),
             shapes=frozenset(usable),
             required=facts.domain_at(first.topology_required) if first.topology_required else None,
             preferred=facts.domain_at(first.topology_preferred) if first.topology_preferred else None,
@@ -98,7 +116,51 @@ def build(
         ))
     problem = Problem(gang, shapes, tuple(nodes), policy.tier_names,
                       first.topology_required, first.topology_preferred)
-    return GangInstance(problem, dict(pending), bound)
+    return GangInstance(problem, dict(pending), bound, inputs)
+
+
+def near_rank(snapshot: ClusterSnapshot, data: frozenset[str]) -> Callable[[NodeFacts], int]:
+    """A node's nearness to any of the ``data`` nodes (every node is NEAR_NODE when there are none)."""
+    if not data:
+        return lambda facts: NEAR_NODE
+    sites = [snapshot.nodes[n] for n in data]
+    domains = {f.nvlink_domain for f in sites}
+    leaves = {f.fabric[0] for f in sites if f.fabric and f.fabric[0]}
+
+    def rank(facts: NodeFacts) -> int:
+        if facts.name in data:
+            return NEAR_NODE
+        if facts.nvlink_domain in domains:
+            return NEAR_NVLINK
+        if facts.fabric and facts.fabric[0] in leaves:
+            return NEAR_LEAF
+        return FAR
+
+    return rank
+
+
+def match_inputs(snapshot: ClusterSnapshot, members: Sequence[WorkloadSpec], slots: Sequence[str],
+                 inputs: Mapping[str, frozenset[str]]) -> list[tuple[WorkloadSpec, str]]:
+    """Hand out a shape's planned ``slots`` (one node per member) so each member gets the nearest
+    slot to its own input data: the plan counts members per node, not which member goes where."""
+    free = list(slots)
+    out: list[tuple[WorkloadSpec, str]] = []
+    left = list(members)
+    for level in (NEAR_NODE, NEAR_NVLINK, NEAR_LEAF):
+        rest: list[WorkloadSpec] = []
+        for m in left:
+            data = inputs.get(m.uid or m.key)
+            rank = near_rank(snapshot, data) if data else None
+            spot = next((n for n in free if rank is not None and n in snapshot.nodes
+                         and rank(snapshot.nodes[n]) == level), None)
+            if spot is None:
+                rest.append(m)
+                continue
+            free.remove(spot)
+            out.append((m, spot))
+        left = rest
+    out += zip(left, free, strict=True)
+    return out
 
 
 def unfit_nodes(

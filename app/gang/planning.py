@@ -32,7 +32,7 @@ from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject
 from app.core.workload import WorkloadSpec
 from app.gang import diagnose
 from app.gang.book import GangBook, GangState
-from app.gang.instance import GangInstance, build, evaluator, shape_key, unfit_nodes
+from app.gang.instance import DataSites, GangInstance, build, evaluator, match_inputs, shape_key, unfit_nodes
 from app.gang.ledger import GangPlan, MemberPlan
 from app.gang.persist import PlanStore
 from app.gang.problem import Index, Problem
@@ -73,8 +73,10 @@ class Planner:
         release: Callable[[GangPlan, str], None],
         replanned: Callable[[str], None],
         lookahead: int = 2,
+        data_sites: DataSites | None = None,
     ) -> None:
         self.book = book
+        self.data_sites = data_sites  # data gravity: where a member's input sits
         self.lock = lock
         self.policy = policy
         self.solve = solve
@@ -202,7 +204,8 @@ class Planner:
 
         own_shape = shape_key(spec) if fits is not None else None
         eligible = evaluator(snapshot, self.policy, fits, own_shape, reserved)
-        inst = build(snapshot, self.policy, key, members, eligible, offered, reserved, state.excluded)
+        inst = build(snapshot, self.policy, key, members, eligible, offered, reserved, state.excluded,
+                     self.data_sites)
         if not inst.pending:
             return reject(ReasonCode.GANG, "every gang member is already bound")
         prefer = frozenset(previous.nodes()) if previous else frozenset()
@@ -264,7 +267,7 @@ class Planner:
                     members[uid] = MemberPlan(uid, s.key, sticky[uid], s.gpus)
                 else:
                     rest.append(s)
-            for s, node in zip(rest, slots, strict=True):
+            for s, node in match_inputs(snapshot, rest, slots, brief.inst.inputs):
                 members[s.uid or s.key] = MemberPlan(s.uid or s.key, s.key, node, s.gpus)
         ms = result.seconds * 1000
         gap = "" if result.status == "optimal" or math.isinf(result.gap) else f", gap {result.gap:.2%}"

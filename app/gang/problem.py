@@ -63,6 +63,7 @@ class Candidate:
     rdma: bool = False
     cost_rank: int = 0  # 0 = cheapest GPU model among the candidates
     pref_rank: int = 0  # position in the gang's gpu-preference list (0 = first or no preference)
+    near_rank: int = 0  # data gravity: 0 = holds members' input data (or none reads any); instance.near_rank
     shapes: frozenset[str] | None = None  # shapes allowed here (None: every shape); empty: context only
     required: str | None = None  # domain of the required-topology label (None: unlabelled)
     preferred: str | None = None  # domain of the preferred-topology label
@@ -301,7 +302,7 @@ class Index:
                 key: tuple[object, ...] = ("node", n.name)
             else:
                 key = (doms, n.free_gpus, n.total_gpus, n.gpu_model, n.rdma, n.cost_rank, n.pref_rank,
-                       tuple(caps[s.key] for s in shapes), n.required, n.preferred)
+                       n.near_rank, tuple(caps[s.key] for s in shapes), n.required, n.preferred)
             c = groups.get(key)
             if c is None:
                 groups[key] = NodeClass([n], caps, doms)
@@ -321,9 +322,15 @@ class Index:
     def domain_bottom(tier: Tier, d: str) -> int:
         return max(tier.free.get(d, 0), 0) + (tier.total.get(d, 0) if tier.pristine.get(d) else 0)
 
+    @cached_property
+    def n_near_ranks(self) -> int:
+        return max((n.near_rank for n in self.problem.nodes), default=0) + 1
+
     def type_cost(self, n: Candidate) -> int:
-        """Per GPU placed on ``n``: preference rank first, then price rank (small integers)."""
-        return TYPE_WEIGHT * (n.pref_rank * (self.n_cost_ranks + 1) + n.cost_rank)
+        """Per GPU placed on ``n``: preference rank first, then nearness to the data, then price
+        (small integers; without data gravity ``n_near_ranks`` is 1 and nearness drops out)."""
+        return TYPE_WEIGHT * ((n.pref_rank * self.n_near_ranks + n.near_rank) * (self.n_cost_ranks + 1)
+                              + n.cost_rank)
 
 
 # --- objective weights ------------------------------------------------------------------------------
