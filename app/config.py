@@ -147,6 +147,10 @@ class Settings(BaseSettings):
     gang_takeover_idle_seconds: float = Field(10.0, gt=0)
     solver_time_limit_seconds: float = Field(0.5, gt=0)
     producer_memory_seconds: float = Field(3600.0, ge=0)
+    # Data gravity: a transfer of about this many seconds is hardly worth anything, so reading 14 GB
+    # locally instead of over the leaf (a second either way) does not outweigh packing or price
+    # (docs/data-gravity.md). 0: the pure ratio, where any speed-up counts fully.
+    gravity_negligible_seconds: float = Field(30.0, ge=0)
 
     _policies: Policies | None = PrivateAttr(default=None)
     _profiles: ProfileBook | None = PrivateAttr(default=None)
@@ -191,7 +195,8 @@ class Settings(BaseSettings):
                     self.labels, self.default_cpu_hourly_cost, self.unknown_gpu_hourly_cost
                 ),
                 gravity=GravityPolicy(
-                    self.labels.fabric_tiers, self.tier_bandwidth_gbps, self.producer_memory_seconds
+                    self.labels.fabric_tiers, self.tier_bandwidth_gbps, self.producer_memory_seconds,
+                    self.gravity_negligible_seconds,
                 ),
                 gang=GangPolicy(
                     feasibility=feasibility,

@@ -343,6 +343,9 @@ def summarize(r: ReplayResult) -> dict[str, Any]:
         "mean_whole_free_8gpu_nodes": mean("whole_free_8gpu_nodes"),
         "final": asdict(s[-1]) if s else None,
         "wall_s": r.wall_s, "agreement": agree, "agreement_top_share": agree_share,
+        # For reading a run afterwards: where each pod was bound, and the state at every sample.
+        "placements": dict(sorted(r.placements.items())),
+        "samples": [asdict(x) for x in s],
     }
 
 

@@ -217,6 +217,9 @@ class GravityModel:
         Normalising against the best candidate of this request (like the cost term) keeps a CPU->GPU
         edge, which can never be same-node, pulling as hard toward the producer's fabric tier as a
         GPU->GPU edge pulls toward its node. Without ``nodes`` the reference is the ideal, all-local cost.
+        ``negligible_seconds`` is added to both sides: a pure ratio would make one second against two
+        as strong a pull as one hour against two, and a consumer of a few GB would then open a whole
+        GPU node next to its finished producer rather than pack beside other work.
         """
         if not spec.depends_on and spec.serving_group is None:
             return None
@@ -224,15 +227,16 @@ class GravityModel:
         if not edges:
             return None  # producer unknown: neutral, never fatal (explain says why)
         cost = self.cost_fn(edges)
+        t0 = self.policy.negligible_seconds
         if nodes is None:
             best = sum(e.gb for e in edges) * self.ladder.node_s
-            return lambda n: _ratio(best, cost(n))
+            return lambda n: _ratio(best, cost(n), t0)
         costs = {n: cost(n) for n in nodes}
         known = [c for c in costs.values() if c is not None]
         if not known:
             return None
         best = min(known)
-        return lambda n: _ratio(best, costs[n] if n in costs else cost(n))
+        return lambda n: _ratio(best, costs[n] if n in costs else cost(n), t0)
 
     def data_nodes(self, spec: WorkloadSpec) -> list[str]:
         """Nodes holding what ``spec`` reads (its producers bound, finished or planned there): the
@@ -296,10 +300,10 @@ class GravityModel:
         return detail
 
 
-def _ratio(best: float, cost: float | None) -> float | None:
+def _ratio(best: float, cost: float | None, t0: float = 0.0) -> float | None:
     if cost is None:
         return None
-    return 1.0 if cost <= 0 else min(1.0, best / cost)
+    return 1.0 if cost + t0 <= 0 else min(1.0, (best + t0) / (cost + t0))
 
 
 def _round(v: float | None) -> float | None:

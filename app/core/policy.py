@@ -141,6 +141,7 @@ class GravityPolicy:
     fabric_tiers: tuple[tuple[str, ...], ...]
     tier_bandwidth: TierBandwidth
     producer_memory_seconds: float
+    negligible_seconds: float = 0.0  # added to both sides of the term's ratio (docs/data-gravity.md)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,8 @@ filter, bind-time metrics and explain output; plus the default-scheduler baselin
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 from typing import Any
 
@@ -341,8 +343,15 @@ def test_default_input_when_unset_and_self_edges_ignored() -> None:
 
 
 # --- the score term -------------------------------------------------------------------------------
+def pure_ratio(snap: ClusterSnapshot, clock: Clock) -> GravityModel:
+    """The term without ``gravity_negligible_seconds``: every speed-up counts fully."""
+    return GravityModel(snap, dataclasses.replace(SETTINGS.policies().gravity, negligible_seconds=0.0),
+                        clock=clock)
+
+
 def test_term_is_relative_to_the_best_candidate() -> None:
-    snap, g, _ = world()
+    snap, _, clock = world()
+    g = pure_ratio(snap, clock)
     run(snap, spec("prep", stage="data-prep", gpus=0), "cpu1")
     # A GPU consumer can never share the CPU node: its best candidates (same leaf) score 1.0.
     term = g.term(spec("pt", stage="pretraining", gpus=8, depends="prep"), ["n1", "n3", "n4", "n6"])
@@ -353,6 +362,23 @@ def test_term_is_relative_to_the_best_candidate() -> None:
     assert term("unknown-node") is None
     ideal = g.term(spec("pt", stage="pretraining", gpus=8, depends="prep"))
     assert ideal is not None and ideal("n3") == pytest.approx(S_NODE / S_FABRIC[0])
+
+
+def test_a_transfer_of_seconds_hardly_pulls_a_transfer_of_hours_does() -> None:
+    """The shipped ``gravity_negligible_seconds`` (30 s) is added to both sides of the ratio."""
+    snap, g, _ = world()
+    t0 = SETTINGS.gravity_negligible_seconds
+    assert t0 > 0
+    run(snap, spec("prep", stage="data-prep", gpus=0), "cpu1")
+    nodes = ["n1", "n6"]
+    small = g.term(spec("pt", stage="pretraining", gpus=8, depends="prep", gb=2), nodes)
+    big = g.term(spec("pt", stage="pretraining", gpus=8, depends="prep", gb=20_000), nodes)
+    assert small is not None and big is not None
+    assert small("n1") == big("n1") == 1.0
+    assert small("n6") == pytest.approx((2 * S_FABRIC[0] + t0) / (2 * S_CROSS + t0))
+    assert small("n6") > 0.9  # seconds either way: packing and price decide
+    assert big("n6") == pytest.approx((20_000 * S_FABRIC[0] + t0) / (20_000 * S_CROSS + t0))
+    assert big("n6") < 0.5 and big("n6") == pytest.approx(S_FABRIC[0] / S_CROSS, rel=0.05)
 
 
 def test_placer_places_the_consumer_on_its_producers_node() -> None:
