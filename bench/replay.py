@@ -341,6 +341,8 @@ def summarize(r: ReplayResult) -> dict[str, Any]:
         "mean_stranded_share": statistics.mean(stranded_share) if stranded_share else 0.0,
         "mean_whole_free_nodes": mean("whole_free_nodes"),
         "mean_whole_free_8gpu_nodes": mean("whole_free_8gpu_nodes"),
+        "mean_mixed_nodes": mean("mixed_nodes"),
+        "max_mixed_nodes": max((x.mixed_nodes for x in s), default=0),
         "final": asdict(s[-1]) if s else None,
         "wall_s": r.wall_s, "agreement": agree, "agreement_top_share": agree_share,
         # For reading a run afterwards: where each pod was bound, and the state at every sample.
@@ -536,15 +538,18 @@ def _write_trace(label: str, meta: dict[str, Any], res: dict[str, ReplayResult],
 def _gravity_table(scenario: str, figs: dict[str, dict[str, Any]], sums: dict[str, dict[str, Any]]) -> None:
     t = Table(title=f"pipelines, scenario {scenario}: real kube-scheduler on kwok nodes")
     for c in ("variant", "placed", "co-located (all edges)", "co-located (edges rules allow)", "same leaf",
-              "cross-node GB", "est. cost $", "over-commits", "agreement top"):
+              "cross-node GB", "est. cost $", "stranded/free", "whole free 8-GPU",
+              "training beside interactive (mean/max nodes)", "over-commits", "agreement top"):
         t.add_column(c, justify="left" if c == "variant" else "right")
     for v, f in figs.items():
         s = sums[v]
         agree = s["agreement_top_share"]
         t.add_row(v, f"{s['placed']}/{s['pods']}", f"{100 * f['colocated']:.1f}%",
                   f"{100 * f['colocated_same_class']:.1f}%", f"{100 * f['same_leaf']:.1f}%",
-                  f"{f['cross_node_gb']:,.0f}", f"{f['cost_total']:,.0f}", str(s["overcommits"]),
-                  "-" if agree is None else f"{100 * agree:.1f}%")
+                  f"{f['cross_node_gb']:,.0f}", f"{f['cost_total']:,.0f}", f"{s['mean_stranded_share']:.4f}",
+                  f"{s['mean_whole_free_8gpu_nodes']:.2f}",
+                  f"{s['mean_mixed_nodes']:.2f}/{s['max_mixed_nodes']}",
+                  str(s["overcommits"]), "-" if agree is None else f"{100 * agree:.1f}%")
     console.print(t)
 
 

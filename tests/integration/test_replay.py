@@ -17,7 +17,17 @@ import pytest
 from .conftest import ClusterScope
 from .harness import ControlPlane, delete_all_pods, ensure_namespace, gpu_node, llm_pod
 from .harness.kwok import Kwok, KwokBuildError, build_kwok, kwok_node_labels
-from .harness.replay import ReplayResult, replay, restart_scheduler_with, synthetic_trace, variant_config
+from .harness.replay import (
+    NodeCap,
+    PodState,
+    ReplayPod,
+    ReplayResult,
+    _sample,
+    replay,
+    restart_scheduler_with,
+    synthetic_trace,
+    variant_config,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -42,8 +52,13 @@ def kwok(control_plane: ControlPlane) -> Iterator[Kwok]:
 
 
 def _pod(name: str, gpus: int) -> dict[str, Any]:
-    # Plain GPU pods (no stage): what most of a shared cluster's pods look like.
-    return llm_pod(name, gpus=gpus, cpu="2", memory="8Gi")
+    # Every third pod is plain (no stage): much of a shared cluster looks like that. Of the rest,
+    # 1-GPU pods serve a small model interactively and bigger ones fine-tune it, so training and
+    # latency-bound serving share the cluster and the separation rule has something to keep apart.
+    if int(name.rsplit("-", 1)[-1]) % 3 == 0:
+        return llm_pod(name, gpus=gpus, cpu="2", memory="8Gi")
+    stage = "serving" if gpus == 1 else "alignment"
+    return llm_pod(name, stage=stage, model_params="1B", gpus=gpus, cpu="2", memory="8Gi")
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +105,30 @@ def test_pods_run_finish_and_their_gpus_are_reused(results: dict[str, ReplayResu
         assert 0 < peak <= _capacity()
 
 
+def test_training_never_ran_beside_interactive_serving_with_ours(results: dict[str, ReplayResult]) -> None:
+    """docs/stage-policy.md's separation rule, checked on the pods' real state through kwok."""
+    samples = results["ours"].samples
+    assert max(s.mixed_nodes for s in samples) == 0, [s for s in samples if s.mixed_nodes][:3]
+
+
+def test_the_sampler_counts_training_beside_interactive_serving() -> None:
+    """The measurement above, on hand-made pod states: it can see a mixed node when there is one."""
+    pods = {p.name: p for p in (
+        ReplayPod(llm_pod("chat", stage="serving", model_params="1B", gpus=1)),
+        ReplayPod(llm_pod("batch", stage="serving", model_params="1B", gpus=1,
+                          annotations={"llm-placement.io/latency-class": "batch"})),
+        ReplayPod(llm_pod("sft", stage="sft", model_params="1B", gpus=2)),
+        ReplayPod(llm_pod("done", stage="pretraining", model_params="1B", gpus=2)),
+    )}
+    caps = {n: NodeCap(8, 96_000) for n in ("a", "b", "c")}
+    states = {"chat": PodState("a", "Running"), "sft": PodState("a", "Running"),
+              "batch": PodState("b", "Running"), "done": PodState("b", "Succeeded")}
+    sample, over = _sample(4, 0.0, 0.0, caps, pods, states)
+    assert over == [] and sample.mixed_nodes == 1  # a: chat + sft; b: batch serving may share
+    states["sft"] = PodState("c", "Running")
+    assert _sample(4, 0.0, 0.0, caps, pods, states)[0].mixed_nodes == 0
+
+
 def test_nothing_over_committed(results: dict[str, ReplayResult]) -> None:
     for variant, r in results.items():
         assert r.overcommits == [], f"{variant}: {r.overcommits[:5]}"
@@ -105,3 +144,4 @@ def test_ours_leaves_no_fewer_whole_nodes_than_the_default_profile(results: dict
     assert stranded_ours <= stranded_default, (
         f"stranded GPUs, mean over the replay: ours {stranded_ours:.1f}, default {stranded_default:.1f}"
     )
+

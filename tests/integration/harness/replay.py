@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import httpx
@@ -135,12 +136,31 @@ class ReplayPod:
     def name(self) -> str:
         return str(self.manifest["metadata"]["name"])
 
+    @cached_property
+    def role(self) -> str:
+        return pod_role(self.manifest)
+
 
 def pod_gpus(manifest: dict[str, Any]) -> int:
     return sum(
         int(((c.get("resources") or {}).get("requests") or {}).get(GPU_RESOURCE, "0"))
         for c in manifest["spec"].get("containers") or []
     )
+
+
+TRAINING = frozenset({"pretraining", "pretrain", "alignment", "sft", "rlhf", "dpo", "finetune"})
+SERVING = frozenset({"serving", "serve", "inference", "eval"})
+
+
+def pod_role(manifest: dict[str, Any]) -> str:
+    """'training', 'interactive' (latency-bound serving) or '' from the pod's annotations, the way
+    docs/stage-policy.md reads them: the separation rule keeps the first two off one node."""
+    ann = (manifest.get("metadata") or {}).get("annotations") or {}
+    stage = str(ann.get("llm-placement.io/stage", "")).strip().lower()
+    if stage in TRAINING:
+        return "training"
+    latency = str(ann.get("llm-placement.io/latency-class", "interactive")).strip().lower()
+    return "interactive" if stage in SERVING and latency == "interactive" else ""
 
 
 def _cpu_milli(q: str) -> int:
@@ -257,6 +277,9 @@ class Sample:
     whole_free_8gpu_nodes: int
     placed: int
     unschedulable: int
+    # Nodes running training beside interactive serving: what docs/stage-policy.md's separation rule
+    # forbids. Ours never does it; baselines without the extender may, which is some of their packing.
+    mixed_nodes: int = 0
 
 
 @dataclass
@@ -296,6 +319,7 @@ def _sample(created: int, vt: float, wall: float, caps: dict[str, NodeCap], pods
             states: dict[str, PodState]) -> tuple[Sample, list[str]]:
     used_gpu: dict[str, int] = {}
     used_cpu: dict[str, int] = {}
+    roles: dict[str, set[str]] = {}
     placed = unsched = 0
     for name, s in states.items():
         if s.node:
@@ -307,6 +331,9 @@ def _sample(created: int, vt: float, wall: float, caps: dict[str, NodeCap], pods
         m = pods[name].manifest
         used_gpu[s.node] = used_gpu.get(s.node, 0) + pod_gpus(m)
         used_cpu[s.node] = used_cpu.get(s.node, 0) + pod_cpu_milli(m)
+        if role := pods[name].role:
+            roles.setdefault(s.node, set()).add(role)
+    mixed = sum(1 for r in roles.values() if len(r) == 2)
     alloc = free = stranded = whole = whole8 = 0
     over: list[str] = []
     for node, cap in caps.items():
@@ -323,7 +350,7 @@ def _sample(created: int, vt: float, wall: float, caps: dict[str, NodeCap], pods
         if f == cap.gpus:
             whole += 1
             whole8 += cap.gpus == 8
-    return Sample(created, vt, wall, alloc, free, stranded, whole, whole8, placed, unsched), over
+    return Sample(created, vt, wall, alloc, free, stranded, whole, whole8, placed, unsched, mixed), over
 
 
 # ----- the driver --------------------------------------------------------------------------------
