@@ -68,6 +68,7 @@ from tests.integration.harness import (  # noqa: E402
     wait_until,
 )
 from tests.integration.harness.controlplane import metric_value  # noqa: E402
+from tests.integration.harness.procs import Component, free_port  # noqa: E402
 
 LATENCY_METRIC = "llm_placement_request_duration_seconds"
 SCHED_ALGO_METRIC = "scheduler_scheduling_algorithm_duration_seconds"
@@ -354,6 +355,39 @@ def report_unbound(core: CoreV1Api, namespace: str, sample: int = 40) -> None:
         print(f"    {n} x {msg}", flush=True)
 
 
+NULL_VARIANTS = {"null": [], "null-bind-only": ["--no-event"]}
+
+
+class NullExtender:
+    """bench/null_extender.py as a child process, and kube-scheduler's config pointing at it."""
+
+    def __init__(self, cp: ControlPlane, variant: str) -> None:
+        self.port = free_port()
+        argv = [sys.executable, str(REPO / "bench" / "null_extender.py"), "--port", str(self.port),
+                "--kubeconfig", str(cp.admin_kubeconfig), "--prefix", cp.extender_path,
+                *NULL_VARIANTS[variant]]
+        self.proc = Component(variant, argv, cp.logdir / f"{variant}.log", cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        self.proc.start()
+        base = f"http://127.0.0.1:{self.port}"
+        wait_until(lambda: _ok(f"{base}/readyz"), 30, f"{variant} to answer", interval=0.2)
+        self.cpu0 = cpu_seconds(self.proc.pid)  # its start-up is not the run's
+        extenders = cp.scheduler_config(with_extender=True)["extenders"]
+        for ext in extenders:
+            ext["urlPrefix"] = f"{base}{cp.extender_path}"
+        self.overrides = {"extenders": extenders}
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def run_variant(
     cp: ControlPlane,
     n_nodes: int,
@@ -379,8 +413,10 @@ def run_variant(
     cpu_before = component_cpu(cp)
     req_before = api_requests(cp)
     t_exec = time.monotonic()
-    with_ext = variant != "no-extender"
-    cp.start_scheduler(with_extender=with_ext, node_cache_capable=node_cache_capable)
+    null = NullExtender(cp, variant) if variant in NULL_VARIANTS else None
+    with_ext = variant != "no-extender" and null is None  # ours
+    cp.start_scheduler(with_extender=variant != "no-extender", node_cache_capable=node_cache_capable,
+                       overrides=null.overrides if null else None)
     spy = start_profile(cp, profile) if profile and with_ext else None
     go_prof = (start_scheduler_profile(cp, profile.with_name(f"{profile.stem}-{variant}.pprof"))
                if profile else None)
@@ -410,6 +446,10 @@ def run_variant(
     metrics_after = cp.extender_metrics()
     cycle = scheduler_cycle(cp)
     cp.stop_scheduler()
+    null_cpu = 0.0
+    if null is not None:
+        null_cpu = cpu_seconds(null.proc.pid) - null.cpu0
+        null.stop()
     bound = len(times)
     seconds = (times[-1] - t_exec) if times else float("nan")
     steady = (bound - 1) / (times[-1] - times[0]) if bound > 1 and times[-1] > times[0] else float("nan")
@@ -421,6 +461,8 @@ def run_variant(
         if v - req_before.get(k, 0.0) >= 1
     }
     result.cpu_s = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 2) for k in cpu_after}
+    if null is not None:
+        result.cpu_s["null"] = round(null_cpu, 2)
     if with_ext:
         result.verbs = verb_latencies(metrics_before, metrics_after)
     # Leave nothing behind that would hold capacity in the next run (scheduler or extender cache).
@@ -467,7 +509,7 @@ def report(results: list[RunResult], args: argparse.Namespace, cp: ControlPlane)
             if variants.get("no-extender")
             else float("nan")
         )
-        for variant in ("no-extender", "extender", "plain-8gpu", "gang"):
+        for variant in ("no-extender", "extender", *NULL_VARIANTS, "plain-8gpu", "gang"):
             for r in variants.get(variant, []):
                 ratio = fmt(r.pods_per_s / base, 2) if variant != "no-extender" and base > 0 else ""
                 print(
@@ -592,9 +634,10 @@ def report_profile(path: Path) -> None:
 
 def report_cpu(results: list[RunResult]) -> None:
     print()
-    print("CPU per bound pod, ms, by process (kube-scheduler start -> last bind; 2 cores = 2,000 ms/s):")
+    print("CPU per bound pod, ms, by process (kube-scheduler start -> last bind; 2 cores = 2,000 ms/s;")
+    print("`extender` is ours, watching in every variant; `null` is bench/null_extender.py):")
     print()
-    names = ("etcd", "apiserver", "scheduler", "extender", "bench")
+    names = ("etcd", "apiserver", "scheduler", "extender", "null", "bench")
     print("| nodes | variant | " + " | ".join(names) + " | total | wall ms per pod |")
     print("|---:|---|" + "---:|" * (len(names) + 2))
     for r in results:
@@ -644,6 +687,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(both with the extender)")
     ap.add_argument("--profile", action="store_true",
                     help="py-spy the extender for 15 s of each extender run and print where it went")
+    ap.add_argument("--null", action="store_true",
+                    help="also run bench/null_extender.py (no placement work; bind + event, and bind only) "
+                    "as the extender: the floor of the protocol and the contract's API writes")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs) even on success")
     args = ap.parse_args(argv)
@@ -683,7 +729,10 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  GANG PARTLY BOUND: {r.bound}/{args.gang}", flush=True)
             for rep in range(args.repeat if not args.gang else 0):
                 # Alternate the order between repeats so neither variant always runs on a warmer server.
-                order = ("no-extender", "extender") if rep % 2 == 0 else ("extender", "no-extender")
+                order: tuple[str, ...] = (("no-extender", "extender") if rep % 2 == 0
+                                          else ("extender", "no-extender"))
+                if args.null:
+                    order += tuple(NULL_VARIANTS)
                 for variant in order:
                     prof = (Path(tempfile.gettempdir()) / f"llmp-extender-profile-{n}-{rep}.txt"
                             if args.profile else None)
