@@ -4,7 +4,6 @@ filter, bind-time metrics and explain output; plus the default-scheduler baselin
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 from typing import Any
 

@@ -26,7 +26,7 @@ from kubernetes.client import ApiClient, CoreV1Api, RbacAuthorizationV1Api
 from kubernetes.client.rest import ApiException
 
 from .pki import PKI, kubeconfig, make_pki
-from .procs import Component, ComponentError, free_port, port_is_free, tail, wait_until
+from .procs import Component, ComponentError, free_port, port_is_free, run_build_script, tail, wait_until
 from .schedconfig import (
     CHART_EXTENDER_RBAC_RULES,
     CHART_SCHEDULER_CONFIG,
@@ -86,18 +86,8 @@ def etcd_binary(build: bool = True, timeout: float = 3600.0) -> Path:
     it serves watch-list streams and progress notifications, and with an older etcd kwok's pod
     watch fell back to relisting with a growing back-off (docs/control-plane.md).
     """
-    argv = ["bash", str(ETCD_BUILD_SCRIPT)] + ([] if build else ["--print-path"])
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
-    except subprocess.TimeoutExpired as exc:
-        raise BuildError(f"{ETCD_BUILD_SCRIPT} did not finish within {timeout:.0f}s") from exc
-    if res.returncode != 0:
-        tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-40:])
-        raise BuildError(f"{ETCD_BUILD_SCRIPT} failed ({res.returncode}):\n{tail}")
-    path = Path(res.stdout.strip().splitlines()[-1])
-    if not os.access(path, os.X_OK):
-        raise BuildError(f"{path} is missing; run scripts/build-etcd.sh")
-    return path
+    return run_build_script(ETCD_BUILD_SCRIPT, [] if build else ["--print-path"], cwd=REPO_ROOT,
+                            error=BuildError, timeout=timeout)
 
 
 def find_binaries(build: bool = True) -> Binaries:

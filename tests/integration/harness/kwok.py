@@ -20,13 +20,12 @@ silent node NotReady, and thousands of heartbeats would only load the 2-core mac
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .procs import Component, wait_until
+from .procs import Component, run_build_script, wait_until
 from .schedconfig import REPO_ROOT
 
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kwok.sh"
@@ -43,19 +42,7 @@ class KwokBuildError(RuntimeError):
 
 def build_kwok(timeout: float = 3600.0) -> Path:
     """Run scripts/build-kwok.sh (a no-op when cached) and return the binary's path."""
-    try:
-        res = subprocess.run(
-            ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise KwokBuildError(f"{BUILD_SCRIPT} did not finish within {timeout:.0f}s") from exc
-    if res.returncode != 0:
-        tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-40:])
-        raise KwokBuildError(f"{BUILD_SCRIPT} failed ({res.returncode}):\n{tail}")
-    path = Path(res.stdout.strip().splitlines()[-1])
-    if not path.is_file():
-        raise KwokBuildError(f"{BUILD_SCRIPT} reported {path}, which does not exist")
-    return path
+    return run_build_script(BUILD_SCRIPT, cwd=REPO_ROOT, error=KwokBuildError, timeout=timeout)
 
 
 def kwok_node_labels() -> dict[str, str]:

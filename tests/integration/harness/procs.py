@@ -22,6 +22,25 @@ T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
 
 
+def run_build_script(script: Path, args: Sequence[str] = (), *, cwd: Path, error: type[Exception],
+                     timeout: float = 3600.0) -> Path:
+    """Run one of scripts/build-*.sh (a no-op when its output is cached) and return the executable it
+    names on its last line of output; any failure is raised as ``error`` with the log's tail."""
+    try:
+        res = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=timeout,
+                             cwd=cwd)
+    except subprocess.TimeoutExpired as exc:
+        raise error(f"{script} did not finish within {timeout:.0f}s") from exc
+    if res.returncode != 0:
+        tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-40:])
+        raise error(f"{script} failed ({res.returncode}):\n{tail}")
+    lines = res.stdout.strip().splitlines()
+    path = Path(lines[-1]) if lines else Path()
+    if not lines or not os.access(path, os.X_OK):
+        raise error(f"{script} reported {path}, which is not an executable file")
+    return path
+
+
 class ComponentError(RuntimeError):
     """A component failed to start, died, or did not become ready in time."""
 
