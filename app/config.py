@@ -148,9 +148,10 @@ class Settings(BaseSettings):
     solver_time_limit_seconds: float = Field(0.5, gt=0)
     producer_memory_seconds: float = Field(3600.0, ge=0)
     # Data gravity: a transfer of about this many seconds is hardly worth anything, so reading 14 GB
-    # locally instead of over the leaf (a second either way) does not outweigh packing or price
-    # (docs/data-gravity.md). 0: the pure ratio, where any speed-up counts fully.
-    gravity_negligible_seconds: float = Field(30.0, ge=0)
+    # locally instead of over the leaf (a second either way) does not outweigh packing or price,
+    # while a cross-zone read of the same data (~15 s) still does (docs/data-gravity.md). 0: the
+    # pure ratio, where any speed-up counts fully.
+    gravity_negligible_seconds: float = Field(10.0, ge=0)
 
     _policies: Policies | None = PrivateAttr(default=None)
     _profiles: ProfileBook | None = PrivateAttr(default=None)

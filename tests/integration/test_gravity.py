@@ -223,7 +223,8 @@ def test_consumer_keeps_a_whole_node_whole_when_a_same_shape_node_has_room(
     assert _run(cluster, _pod(pretrain, "pretraining", pin=nodes["h1"], gpus=8, model_params="1B")) == nodes["h1"]
     _finish(cp, cluster, pretrain)
     assert _run(cluster, _pod(busy, "alignment", pin=nodes["h3"], gpus=1, model_params="1B")) == nodes["h3"]
-    at = _run(cluster, _pod(sft, "alignment", depends=pretrain, gb=14, gpus=2, model_params="1B"))
+    # 2 TB: reading it off the producer's box saves minutes, so the pull alone would open h1.
+    at = _run(cluster, _pod(sft, "alignment", depends=pretrain, gb=2000, gpus=2, model_params="1B"))
     assert at == nodes["h3"], f"the consumer opened {at} although h3 had room"
     detail = _explain(cp, ns, sft)
     guarded = {e["node"]: e.get("whole_node_guard") for e in detail["nodes"]}

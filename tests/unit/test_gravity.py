@@ -364,17 +364,17 @@ def test_term_is_relative_to_the_best_candidate() -> None:
 
 
 def test_a_transfer_of_seconds_hardly_pulls_a_transfer_of_hours_does() -> None:
-    """The shipped ``gravity_negligible_seconds`` (30 s) is added to both sides of the ratio."""
+    """The shipped ``gravity_negligible_seconds`` (10 s) is added to both sides of the ratio."""
     snap, g, _ = world()
     t0 = SETTINGS.gravity_negligible_seconds
     assert t0 > 0
     run(snap, spec("prep", stage="data-prep", gpus=0), "cpu1")
     nodes = ["n1", "n6"]
-    small = g.term(spec("pt", stage="pretraining", gpus=8, depends="prep", gb=2), nodes)
+    small = g.term(spec("pt", stage="pretraining", gpus=8, depends="prep", gb=0.5), nodes)
     big = g.term(spec("pt", stage="pretraining", gpus=8, depends="prep", gb=20_000), nodes)
     assert small is not None and big is not None
     assert small("n1") == big("n1") == 1.0
-    assert small("n6") == pytest.approx((2 * S_FABRIC[0] + t0) / (2 * S_CROSS + t0))
+    assert small("n6") == pytest.approx((0.5 * S_FABRIC[0] + t0) / (0.5 * S_CROSS + t0))
     assert small("n6") > 0.9  # seconds either way: packing and price decide
     assert big("n6") == pytest.approx((20_000 * S_FABRIC[0] + t0) / (20_000 * S_CROSS + t0))
     assert big("n6") < 0.5 and big("n6") == pytest.approx(S_FABRIC[0] / S_CROSS, rel=0.05)
