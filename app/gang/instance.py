@@ -139,6 +139,18 @@ def near_rank(snapshot: ClusterSnapshot, data: frozenset[str]) -> Callable[[Node
     return rank
 
 
+NEAR_WORDS = {NEAR_NODE: "on this node", NEAR_NVLINK: "in this node's NVLink domain",
+              NEAR_LEAF: "behind this node's leaf switch", FAR: "further away"}
+
+
+def input_note(snapshot: ClusterSnapshot, data: frozenset[str] | None, node: str) -> str:
+    """Where a member's input lies as seen from its planned node, for its GangPlanned event."""
+    facts = snapshot.nodes.get(node)
+    if not data or facts is None or not all(n in snapshot.nodes for n in data):
+        return ""
+    return f"; its input data is {NEAR_WORDS[near_rank(snapshot, data)(facts)]}"
+
+
 def match_inputs(snapshot: ClusterSnapshot, members: Sequence[WorkloadSpec], slots: Sequence[str],
                  inputs: Mapping[str, frozenset[str]]) -> list[tuple[WorkloadSpec, str]]:
     """Hand out a shape's planned ``slots`` (one node per member) so each member gets the nearest

@@ -32,7 +32,16 @@ from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject
 from app.core.workload import WorkloadSpec
 from app.gang import diagnose
 from app.gang.book import GangBook, GangState
-from app.gang.instance import DataSites, GangInstance, build, evaluator, match_inputs, shape_key, unfit_nodes
+from app.gang.instance import (
+    DataSites,
+    GangInstance,
+    build,
+    evaluator,
+    input_note,
+    match_inputs,
+    shape_key,
+    unfit_nodes,
+)
 from app.gang.ledger import GangPlan, MemberPlan
 from app.gang.persist import PlanStore
 from app.gang.problem import Index, Problem
@@ -280,8 +289,9 @@ class Planner:
         self.store.save(key, [(m.pod, m.node) for m in new.unbound], new.planned_at, new.epoch)
         what = f"{len(new.unbound)} pods to bind"
         for m in new.unbound:
+            note = input_note(snapshot, brief.inst.inputs.get(m.uid), m.node)
             self.reporter.event(m.pod, m.uid, "GangPlanned", MESSAGE_PREFIX + f"gang {key} planned ({what}): "
-                                f"{summary}; this pod goes to {m.node}")
+                                f"{summary}; this pod goes to {m.node}{note}")
         if previous is not None:
             self.reporter.metrics.outcome("replanned")
         return new

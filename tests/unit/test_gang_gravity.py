@@ -61,6 +61,10 @@ def test_each_member_gets_its_own_producers_node() -> None:
     pods = reader_gang(c, "train", ["prep-0", "prep-1"])
     c.place(pods[0], names)
     assert planned(c, "train") == {"train-0": "n-6", "train-1": "n-3"}
+    c.flush()
+    planned_events = [m for pod, reason, m in c.binder.events if reason == "GangPlanned"]
+    assert len(planned_events) == 2
+    assert all(m.endswith("; its input data is on this node") for m in planned_events), planned_events
 
 
 def test_topology_comes_before_gravity() -> None:
