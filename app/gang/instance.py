@@ -123,7 +123,7 @@ def near_rank(snapshot: ClusterSnapshot, data: frozenset[str]) -> Callable[[Node
     """A node's nearness to any of the ``data`` nodes (every node is NEAR_NODE when there are none)."""
     if not data:
         return lambda facts: NEAR_NODE
-    sites = [snapshot.nodes[n] for n in data]
+    sites = [snapshot.nodes[n] for n in data if n in snapshot.nodes]
     domains = {f.nvlink_domain for f in sites}
     leaves = {f.fabric[0] for f in sites if f.fabric and f.fabric[0]}
 
@@ -154,24 +154,54 @@ def input_note(snapshot: ClusterSnapshot, data: frozenset[str] | None, node: str
 def match_inputs(snapshot: ClusterSnapshot, members: Sequence[WorkloadSpec], slots: Sequence[str],
                  inputs: Mapping[str, frozenset[str]]) -> list[tuple[WorkloadSpec, str]]:
     """Hand out a shape's planned ``slots`` (one node per member) so each member gets the nearest
-    slot to its own input data: the plan counts members per node, not which member goes where."""
-    free = list(slots)
+    slot to its own input data: the plan counts members per node, not which member goes where.
+
+    Runs under the service lock at commit, for gangs of hundreds: free slots are indexed by node,
+    NVLink domain and leaf, so each member costs the size of its own input, not of the gang.
+    """
+    free: dict[str, int] = defaultdict(int)
+    by_domain: dict[str, set[str]] = defaultdict(set)
+    by_leaf: dict[str, set[str]] = defaultdict(set)
+    nodes = snapshot.nodes
+    for n in slots:
+        free[n] += 1
+        if (f := nodes.get(n)) is not None:
+            by_domain[f.nvlink_domain].add(n)
+            if f.fabric and f.fabric[0]:
+                by_leaf[f.fabric[0]].add(n)
+
+    def take(n: str) -> str:
+        free[n] -= 1
+        if not free[n] and (f := nodes.get(n)) is not None:
+            by_domain[f.nvlink_domain].discard(n)
+            if f.fabric and f.fabric[0]:
+                by_leaf[f.fabric[0]].discard(n)
+        return n
+
+    def sites(m: WorkloadSpec) -> list[NodeFacts]:
+        return [nodes[n] for n in sorted(inputs.get(m.uid or m.key, ())) if n in nodes]
+
     out: list[tuple[WorkloadSpec, str]] = []
     left = list(members)
-    for level in (NEAR_NODE, NEAR_NVLINK, NEAR_LEAF):
+    levels: list[Callable[[list[NodeFacts]], str | None]] = [
+        lambda fs: next((f.name for f in fs if free[f.name] > 0), None),
+        lambda fs: min((n for f in fs for n in by_domain[f.nvlink_domain]), default=None),
+        lambda fs: min((n for f in fs if f.fabric and f.fabric[0] for n in by_leaf[f.fabric[0]]),
+                       default=None),
+    ]
+    for pick in levels:
         rest: list[WorkloadSpec] = []
         for m in left:
-            data = inputs.get(m.uid or m.key)
-            rank = near_rank(snapshot, data) if data else None
-            spot = next((n for n in free if rank is not None and n in snapshot.nodes
-                         and rank(snapshot.nodes[n]) == level), None)
+            spot = pick(sites(m))
             if spot is None:
                 rest.append(m)
-                continue
-            free.remove(spot)
-            out.append((m, spot))
+            else:
+                out.append((m, take(spot)))
         left = rest
-    out += zip(left, free, strict=True)
+    remaining: list[str] = []
+    for n in dict.fromkeys(slots):
+        remaining += [n] * free[n]
+    out += zip(left, remaining, strict=True)
     return out
 
 

@@ -130,3 +130,15 @@ def test_near_rank_ladder_and_matching() -> None:
     assert got == {"a": "m-1", "b": "n-2", "x": "n-0"}
 
 
+
+
+def test_matching_a_large_gang_and_a_producer_node_that_is_gone() -> None:
+    """Commit runs under the service lock: 300 members each find their own shard's node, and an
+    input on a node deleted since the plan was made is ignored rather than failing the commit."""
+    c = Cluster()
+    names = c.nodes("n", 300, "leaf-1")
+    snap = c.service.snapshot
+    members = [parse_workload(pod_object(f"m-{i}", namespace="ml", gpus=8)) for i in range(300)]
+    inputs = {m.uid: frozenset({names[i], "deleted-node"}) for i, m in enumerate(members)}
+    got = match_inputs(snap, members, list(reversed(names)), inputs)
+    assert {m.name: node for m, node in got} == {f"m-{i}": names[i] for i in range(300)}
