@@ -227,7 +227,9 @@ class GravityModel:
         if not edges:
             return None  # producer unknown: neutral, never fatal (explain says why)
         cost = self.cost_fn(edges)
-        t0 = self.policy.negligible_seconds
+        # A serving group's edge is not a one-time read: it ranks partners' neighbourhoods with a
+        # nominal 1 GB (docs/data-gravity.md), so no transfer time is negligible for it.
+        t0 = 0.0 if any(e.kind == SERVING_GROUP for e in edges) else self.policy.negligible_seconds
         if nodes is None:
             best = sum(e.gb for e in edges) * self.ladder.node_s
             return lambda n: _ratio(best, cost(n), t0)

@@ -91,6 +91,22 @@ def test_a_decode_pod_is_pulled_to_its_prefill_partners_domain_then_leaf() -> No
     assert back is not None and back("n4") == 1.0 and (back("n1") or 0.0) < 1.0
 
 
+def test_the_negligible_transfer_allowance_does_not_flatten_a_partners_pull() -> None:
+    """gravity_negligible_seconds is for one-time reads: a partner edge (nominal 1 GB, a second at
+    most) keeps the pure ratio, or prefill and decode would drift apart for a few cents an hour."""
+    assert SETTINGS.gravity_negligible_seconds > 0
+    snap, g = world()
+    run(snap, parse_workload(pod("prefill-0", "prefill")), "n1")
+    term = g.term(parse_workload(pod("decode-0", "decode")), NAMES)
+    assert term is not None
+    edges = [e for e in g.resolve(parse_workload(pod("decode-0", "decode"))) if e.found]
+    cost = g.cost_fn(edges)
+    best = min(c for n in NAMES if (c := cost(n)) is not None)
+    far = cost("n5")
+    assert far is not None and term("n5") == pytest.approx(best / far)
+    assert (term("n5") or 1.0) < 0.5
+
+
 def test_only_partners_of_the_other_role_in_the_same_namespace_pull() -> None:
     snap, g = world()
     run(snap, parse_workload(pod("decode-a", "decode")), "n1")  # same role as the pod below
