@@ -50,7 +50,6 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 from kubernetes.client import CoreV1Api  # noqa: E402
-from kubernetes.watch.watch import iter_resp_lines  # noqa: E402
 
 from tests.integration.harness import (  # noqa: E402
     ControlPlane,
@@ -68,6 +67,7 @@ from tests.integration.harness import (  # noqa: E402
     wait_until,
 )
 from tests.integration.harness.controlplane import metric_value  # noqa: E402
+from tests.integration.harness.podwatch import list_then_watch  # noqa: E402
 from tests.integration.harness.procs import Component, free_port  # noqa: E402
 
 LATENCY_METRIC = "llm_placement_request_duration_seconds"
@@ -160,35 +160,14 @@ class BindWatcher(threading.Thread):
                 self.done.set()
 
     def run(self) -> None:
-        try:
-            data = json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)
-            for p in data["items"]:
+        def listed(items: list[dict[str, Any]]) -> None:
+            for p in items:
                 self._see(p)
-            rv = data["metadata"]["resourceVersion"]
-            while not self.stop.is_set() and not self.done.is_set():
-                # Short server-side timeouts so a stop request is noticed within seconds.
-                resp = self.core.list_namespaced_pod(
-                    self.namespace,
-                    watch=True,
-                    resource_version=rv,
-                    timeout_seconds=5,
-                    allow_watch_bookmarks=True,
-                    _preload_content=False,
-                    _request_timeout=(10, 30),
-                )
-                try:
-                    for line in iter_resp_lines(resp):
-                        ev = json.loads(line)
-                        obj = ev.get("object") or {}
-                        if ev.get("type") == "ERROR":
-                            raise RuntimeError(f"watch error: {obj.get('message')}")
-                        rv = obj.get("metadata", {}).get("resourceVersion") or rv
-                        if ev.get("type") in ("ADDED", "MODIFIED"):
-                            self._see(obj)
-                        if self.done.is_set() or self.stop.is_set():
-                            break
-                finally:
-                    resp.release_conn()
+
+        try:
+            list_then_watch(self.core, self.namespace, on_list=listed,
+                            on_event=lambda kind, pod: self._see(pod) if kind != "DELETED" else None,
+                            stop=lambda: self.stop.is_set() or self.done.is_set())
         except BaseException as exc:  # reported by the main thread
             self.error = exc
             self.done.set()

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import heapq
-import json
 import random
 import threading
 import time
@@ -40,11 +39,11 @@ from typing import Any, NamedTuple
 import httpx
 from kubernetes.client import CoreV1Api
 from kubernetes.client.rest import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from .controlplane import ControlPlane, metric_value
 from .kwok import complete_after
 from .objects import GPU_RESOURCE, create_pod
+from .podwatch import list_then_watch
 from .procs import port_is_free, wait_until
 from .schedconfig import write_yaml
 
@@ -227,30 +226,14 @@ class PodTracker(threading.Thread):
             self.version += 1
 
     def run(self) -> None:
-        try:
-            data = json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)
-            for p in data["items"]:
+        def listed(items: list[dict[str, Any]]) -> None:
+            for p in items:
                 self._see("ADDED", p)
-            rv = data["metadata"]["resourceVersion"]
             self.synced.set()
-            while not self.stop_event.is_set():
-                resp = self.core.list_namespaced_pod(
-                    self.namespace, watch=True, resource_version=rv, timeout_seconds=5,
-                    allow_watch_bookmarks=True, _preload_content=False, _request_timeout=(10, 30),
-                )
-                try:
-                    for line in iter_resp_lines(resp):
-                        ev = json.loads(line)
-                        obj = ev.get("object") or {}
-                        if ev.get("type") == "ERROR":
-                            raise RuntimeError(f"watch error: {obj.get('message')}")
-                        rv = obj.get("metadata", {}).get("resourceVersion") or rv
-                        if ev.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                            self._see(ev["type"], obj)
-                        if self.stop_event.is_set():
-                            break
-                finally:
-                    resp.release_conn()
+
+        try:
+            list_then_watch(self.core, self.namespace, on_list=listed, on_event=self._see,
+                            stop=self.stop_event.is_set)
         except BaseException as exc:  # reported by the driver
             self.error = exc
             self.synced.set()

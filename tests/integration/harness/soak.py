@@ -59,11 +59,11 @@ from typing import Any
 
 from kubernetes.client import CoreV1Api
 from kubernetes.client.rest import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from .controlplane import ControlPlane, ensure_namespace, metric_value
 from .kwok import COMPLETE_AFTER, Kwok, complete_after, kwok_node_labels
 from .objects import ANN, GPU_RESOURCE, cpu_node, create_nodes, gpu_node, llm_pod
+from .podwatch import list_then_watch
 from .procs import wait_until
 
 POOL = "soak.llm-placement.io/pool"
@@ -266,36 +266,23 @@ class ResilientTracker(threading.Thread):
         rec.deleted = rec.deleted or deleted
 
     def run(self) -> None:
+        def listed(items: list[dict[str, Any]]) -> None:
+            with self.lock:
+                for p in items:
+                    self._see(p)
+                self.on_change()
+            self.relists += 1
+            self.synced.set()
+
+        def changed(kind: str, pod: dict[str, Any]) -> None:
+            with self.lock:
+                self._see(pod, deleted=kind == "DELETED")
+                self.on_change()
+
         while not self.stop_event.is_set():
             try:
-                data = json.loads(self.core.list_namespaced_pod(
-                    self.namespace, _preload_content=False, _request_timeout=(5, 30)).data)
-                with self.lock:
-                    for p in data["items"]:
-                        self._see(p)
-                    self.on_change()
-                self.relists += 1
-                self.synced.set()
-                rv = data["metadata"]["resourceVersion"]
-                while not self.stop_event.is_set():
-                    resp = self.core.list_namespaced_pod(
-                        self.namespace, watch=True, resource_version=rv, timeout_seconds=10,
-                        allow_watch_bookmarks=True, _preload_content=False, _request_timeout=(5, 20))
-                    try:
-                        for line in iter_resp_lines(resp):
-                            ev = json.loads(line)
-                            obj = ev.get("object") or {}
-                            if ev.get("type") == "ERROR":
-                                raise RuntimeError(f"watch error: {obj.get('message')}")
-                            rv = obj.get("metadata", {}).get("resourceVersion") or rv
-                            if ev.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                                with self.lock:
-                                    self._see(obj, deleted=ev["type"] == "DELETED")
-                                    self.on_change()
-                            if self.stop_event.is_set():
-                                break
-                    finally:
-                        resp.release_conn()
+                list_then_watch(self.core, self.namespace, on_list=listed, on_event=changed,
+                                stop=self.stop_event.is_set, watch_timeout_s=10, request_timeout=(5, 20))
             except Exception:  # the API server or etcd is down: list again shortly
                 if self.stop_event.wait(0.5):
                     return
