@@ -26,6 +26,8 @@ def test_yaml_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ("weights:\n  serving: {cost: -1}\n", "weights.serving.cost"),
     ("bandwidth_efficiency: 2\n", "bandwidth_efficiency"),
     ("no_such_key: 1\n", "no_such_key"),
+    ("gravity_negligible_seconds: -5\n", "gravity_negligible_seconds"),
+    ("gravity_negligible_seconds: soon\n", "gravity_negligible_seconds"),
 ])
 def test_invalid_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:
     f = tmp_path / "c.yaml"

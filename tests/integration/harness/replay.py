@@ -40,6 +40,8 @@ import httpx
 from kubernetes.client import CoreV1Api
 from kubernetes.client.rest import ApiException
 
+from app.core.workload import TRAINING_STAGES, LatencyClass, Stage, WorkloadError, parse_workload
+
 from .controlplane import ControlPlane, metric_value
 from .kwok import complete_after
 from .objects import GPU_RESOURCE, create_pod
@@ -147,19 +149,18 @@ def pod_gpus(manifest: dict[str, Any]) -> int:
     )
 
 
-TRAINING = frozenset({"pretraining", "pretrain", "alignment", "sft", "rlhf", "dpo", "finetune"})
-SERVING = frozenset({"serving", "serve", "inference", "eval"})
-
-
 def pod_role(manifest: dict[str, Any]) -> str:
-    """'training', 'interactive' (latency-bound serving) or '' from the pod's annotations, the way
-    docs/stage-policy.md reads them: the separation rule keeps the first two off one node."""
-    ann = (manifest.get("metadata") or {}).get("annotations") or {}
-    stage = str(ann.get("llm-placement.io/stage", "")).strip().lower()
-    if stage in TRAINING:
+    """'training', 'interactive' (latency-bound serving) or '' as the extender reads the pod
+    (stage aliases, default latency class): the separation rule of docs/stage-policy.md keeps the
+    first two off one node. A pod the extender cannot read has no role."""
+    try:
+        spec = parse_workload(manifest)
+    except WorkloadError:
+        return ""
+    if spec.stage in TRAINING_STAGES:
         return "training"
-    latency = str(ann.get("llm-placement.io/latency-class", "interactive")).strip().lower()
-    return "interactive" if stage in SERVING and latency == "interactive" else ""
+    interactive = spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE
+    return "interactive" if interactive else ""
 
 
 def _cpu_milli(q: str) -> int:
