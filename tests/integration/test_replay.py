@@ -105,12 +105,6 @@ def test_pods_run_finish_and_their_gpus_are_reused(results: dict[str, ReplayResu
         assert 0 < peak <= _capacity()
 
 
-def test_training_never_ran_beside_interactive_serving_with_ours(results: dict[str, ReplayResult]) -> None:
-    """docs/stage-policy.md's separation rule, checked on the pods' real state through kwok."""
-    samples = results["ours"].samples
-    assert max(s.mixed_nodes for s in samples) == 0, [s for s in samples if s.mixed_nodes][:3]
-
-
 def test_the_sampler_counts_training_beside_interactive_serving() -> None:
     """The measurement above, on hand-made pod states: it can see a mixed node when there is one."""
     pods = {p.name: p for p in (

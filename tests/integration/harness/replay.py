@@ -261,8 +261,9 @@ class Sample:
     whole_free_8gpu_nodes: int
     placed: int
     unschedulable: int
-    # Nodes running training beside interactive serving: what docs/stage-policy.md's separation rule
-    # forbids. Ours never does it; baselines without the extender may, which is some of their packing.
+    # Nodes running training beside interactive serving. docs/stage-policy.md's hard rule keeps an
+    # interactive pod off a node running training; a training pod is only scored away from serving,
+    # so ours can mix too (rarely). Baselines without the extender mix freely.
     mixed_nodes: int = 0
 
 
