@@ -103,6 +103,10 @@ class Settings(BaseSettings):
     # A GPU pod never opens a whole node while a partly used node of the same shape can take it
     # (docs/scoring.md): off only to measure what the guard is worth.
     whole_node_guard: bool = True
+    # The guard across GPU shapes (docs/scoring.md, "Across shapes"): a partly used node of at least as
+    # good hardware takes a GPU pod instead of a whole node being opened when its price premium is
+    # below this share of the price of the GPUs the whole node would strand. 0: same shape only.
+    stranded_idle_share: float = Field(0.5, ge=0, le=1)
     # /explain shows where pods run: "kubernetes" lets only callers whose bearer token may get the
     # pod read it (TokenReview + SubjectAccessReview); "none" leaves it open (no API server to ask).
     explain_auth: Literal["kubernetes", "none"] = "kubernetes"
@@ -188,6 +192,7 @@ class Settings(BaseSettings):
                 default_interactive_ms_per_token=self.default_interactive_ms_per_token,
                 score_mapping=self.score_mapping,
                 whole_node_guard=self.whole_node_guard,
+                stranded_idle_share=self.stranded_idle_share,
             )
             self._policies = Policies(
                 placement=PlacementPolicy(feasibility, scoring, tuple(self.labels.gpu_resource),

@@ -90,8 +90,8 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
                 "weights": s.weights if s else {},
             }
             if s is not None and s.guarded_by:
-                # Ranked just below a partly used node of the same shape (docs/scoring.md).
-                entry["whole_node_guard"] = f"kept whole: {s.guarded_by} (same shape, partly used) fits"
+                # Ranked just below a partly used node (docs/scoring.md, "The whole-node guard").
+                entry["whole_node_guard"] = _guard_note(service, n, s.guarded_by)
         else:
             r = rejections.get(n) or UNKNOWN
             # "rule" is the rejections metric's label for the same verdict (docs/metrics.md).
@@ -166,3 +166,12 @@ def explain_pod(service: ExtenderService, namespace: str, name: str) -> dict[str
         return {"pod": f"{namespace}/{name}", "summary": "invalid annotations: " + "; ".join(problems),
                 "invalid": problems, "invalid_keys": [problem_key(p) for p in problems], "nodes": []}
     return explain_spec(service, found)
+
+
+def _guard_note(service: ExtenderService, node: str, sibling: str) -> str:
+    nodes = service.snapshot.nodes
+    mine, theirs = nodes.get(node), nodes.get(sibling)
+    if mine is not None and theirs is not None and mine.shape_id == theirs.shape_id:
+        return f"kept whole: {sibling} (same shape, partly used) fits"
+    return (f"kept whole: {sibling} (partly used, as fast, price premium below the idle cost of the "
+            "GPUs this node would strand) fits")

@@ -73,9 +73,11 @@ from rich.table import Table  # noqa: E402
 
 from app.config import Settings  # noqa: E402
 from app.core.catalog import GpuCatalog  # noqa: E402
-from app.core.feasibility import pod_hourly_cost  # noqa: E402
-from app.core.nodes import node_facts  # noqa: E402
-from app.core.workload import parse_workload  # noqa: E402
+from app.core.feasibility import NodeFit, evaluate, pod_hourly_cost  # noqa: E402
+from app.core.nodes import NodeFacts, node_facts  # noqa: E402
+from app.core.policy import FeasibilityPolicy  # noqa: E402
+from app.core.snapshot import NodeUsage  # noqa: E402
+from app.core.workload import LatencyClass, Stage, WorkloadSpec, parse_workload  # noqa: E402
 from app.sim.fleet import expand_cluster, node_object, pod_object  # noqa: E402
 from tests.integration.harness import (  # noqa: E402
     ControlPlane,
@@ -206,6 +208,9 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
             gangs[g].append(p.name)
     cost: dict[str, float] = defaultdict(float)
     edges: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    feasibility = settings.policies().placement.feasibility
+    interactive = 0
+    off_target: list[float] = []  # estimated ms/token of interactive pods placed off their target
     for p in pods:
         node = r.placements.get(p.name)
         spec = parse_workload(p.manifest)
@@ -213,6 +218,11 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
         if node is None:
             continue
         cost[stage] += pod_hourly_cost(spec, facts[node]) * (p.duration or 0.0) / 3600
+        if spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE:
+            interactive += 1
+            ms = _ms_per_token(spec, facts[node], feasibility)
+            if ms is None or ms > (spec.max_ms_per_token or feasibility.default_interactive_ms_per_token):
+                off_target.append(ms if ms is not None else float("inf"))
         for producer in spec.depends_on:
             members = gangs.get(producer) or [producer]
             sites = [r.placements[m] for m in members if m in r.placements]
@@ -234,6 +244,11 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
                                  "same_class": same_class})
     all_edges = [e for v in edges.values() for e in v]
     same = [e for e in all_edges if e["same_class"]]
+    # What the stranded GPUs cost while they wait: the list price of each (a stranded GB200 idles
+    # $14/h, a stranded L4 under $1/h), averaged over the same samples as the stranded count.
+    gpu_price = {n: f.hourly_cost / f.gpu_count for n, f in facts.items() if f.gpu_count}
+    stranded_usd = [sum(free * gpu_price.get(n, 0.0) for n, free in x.stranded_by_node.items())
+                    for x in r.samples]
     return {
         "edges": len(all_edges),
         "colocated": _share([e["colocated"] for e in all_edges]),
@@ -245,7 +260,18 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
                          "cross_node_gb": sum(e["cross_node_gb"] for e in v)} for k, v in edges.items()},
         "cost_by_stage": dict(cost),
         "cost_total": sum(cost.values()),
+        "mean_stranded_usd_per_hour": statistics.mean(stranded_usd) if stranded_usd else 0.0,
+        "interactive_pods": interactive,
+        "interactive_off_target": len(off_target),
+        "off_target_ms_per_token": sorted(round(x, 1) for x in off_target),
     }
+
+
+def _ms_per_token(spec: WorkloadSpec, node: NodeFacts, feasibility: FeasibilityPolicy) -> float | None:
+    """The extender's own decode estimate for ``spec`` on ``node`` (docs/stage-policy.md), whichever
+    variant placed it: every variant is judged by the same latency model."""
+    fit = evaluate(spec, node, NodeUsage(), node.gpu_count, feasibility)
+    return fit.ms_per_token if isinstance(fit, NodeFit) else None
 
 
 def _gpus(p: ReplayPod) -> int:
@@ -443,7 +469,8 @@ def fragmentation_table(label: str, sums: dict[str, dict[str, Any]]) -> None:
         t.add_row(v, str(s["placed"]), f"{s['failed']} ({s['gpu_pods_failed']})", str(s["gpus_placed"]),
                   str(s["gpus_failed"]), f"{s['mean_gpus_allocated']:.0f}", f"{s['mean_gpus_stranded']:.1f}",
                   f"{s['mean_stranded_share']:.3f}", f"{s['mean_whole_free_8gpu_nodes']:.1f}",
-                  str(s["overcommits"]), "-" if agree is None else f"{100 * agree:.1f}%")
+                  str(s["overcommits"]),
+                  "-" if agree is None else f"{100 * agree:.1f}%")
     console.print(t)
 
 
@@ -538,8 +565,9 @@ def _write_trace(label: str, meta: dict[str, Any], res: dict[str, ReplayResult],
 def _gravity_table(scenario: str, figs: dict[str, dict[str, Any]], sums: dict[str, dict[str, Any]]) -> None:
     t = Table(title=f"pipelines, scenario {scenario}: real kube-scheduler on kwok nodes")
     for c in ("variant", "placed", "co-located (all edges)", "co-located (edges rules allow)", "same leaf",
-              "cross-node GB", "est. cost $", "stranded/free", "whole free 8-GPU",
-              "training beside interactive (mean/max nodes)", "over-commits", "agreement top"):
+              "cross-node GB", "est. cost $", "stranded/free", "stranded $/h", "whole free 8-GPU",
+              "training beside interactive (mean/max nodes)", "interactive serving off target",
+              "over-commits", "agreement top"):
         t.add_column(c, justify="left" if c == "variant" else "right")
     for v, f in figs.items():
         s = sums[v]
@@ -547,9 +575,10 @@ def _gravity_table(scenario: str, figs: dict[str, dict[str, Any]], sums: dict[st
         t.add_row(v, f"{s['placed']}/{s['pods']}", f"{100 * f['colocated']:.1f}%",
                   f"{100 * f['colocated_same_class']:.1f}%", f"{100 * f['same_leaf']:.1f}%",
                   f"{f['cross_node_gb']:,.0f}", f"{f['cost_total']:,.0f}", f"{s['mean_stranded_share']:.4f}",
-                  f"{s['mean_whole_free_8gpu_nodes']:.2f}",
+                  f"{f['mean_stranded_usd_per_hour']:.2f}", f"{s['mean_whole_free_8gpu_nodes']:.2f}",
                   f"{s['mean_mixed_nodes']:.2f}/{s['max_mixed_nodes']}",
-                  str(s["overcommits"]), "-" if agree is None else f"{100 * agree:.1f}%")
+                  f"{f['interactive_off_target']}/{f['interactive_pods']}", str(s["overcommits"]),
+                  "-" if agree is None else f"{100 * agree:.1f}%")
     console.print(t)
 
 

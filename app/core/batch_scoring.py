@@ -30,6 +30,7 @@ from app.core.scoring import (
     _precision,
     _preference,
     _weights_for,
+    consolidates,
 )
 from app.core.workload import TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
 
@@ -226,7 +227,8 @@ def score_batch(
 
     guarded: dict[int, str] = {}
     if gpu_pod and policy.whole_node_guard and n:
-        guarded = _guard(names, totals, packing, separation, shape, cap_gpus, gpus_used, spec.gpus)
+        guarded = _guard(names, totals, packing, separation, shape, cap_gpus, gpus_used, spec.gpus,
+                         class_of, class_terms, policy.stranded_idle_share)
     return ScoreList(names, totals, bands_for(totals, policy.score_mapping), class_of, class_terms,
                      columns, w, guarded)
 
@@ -250,7 +252,8 @@ def _packing(spec: WorkloadSpec, cap_gpus: Ints, cap_cpu: Floats, gpus_used: Int
 
 
 def _guard(names: list[str], totals: Floats, packing: Floats, separation: Floats, shape: Ints,
-           cap_gpus: Ints, gpus_used: Ints, pod_gpus: int) -> dict[int, str]:
+           cap_gpus: Ints, gpus_used: Ints, pod_gpus: int, class_of: Ints,
+           class_terms: list[dict[str, float]], idle_share: float) -> dict[int, str]:
     """``app.core.scoring._guard`` over columns; lowers ``totals`` in place, returns who guarded."""
     opens = (cap_gpus > 0) & (gpus_used == 0) & (pod_gpus < cap_gpus)
     sibling = (cap_gpus > 0) & ~opens & (separation >= 1.0)
@@ -258,15 +261,28 @@ def _guard(names: list[str], totals: Floats, packing: Floats, separation: Floats
     if not opens.any() or not sibling.any():
         return guarded
     original = totals.copy()  # siblings are judged on their own totals, before any lowering
-    for s in np.unique(shape[opens]).tolist():
+    # Each shape's best partly used node (first of the best in request order), best first; on
+    # equal totals the earlier in request order, as score_nodes orders them.
+    best: list[int] = []
+    for s in np.unique(shape[sibling]).tolist():
         sib = np.flatnonzero(sibling & (shape == s))
-        if not len(sib):
-            continue
-        b = int(sib[np.argmax(original[sib])])  # first of the best, in request order
-        b_total, b_packing = original[b], packing[b]
-        hit = np.flatnonzero(opens & (shape == s) & (original > b_total - GUARD_GAP)
-                             & (b_packing >= packing))
-        if len(hit):
-            totals[hit] = b_total - GUARD_GAP
-            guarded.update(dict.fromkeys(hit.tolist(), names[b]))
+        best.append(int(sib[np.argmax(original[sib])]))
+    best.sort(key=lambda b: (-float(original[b]), b))
+    for s in np.unique(shape[opens]).tolist():
+        at = np.flatnonzero(opens & (shape == s))
+        whole_terms = class_terms[int(class_of[at[0]])]
+        whole_gpus = int(cap_gpus[at[0]])
+        cands = [b for b in best if int(shape[b]) == s or consolidates(
+            whole_terms, whole_gpus, class_terms[int(class_of[b])], pod_gpus, idle_share)]
+        left = at
+        for b in cands:  # each opening node stands behind the best candidate packing at least as well
+            b_total, b_packing = original[b], packing[b]
+            fits = b_packing >= packing[left]
+            hit = left[fits & (original[left] > b_total - GUARD_GAP)]
+            if len(hit):
+                totals[hit] = b_total - GUARD_GAP
+                guarded.update(dict.fromkeys(hit.tolist(), names[b]))
+            left = left[~fits]
+            if not len(left):
+                break
     return guarded

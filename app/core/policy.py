@@ -112,6 +112,9 @@ class ScoringPolicy:
     score_mapping: ScoreMapping
     # Rank a whole GPU node below a partly used node of the same shape that fits (docs/scoring.md).
     whole_node_guard: bool = True
+    # Across shapes the guard also prefers a partly used node of at least as good hardware when its
+    # price premium is below this share of the price of the GPUs opening a whole node would strand.
+    stranded_idle_share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

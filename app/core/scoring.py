@@ -186,8 +186,8 @@ def score_nodes(
     guard = gpu_pod and policy.whole_node_guard
     memo: dict[tuple[object, ...], tuple[dict[str, float], float, bool, bool]] = {}
     out: list[NodeScore] = []
-    opening: list[tuple[NodeScore, int]] = []
-    best_sibling: dict[int, NodeScore] = {}
+    opening: list[tuple[NodeScore, int, int]] = []
+    best_sibling: dict[int, tuple[NodeScore, int]] = {}  # shape -> its best partly used node, position
     empty = NodeUsage()
     for f in fits:
         node = f.node
@@ -208,13 +208,13 @@ def score_nodes(
         out.append(score)
         if guard:
             if opens:
-                opening.append((score, node.shape_id))
+                opening.append((score, node.shape_id, node.gpu_count))
             elif sibling:
                 b = best_sibling.get(node.shape_id)
-                if b is None or total > b.total:
-                    best_sibling[node.shape_id] = score
+                if b is None or total > b[0].total:
+                    best_sibling[node.shape_id] = (score, len(out) - 1)
     if opening and best_sibling:
-        _guard(opening, best_sibling)
+        _guard(opening, best_sibling, spec.gpus, policy.stranded_idle_share)
     # The integer kube-scheduler sees is a band relative to the other candidates (app.core.ranking).
     for s, band in zip(out, band_scores([s.total for s in out], policy.score_mapping), strict=True):
         s.score = band
@@ -222,24 +222,59 @@ def score_nodes(
 
 
 GUARD_GAP = 1e-6  # well above ranking.EQUAL_TOTAL, far below any difference a weight produces
+# Terms in which a partly used node of another shape must be at least as good as the whole node it
+# stands in for: consolidating may cost more per hour, never slower or less preferred hardware.
+HARDWARE_TERMS = ("bandwidth", "preference", "precision", "node_class")
 
 
-def _guard(opening: list[tuple[NodeScore, int]], best_sibling: dict[int, NodeScore]) -> None:
-    """Never open a whole GPU node while a partly used node of the same shape can take the pod.
+def consolidates(whole: Mapping[str, float], whole_gpus: int, partly: Mapping[str, float], pod_gpus: int,
+                 idle_share: float) -> bool:
+    """May a partly used node of another shape take the pod instead of a whole node being opened?
+
+    Opening a whole node of ``whole_gpus`` strands its other ``whole_gpus - pod_gpus`` GPUs until
+    more work of that shape arrives; ``idle_share`` is the share of their price that idling is
+    assumed to cost. The partly used node is worth it when its price premium over the whole node,
+    for the pod's GPUs, is below that: price ratio <= 1 + (whole_gpus - pod_gpus) x idle_share /
+    pod_gpus (docs/scoring.md, "Across shapes"). It must be at least as good on every hardware
+    term, so consolidating never trades the pod's speed, precision or requested GPU for packing.
+    """
+    if idle_share <= 0 or pod_gpus <= 0 or partly["cost"] <= 0:
+        return False
+    if any(partly[t] < whole[t] - 1e-12 for t in HARDWARE_TERMS):
+        return False
+    # The cost term is best / cost, so price(partly) / price(whole) = whole term / partly term.
+    ratio = whole["cost"] / partly["cost"]
+    return ratio <= 1.0 + (whole_gpus - pod_gpus) * idle_share / pod_gpus + 1e-12
+
+
+def _guard(opening: list[tuple[NodeScore, int, int]], best_sibling: dict[int, tuple[NodeScore, int]],
+           pod_gpus: int, idle_share: float) -> None:
+    """Never open a whole GPU node while a partly used node that may stand in for it can take the pod.
 
     The weighted mean trades packing against gravity and cost, and through the real kube-scheduler
     that trade left slightly more stranded GPUs and fewer whole nodes than plain GPU bin-packing
     (MostAllocated) on the pipeline replays (docs/scoring.md). Within one shape the trade is never
     worth it: the sibling is the same hardware at the same price, and the whole node is what the next
-    8-GPU job needs. Across shapes cost and memory fit still decide, so small work keeps going to
-    cheap GPUs. A pod that fills a whole node exactly does not open it. A sibling whose tenants the
-    stage must keep apart from (separation) does not count: isolation is worth a whole node. Nor does
-    one that packs worse than the whole node (CPU exhausted beside its free GPUs).
+    8-GPU job needs. Across shapes (``consolidates``) it is worth it when the partly used node is at
+    least as good hardware and its price premium is below the expected idle cost of the GPUs the
+    whole node would strand. A pod that fills a whole node exactly does not open it. A sibling whose
+    tenants the stage must keep apart from (separation) does not count: isolation is worth a whole
+    node. Nor does one that packs worse than the whole node (CPU exhausted beside its free GPUs).
     """
-    for s, shape in opening:
-        b = best_sibling.get(shape)
+    # Best first; on equal totals the earlier in request order (batch_scoring picks the same one).
+    siblings = [(shape, b) for shape, (b, _) in sorted(best_sibling.items(),
+                                                        key=lambda kv: (-kv[1][0].total, kv[1][1]))]
+    qualifying: dict[int, list[NodeScore]] = {}
+    for s, shape, gpus in opening:
+        cands = qualifying.get(shape)
+        if cands is None:
+            cands = qualifying[shape] = [
+                b for other, b in siblings
+                if other == shape or consolidates(s.terms, gpus, b.terms, pod_gpus, idle_share)
+            ]
         # A sibling whose CPU is nearly gone packs worse (its free GPUs would be stranded behind it,
-        # the packing term's balance factor): then opening the whole node is the packing choice.
-        if b is not None and s.total > b.total - GUARD_GAP and b.terms["packing"] >= s.terms["packing"]:
+        # the packing term's balance factor): then it does not stand in for the whole node.
+        b = next((c for c in cands if c.terms["packing"] >= s.terms["packing"]), None)
+        if b is not None and s.total > b.total - GUARD_GAP:
             s.total = b.total - GUARD_GAP
             s.guarded_by = b.node

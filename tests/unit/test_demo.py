@@ -12,6 +12,7 @@ from app.cli import cli
 from app.config import Settings
 from app.core.catalog import normalize
 from app.demo.run import EXAMPLE_PROFILES, run_demo, with_profiles
+from app.explain import explain_spec
 from app.service import ExtenderService
 from app.sim.fleet import load_yaml
 from app.sim.scheduler import Placement
@@ -54,21 +55,24 @@ def test_demo_lora_sft_fits_one_mid_size_gpu() -> None:
 
 
 def test_demo_moe_is_placed_by_its_active_experts() -> None:
-    """The mixture of experts meets its ms/token target on a GPU whose bandwidth could not read every
-    expert's weights in that time: the decision rests on the active parameters."""
+    """The mixture of experts meets its ms/token target on an L4, whose bandwidth could not read every
+    expert's weights in that time: feasibility rests on the active parameters. (Where it lands also
+    depends on which nodes are partly used by then, docs/scoring.md "Across shapes".)"""
     settings = Settings(cluster_source="none", metrics_port=0)
     service, by_pod = _demo()
     moe = by_pod["moe-30b-a3b"]
     assert moe.node is not None and moe.fit is not None and moe.spec is not None, moe.reason
     target = moe.spec.max_ms_per_token
     assert target is not None and moe.ms_per_token is not None and moe.ms_per_token <= target
-    gpu = service.snapshot.nodes[moe.node].gpu
+    l4 = [e for e in explain_spec(service, moe.spec)["nodes"] if e.get("gpu") == "L4"]
+    assert l4 and all(e["feasible"] and e["ms_per_token"] <= target for e in l4), l4
+    gpu = service.snapshot.nodes[l4[0]["node"]].gpu
     assert gpu is not None
     sizing = moe.fit.sizing
     assert sizing.read_gb is not None and sizing.read_gb < sizing.weights_gb
     every_expert_ms = (sizing.weights_gb + sizing.kv_cache_gb) / (
         moe.spec.gpus * gpu.hbm_bandwidth_tbs * settings.bandwidth_efficiency)
-    assert every_expert_ms > target, (moe.node, every_expert_ms)
+    assert every_expert_ms > target, every_expert_ms
 
 
 def test_demo_prefill_decode_pair_shares_a_domain(tmp_path) -> None:

@@ -1,4 +1,5 @@
-"""The whole-node guard: a GPU pod never opens a whole node while a same-shape partly used node fits."""
+"""The whole-node guard: a GPU pod never opens a whole node while a partly used node that may stand in
+for it fits: one of the same shape, or across shapes one at least as fast within the stranding allowance."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ ANN = "llm-placement.io/"
 H100 = "NVIDIA-H100-80GB-HBM3"
 
 
-def _service(catalog: GpuCatalog, guard: bool = True) -> ExtenderService:
-    return build_core(Settings(cluster_source="none", metrics_port=0, whole_node_guard=guard), catalog)
+def _service(catalog: GpuCatalog, guard: bool = True, idle_share: float | None = None) -> ExtenderService:
+    extra = {} if idle_share is None else {"stranded_idle_share": idle_share}
+    return build_core(Settings(cluster_source="none", metrics_port=0, whole_node_guard=guard, **extra), catalog)
 
 
 def _run(service: ExtenderService, pod: dict[str, Any], node: str, finished: bool = False) -> None:
@@ -114,4 +116,64 @@ def test_a_sibling_without_cpu_for_its_gpus_does_not_hold_the_pod_back(catalog: 
     best = _best(service, consumer, names)
     assert "h100-3" not in best
     out = explain_spec(service, parse_workload(consumer))
+    assert not any(e.get("whole_node_guard") for e in out["nodes"])
+
+
+# ----- across shapes (docs/scoring.md, "Across shapes") ------------------------------------------
+def _serving_fleet(service: ExtenderService, partly: str, product: str) -> list[str]:
+    """Two whole L4 nodes and one node of ``product`` already serving one replica."""
+    names = ["l4-0", "l4-1", partly]
+    for n in names[:2]:
+        service.absorb_node(node_object(n, gpus=4, product="NVIDIA-L4", cpu="48", memory="192Gi"))
+    service.absorb_node(node_object(partly, gpus=4, product=product, cpu="48", memory="192Gi"))
+    _run(service, pod_object("busy", stage="serving", gpus=1, uid="u-busy",
+                             annotations={ANN + "model-params": "1B", ANN + "latency-class": "interactive"}),
+         partly)
+    return names
+
+
+def _chat(gpus: int = 1) -> dict[str, Any]:
+    return pod_object("chat", stage="serving", gpus=gpus, uid="u-chat",
+                      annotations={ANN + "model-params": "1B", ANN + "latency-class": "interactive"})
+
+
+def test_a_partly_used_faster_node_within_the_allowance_takes_the_pod(catalog: GpuCatalog) -> None:
+    # An L40S costs 2.3x an L4 per GPU-hour; opening a 4-GPU L4 for one GPU strands three, and at the
+    # default idle share (0.5) that is worth up to 1 + 3 x 0.5 = 2.5x: the open L40S slot wins.
+    service = _service(catalog)
+    names = _serving_fleet(service, "l40s-0", "NVIDIA-L40S")
+    assert _best(service, _chat(), names) == {"l40s-0"}
+    out = explain_spec(service, parse_workload(_chat()))
+    notes = {e["node"]: e.get("whole_node_guard") for e in out["nodes"]}
+    assert notes["l4-0"] and "l40s-0" in notes["l4-0"] and "same shape" not in notes["l4-0"]
+    assert notes["l40s-0"] is None
+
+
+def test_without_the_allowance_the_cheapest_gpu_opens(catalog: GpuCatalog) -> None:
+    service = _service(catalog, idle_share=0.0)
+    names = _serving_fleet(service, "l40s-0", "NVIDIA-L40S")
+    assert _best(service, _chat(), names) == {"l4-0", "l4-1"}
+
+
+def test_a_premium_above_the_allowance_opens_the_cheap_node(catalog: GpuCatalog) -> None:
+    # Two GPUs of a 4-GPU L4 strand only two: the allowance is 1 + 2 x 0.5 / 2 = 1.5x, below the L40S's
+    # 2.3x. A GB200 slot (17x an L4) is out of reach even for one GPU.
+    service = _service(catalog)
+    names = _serving_fleet(service, "l40s-0", "NVIDIA-L40S")
+    assert _best(service, _chat(gpus=2), names) == {"l4-0", "l4-1"}
+    service = _service(catalog)
+    names = _serving_fleet(service, "gb200-0", "NVIDIA-GB200")
+    assert _best(service, _chat(), names) == {"l4-0", "l4-1"}
+
+
+def test_consolidating_never_overrides_the_gpu_the_pod_asked_for(catalog: GpuCatalog) -> None:
+    # The same fleet as above, but the pod asks for L4s (gpu-preference): the open L40S slot is within
+    # the price allowance, yet not what the pod asked for, so a whole L4 opens (the hardware terms of
+    # the stand-in must be at least as good).
+    service = _service(catalog)
+    names = _serving_fleet(service, "l40s-0", "NVIDIA-L40S")
+    chat = _chat()
+    chat["metadata"]["annotations"][ANN + "gpu-preference"] = "L4"
+    assert _best(service, chat, names) == {"l4-0", "l4-1"}
+    out = explain_spec(service, parse_workload(chat))
     assert not any(e.get("whole_node_guard") for e in out["nodes"])

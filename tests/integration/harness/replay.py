@@ -265,6 +265,9 @@ class Sample:
     # interactive pod off a node running training; a training pod is only scored away from serving,
     # so ours can mix too (rarely). Baselines without the extender mix freely.
     mixed_nodes: int = 0
+    # node -> free GPUs on each partly used GPU node: which nodes the stranded GPUs sit on, so a
+    # difference between variants can be traced to the placements behind it.
+    stranded_by_node: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -320,6 +323,7 @@ def _sample(created: int, vt: float, wall: float, caps: dict[str, NodeCap], pods
             roles.setdefault(s.node, set()).add(role)
     mixed = sum(1 for r in roles.values() if len(r) == 2)
     alloc = free = stranded = whole = whole8 = 0
+    by_node: dict[str, int] = {}
     over: list[str] = []
     for node, cap in caps.items():
         g, c = used_gpu.get(node, 0), used_cpu.get(node, 0)
@@ -332,10 +336,11 @@ def _sample(created: int, vt: float, wall: float, caps: dict[str, NodeCap], pods
         free += f
         if 0 < f < cap.gpus:
             stranded += f
+            by_node[node] = f
         if f == cap.gpus:
             whole += 1
             whole8 += cap.gpus == 8
-    return Sample(created, vt, wall, alloc, free, stranded, whole, whole8, placed, unsched, mixed), over
+    return Sample(created, vt, wall, alloc, free, stranded, whole, whole8, placed, unsched, mixed, by_node), over
 
 
 # ----- the driver --------------------------------------------------------------------------------
