@@ -119,8 +119,11 @@ def test_the_sampler_counts_training_beside_interactive_serving() -> None:
               "batch": PodState("b", "Running"), "done": PodState("b", "Succeeded")}
     sample, over = _sample(4, 0.0, 0.0, caps, pods, states)
     assert over == [] and sample.mixed_nodes == 1  # a: chat + sft; b: batch serving may share
+    # Where the stranded GPUs sit: a runs 3 of 8, b 1 ("done" has finished), c is whole.
+    assert sample.stranded_by_node == {"a": 5, "b": 7} and sample.gpus_stranded == 12
     states["sft"] = PodState("c", "Running")
-    assert _sample(4, 0.0, 0.0, caps, pods, states)[0].mixed_nodes == 0
+    moved = _sample(4, 0.0, 0.0, caps, pods, states)[0]
+    assert moved.mixed_nodes == 0 and moved.stranded_by_node == {"a": 7, "b": 7, "c": 6}
 
 
 def test_nothing_over_committed(results: dict[str, ReplayResult]) -> None:

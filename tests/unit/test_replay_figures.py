@@ -1,0 +1,57 @@
+"""The pipeline replay's per-variant figures (bench/replay.py), on hand-made placements and samples.
+
+The replay judges every variant with the extender's own latency model, so a baseline that puts a 7B
+chat model on an L4 is counted as missing the interactive target, and prices the GPUs each sample
+left stranded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from app.sim.fleet import node_object, pod_object
+from tests.integration.harness.replay import ReplayPod, ReplayResult, Sample
+
+ANN = "llm-placement.io/"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench_replay() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_replay_under_test", REPO / "bench" / "replay.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _chat(name: str, params: str) -> ReplayPod:
+    pod = pod_object(name, namespace="pipelines", stage="serving", gpus=1, uid="u-" + name,
+                     annotations={ANN + "model-params": params, ANN + "precision": "int8"})
+    return ReplayPod(pod, duration=3600.0)
+
+
+def _sample(stranded: dict[str, int]) -> Sample:
+    return Sample(1, 0.0, 0.0, 0, 0, sum(stranded.values()), 0, 0, 0, 0, 0, stranded)
+
+
+def test_interactive_serving_off_its_target_and_stranded_dollars(bench_replay: ModuleType) -> None:
+    nodes = [node_object("l4-0", gpus=4, product="NVIDIA-L4", cpu="48", memory="192Gi"),
+             node_object("l40s-0", gpus=4, product="NVIDIA-L40S", cpu="48", memory="192Gi")]
+    pods = [_chat("big-on-l4", "7B"), _chat("big-on-l40s", "7B"), _chat("small-on-l4", "1B")]
+    r = ReplayResult("x")
+    r.placements = {"big-on-l4": "l4-0", "big-on-l40s": "l40s-0", "small-on-l4": "l4-0"}
+    r.samples = [_sample({"l4-0": 2, "l40s-0": 3}), _sample({})]
+    f = bench_replay.gravity_figures(nodes, pods, r)
+    # A 7B int8 decode step reads ~7 GB: an L4 (0.3 TB/s) misses 50 ms/token, an L40S meets it.
+    assert f["interactive_pods"] == 3
+    assert f["interactive_off_target"] == 1
+    assert f["off_target_ms_per_token"][0] > 50
+    # Two L4s ($0.805) and three L40S ($1.861) stranded in one sample, none in the other.
+    assert f["mean_stranded_usd_per_hour"] == pytest.approx((2 * 0.805 + 3 * 1.861) / 2, rel=1e-3)
