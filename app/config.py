@@ -105,8 +105,9 @@ class Settings(BaseSettings):
     whole_node_guard: bool = True
     # The guard across GPU shapes (docs/scoring.md, "Across shapes"): a partly used node of at least as
     # good hardware takes a GPU pod instead of a whole node being opened when its price premium is
-    # below this share of the price of the GPUs the whole node would strand. 0: same shape only.
-    stranded_idle_share: float = Field(0.5, ge=0, le=1)
+    # below this share of the price of the GPUs the whole node would strand. 0 (default): same shape
+    # only, so the cheapest GPU that meets a pod's needs keeps deciding the type.
+    stranded_idle_share: float = Field(0.0, ge=0, le=1)
     # /explain shows where pods run: "kubernetes" lets only callers whose bearer token may get the
     # pod read it (TokenReview + SubjectAccessReview); "none" leaves it open (no API server to ask).
     explain_auth: Literal["kubernetes", "none"] = "kubernetes"

@@ -138,9 +138,9 @@ def _chat(gpus: int = 1) -> dict[str, Any]:
 
 
 def test_a_partly_used_faster_node_within_the_allowance_takes_the_pod(catalog: GpuCatalog) -> None:
-    # An L40S costs 2.3x an L4 per GPU-hour; opening a 4-GPU L4 for one GPU strands three, and at the
-    # default idle share (0.5) that is worth up to 1 + 3 x 0.5 = 2.5x: the open L40S slot wins.
-    service = _service(catalog)
+    # An L40S costs 2.3x an L4 per GPU-hour; opening a 4-GPU L4 for one GPU strands three, and at an
+    # idle share of 0.5 that is worth up to 1 + 3 x 0.5 = 2.5x: the open L40S slot wins.
+    service = _service(catalog, idle_share=0.5)
     names = _serving_fleet(service, "l40s-0", "NVIDIA-L40S")
     assert _best(service, _chat(), names) == {"l40s-0"}
     out = explain_spec(service, parse_workload(_chat()))
@@ -150,7 +150,7 @@ def test_a_partly_used_faster_node_within_the_allowance_takes_the_pod(catalog: G
 
 
 def test_without_the_allowance_the_cheapest_gpu_opens(catalog: GpuCatalog) -> None:
-    service = _service(catalog, idle_share=0.0)
+    service = _service(catalog)  # the default: same shape only
     names = _serving_fleet(service, "l40s-0", "NVIDIA-L40S")
     assert _best(service, _chat(), names) == {"l4-0", "l4-1"}
 
@@ -158,10 +158,10 @@ def test_without_the_allowance_the_cheapest_gpu_opens(catalog: GpuCatalog) -> No
 def test_a_premium_above_the_allowance_opens_the_cheap_node(catalog: GpuCatalog) -> None:
     # Two GPUs of a 4-GPU L4 strand only two: the allowance is 1 + 2 x 0.5 / 2 = 1.5x, below the L40S's
     # 2.3x. A GB200 slot (17x an L4) is out of reach even for one GPU.
-    service = _service(catalog)
+    service = _service(catalog, idle_share=0.5)
     names = _serving_fleet(service, "l40s-0", "NVIDIA-L40S")
     assert _best(service, _chat(gpus=2), names) == {"l4-0", "l4-1"}
-    service = _service(catalog)
+    service = _service(catalog, idle_share=0.5)
     names = _serving_fleet(service, "gb200-0", "NVIDIA-GB200")
     assert _best(service, _chat(), names) == {"l4-0", "l4-1"}
 
@@ -170,7 +170,7 @@ def test_consolidating_never_overrides_the_gpu_the_pod_asked_for(catalog: GpuCat
     # The same fleet as above, but the pod asks for L4s (gpu-preference): the open L40S slot is within
     # the price allowance, yet not what the pod asked for, so a whole L4 opens (the hardware terms of
     # the stand-in must be at least as good).
-    service = _service(catalog)
+    service = _service(catalog, idle_share=0.5)
     names = _serving_fleet(service, "l40s-0", "NVIDIA-L40S")
     chat = _chat()
     chat["metadata"]["annotations"][ANN + "gpu-preference"] = "L4"
