@@ -421,6 +421,7 @@ def test_schema_lists_every_app_setting() -> None:
         (["scheduler.extender.weight=0"], "/scheduler/extender/weight"),
         (["extender.settings.no_such_setting=1"], "no_such_setting"),
         (["extender.settings.memory_headroom=1.5"], "/extender/settings/memory_headroom"),
+        (["extender.settings.stranded_idle_share=2"], "/extender/settings/stranded_idle_share"),
         (["extender.settings.http_max_header_bytes=10"], "/extender/settings/http_max_header_bytes"),
         (["replicas=0"], "/replicas"),
         (["no_such_value=1"], "no_such_value"),

@@ -28,6 +28,9 @@ def test_yaml_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ("no_such_key: 1\n", "no_such_key"),
     ("gravity_negligible_seconds: -5\n", "gravity_negligible_seconds"),
     ("gravity_negligible_seconds: soon\n", "gravity_negligible_seconds"),
+    ("stranded_idle_share: 1.5\n", "stranded_idle_share"),
+    ("stranded_idle_share: -0.1\n", "stranded_idle_share"),
+    ("stranded_idle_share: half\n", "stranded_idle_share"),
 ])
 def test_invalid_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:
     f = tmp_path / "c.yaml"
