@@ -169,6 +169,7 @@ def explain_pod(service: ExtenderService, namespace: str, name: str) -> dict[str
 
 
 def _guard_note(service: ExtenderService, node: str, sibling: str) -> str:
+    """Say which of the guard's rules ranked ``node`` down: same shape, or across shapes."""
     nodes = service.snapshot.nodes
     mine, theirs = nodes.get(node), nodes.get(sibling)
     if mine is not None and theirs is not None and mine.shape_id == theirs.shape_id:
