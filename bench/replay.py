@@ -90,12 +90,14 @@ from tests.integration.harness import (  # noqa: E402
 )
 from tests.integration.harness.kwok import Kwok, build_kwok, kwok_node_labels  # noqa: E402
 from tests.integration.harness.replay import (  # noqa: E402
+    CLOCKS,
     ReplayPod,
     ReplayResult,
     replay,
     restart_scheduler_with,
     synthetic_trace,
     variant_config,
+    with_retry_backoff,
 )
 
 DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023"
@@ -103,6 +105,9 @@ RESULTS = REPO / "bench" / "results"
 console = Console(width=120)
 POD_LABEL = "replay.llm-placement.io/pod"
 GANG_LABEL = "scheduling.x-k8s.io/pod-group"
+# Virtual clock: kube-scheduler's retry backoff for every variant alike (seconds); the driver waits
+# this plus a scheduling cycle for retries before it moves the clock on.
+RETRY_BACKOFF_S = 1
 COLORS = {"ours": "tab:green", "default": "tab:gray", "mostalloc": "tab:blue", "affinity": "tab:orange"}
 
 
@@ -328,15 +333,19 @@ class Bench:
                 time.sleep(2)
 
     def run(self, label: str, nodes: list[dict[str, Any]], pods: list[ReplayPod], variant: str, speed: float,
-            window: int, timeout: float) -> ReplayResult:
+            window: int, timeout: float, clock: str) -> ReplayResult:
         ns = f"replay-{label}-{variant}".lower()[:60]
         ensure_namespace(self.cp.core, ns)
-        restart_scheduler_with(self.cp, variant_config(self.cp, variant), f"{label}-{variant}")
+        config = variant_config(self.cp, variant)
+        if clock == "virtual":
+            config = with_retry_backoff(config, RETRY_BACKOFF_S)
+        restart_scheduler_with(self.cp, config, f"{label}-{variant}")
         columns = (TextColumn(f"{label} {variant}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("pods", total=len(pods))
             r = replay(self.cp, ns, nodes, pods, variant=variant, speed=speed, window=window,
-                       timeout_s=timeout, on_progress=lambda done, _t: progress.update(task, completed=done))
+                       timeout_s=timeout, clock=clock, retry_settle_s=RETRY_BACKOFF_S + 1.5,
+                       on_progress=lambda done, _t: progress.update(task, completed=done))
         t0 = time.monotonic()
         self.clear(ns)
         console.print(f"  {label} {variant}: {r.placed}/{r.pods} placed, {r.wall_s:.0f}s "
@@ -370,7 +379,8 @@ def summarize(r: ReplayResult) -> dict[str, Any]:
         "mean_mixed_nodes": mean("mixed_nodes"),
         "max_mixed_nodes": max((x.mixed_nodes for x in s), default=0),
         "final": asdict(s[-1]) if s else None,
-        "wall_s": r.wall_s, "agreement": agree, "agreement_top_share": agree_share,
+        "wall_s": r.wall_s, "clock": r.clock, "time_weighted": r.time_weighted,
+        "agreement": agree, "agreement_top_share": agree_share,
         # For reading a run afterwards: where each pod was bound, and the state at every sample.
         "placements": dict(sorted(r.placements.items())),
         "samples": [asdict(x) for x in s],
@@ -404,7 +414,7 @@ def plot_fragmentation(label: str, results: dict[str, ReplayResult], out: Path) 
     return path
 
 
-def plot_gravity(figs: dict[str, dict[str, dict[str, Any]]], out: Path) -> Path:
+def plot_gravity(figs: dict[str, dict[str, dict[str, Any]]], out: Path, stem: str = "replay-gravity") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -426,13 +436,14 @@ def plot_gravity(figs: dict[str, dict[str, dict[str, Any]]], out: Path) -> Path:
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend()
     fig.tight_layout()
-    path = out / "replay-gravity.png"
+    path = out / f"{stem}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def plot_cost_by_stage(figs: dict[str, dict[str, dict[str, Any]]], out: Path) -> Path:
+def plot_cost_by_stage(figs: dict[str, dict[str, dict[str, Any]]], out: Path,
+                       stem: str = "replay-gravity") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -452,7 +463,7 @@ def plot_cost_by_stage(figs: dict[str, dict[str, dict[str, Any]]], out: Path) ->
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].legend()
     fig.tight_layout()
-    path = out / "replay-gravity-cost.png"
+    path = out / f"{stem}-cost.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -461,7 +472,8 @@ def plot_cost_by_stage(figs: dict[str, dict[str, dict[str, Any]]], out: Path) ->
 def fragmentation_table(label: str, sums: dict[str, dict[str, Any]]) -> None:
     t = Table(title=f"{label}: real kube-scheduler on kwok nodes")
     cols = ("variant", "placed", "failed (GPU pods)", "GPUs placed", "GPUs failed", "mean GPUs alloc",
-            "mean stranded", "stranded/free", "mean whole free 8-GPU", "over-commits", "agreement top")
+            "mean stranded", "stranded/free", "mean whole free 8-GPU", "time-weighted stranded/free, whole 8",
+            "over-commits", "agreement top")
     for c in cols:
         t.add_column(c, justify="left" if c == "variant" else "right")
     for v, s in sums.items():
@@ -469,7 +481,7 @@ def fragmentation_table(label: str, sums: dict[str, dict[str, Any]]) -> None:
         t.add_row(v, str(s["placed"]), f"{s['failed']} ({s['gpu_pods_failed']})", str(s["gpus_placed"]),
                   str(s["gpus_failed"]), f"{s['mean_gpus_allocated']:.0f}", f"{s['mean_gpus_stranded']:.1f}",
                   f"{s['mean_stranded_share']:.3f}", f"{s['mean_whole_free_8gpu_nodes']:.1f}",
-                  str(s["overcommits"]),
+                  _weighted(s), str(s["overcommits"]),
                   "-" if agree is None else f"{100 * agree:.1f}%")
     console.print(t)
 
@@ -485,13 +497,19 @@ def main(
     window: int = typer.Option(16, help="created pods allowed undecided before arrivals wait"),
     pipelines: int = typer.Option(48, help="pipelines per gravity scenario"),
     seed: int = typer.Option(1, help="pipeline seed"),
-    gravity_speed: float = typer.Option(200.0, help="pipelines: trace seconds per wall second"),
+    gravity_speed: float = typer.Option(200.0, help="pipelines, wall clock: trace seconds per wall second"),
+    clock: str = typer.Option(
+        "virtual", help="virtual: event-driven trace clock, the same load for every variant; wall: trace "
+                        "time runs at a fixed speed, kwok finishes pods on wall time"),
+    name: str = typer.Option("", help="suffix for the result files (replay-gravity-NAME.json)"),
     data: Path = typer.Option(DATA, help="folder with the openb CSV files"),
     out: Path = typer.Option(RESULTS, help="where JSON and PNG results go"),
     timeout: float = typer.Option(3600.0, help="per replay, seconds"),
     setting: list[str] = typer.Option(
         [], help="what-if through the real path: an extender setting as LLMP_NAME=value (repeatable)"),
 ) -> None:
+    if clock not in CLOCKS:
+        raise typer.BadParameter(f"--clock must be one of {', '.join(CLOCKS)}")
     if sharing not in ("whole", "skip"):
         raise typer.BadParameter("--sharing must be whole or skip")
     if trace and not (data / "openb_node_list_gpu_node.csv").exists():
@@ -512,7 +530,7 @@ def main(
             pods = synthetic_trace(synthetic, seed=7,
                                    make_pod=lambda n, g: llm_pod(n, gpus=g, cpu="2", memory="8Gi"))
             bench.use_nodes(nodes)
-            res = {v: bench.run("synthetic", nodes, pods, v, 100.0, window, timeout)
+            res = {v: bench.run("synthetic", nodes, pods, v, 100.0, window, timeout, clock)
                    for v in variants or TRACE_VARIANTS}
             _write_trace("synthetic", {"pods": synthetic, "speed": 100.0}, res, out)
         if trace:
@@ -520,29 +538,31 @@ def main(
             bench.use_nodes(nodes)
             for t in trace:
                 pods, meta = openb_trace(data, t, sharing, minutes)
+                meta["clock"] = clock
                 console.print(f"openb {t}: {meta}")
                 res = {}
                 for v in variants or TRACE_VARIANTS:
-                    res[v] = bench.run(t, nodes, pods, v, meta["speed"], window, timeout)
+                    res[v] = bench.run(t, nodes, pods, v, meta["speed"], window, timeout, clock)
                     # After every variant, so a later failure does not lose a long replay.
-                    _write_trace(f"openb-{t}", meta, res, out)
+                    _write_trace(f"openb-{t}-{name}" if name else f"openb-{t}", meta, res, out)
         if gravity:
+            stem = f"replay-gravity-{name}" if name else "replay-gravity"
             figs: dict[str, dict[str, dict[str, Any]]] = {}
             report: dict[str, Any] = {}
             for sc in gravity:
                 nodes, pods, meta = gravity_workload(sc, pipelines, seed)
                 bench.use_nodes(nodes)
                 figs[sc] = {}
-                report[sc] = {"meta": meta, "variants": {}}
+                report[sc] = {"meta": {**meta, "clock": clock}, "variants": {}}
                 for v in variants or ("ours", "default", "mostalloc", "affinity"):
                     vp = with_producer_affinity(pods) if v == "affinity" else pods
-                    r = bench.run(f"gravity-{sc}", nodes, vp, v, gravity_speed, window, timeout)
+                    r = bench.run(f"gravity-{sc}", nodes, vp, v, gravity_speed, window, timeout, clock)
                     figs[sc][v] = gravity_figures(nodes, vp, r)
                     report[sc]["variants"][v] = {**summarize(r), **figs[sc][v]}
                 _gravity_table(sc, figs[sc], report[sc]["variants"])
-                (out / "replay-gravity.json").write_text(json.dumps(report, indent=2))
-            p1, p2 = plot_gravity(figs, out), plot_cost_by_stage(figs, out)
-            console.print(f"wrote {out / 'replay-gravity.json'}, {p1}, {p2}")
+                (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+            p1, p2 = plot_gravity(figs, out, stem), plot_cost_by_stage(figs, out, stem)
+            console.print(f"wrote {out / f'{stem}.json'}, {p1}, {p2}")
         ok = True
     if ok and not os.environ.get("LLMP_KEEP_LOGS"):
         shutil.rmtree(workdir, ignore_errors=True)
@@ -562,11 +582,17 @@ def _write_trace(label: str, meta: dict[str, Any], res: dict[str, ReplayResult],
     console.print(f"wrote {out / f'replay-{label}.json'} and {png}")
 
 
+def _weighted(s: dict[str, Any]) -> str:
+    tw = s.get("time_weighted")
+    return f"{tw['stranded_share']:.4f}, {tw['whole_free_8gpu_nodes']:.2f}" if tw else "-"
+
+
 def _gravity_table(scenario: str, figs: dict[str, dict[str, Any]], sums: dict[str, dict[str, Any]]) -> None:
     t = Table(title=f"pipelines, scenario {scenario}: real kube-scheduler on kwok nodes")
     for c in ("variant", "placed", "co-located (all edges)", "co-located (edges rules allow)", "same leaf",
               "cross-node GB", "est. cost $", "stranded/free", "stranded $/h", "whole free 8-GPU",
-              "training beside interactive (mean/max nodes)", "interactive serving off target",
+              "time-weighted stranded/free, whole 8", "training beside interactive (mean/max nodes)",
+              "interactive serving off target",
               "over-commits", "agreement top"):
         t.add_column(c, justify="left" if c == "variant" else "right")
     for v, f in figs.items():
@@ -576,7 +602,7 @@ def _gravity_table(scenario: str, figs: dict[str, dict[str, Any]], sums: dict[st
                   f"{100 * f['colocated_same_class']:.1f}%", f"{100 * f['same_leaf']:.1f}%",
                   f"{f['cross_node_gb']:,.0f}", f"{f['cost_total']:,.0f}", f"{s['mean_stranded_share']:.4f}",
                   f"{f['mean_stranded_usd_per_hour']:.2f}", f"{s['mean_whole_free_8gpu_nodes']:.2f}",
-                  f"{s['mean_mixed_nodes']:.2f}/{s['max_mixed_nodes']}",
+                  _weighted(s), f"{s['mean_mixed_nodes']:.2f}/{s['max_mixed_nodes']}",
                   f"{f['interactive_off_target']}/{f['interactive_pods']}", str(s["overcommits"]),
                   "-" if agree is None else f"{100 * agree:.1f}%")
     console.print(t)

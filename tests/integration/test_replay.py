@@ -23,10 +23,13 @@ from .harness.replay import (
     ReplayPod,
     ReplayResult,
     _sample,
+    _TimeWeighted,
+    pod_gpus,
     replay,
     restart_scheduler_with,
     synthetic_trace,
     variant_config,
+    with_retry_backoff,
 )
 
 pytestmark = pytest.mark.integration
@@ -34,6 +37,8 @@ pytestmark = pytest.mark.integration
 NODES = 24
 GPUS_PER_NODE = 8
 PODS = 100
+VIRTUAL_NODES = 5
+VIRTUAL_PODS = 40
 SPEED = 100.0  # trace seconds per wall second: a 1,500 s trace in ~15 s
 
 
@@ -142,3 +147,88 @@ def test_ours_leaves_no_fewer_whole_nodes_than_the_default_profile(results: dict
         f"stranded GPUs, mean over the replay: ours {stranded_ours:.1f}, default {stranded_default:.1f}"
     )
 
+
+
+# ----- the virtual clock: every variant on the same load ------------------------------------------
+@pytest.fixture(scope="module")
+def virtual_results(control_plane: ControlPlane, cluster: ClusterScope,
+                    kwok: Kwok) -> Iterator[tuple[list[ReplayPod], dict[str, ReplayResult]]]:
+    manifests = [
+        gpu_node(cluster.node_name(f"v{i:02d}"), "H100", gpus=GPUS_PER_NODE, cpu="96",
+                 labels=kwok_node_labels(), index=100 + i)
+        for i in range(VIRTUAL_NODES)
+    ]
+    cluster.add_nodes(manifests)
+    # Longer lives than the cluster holds at once, so some pods wait for others to finish.
+    trace = synthetic_trace(VIRTUAL_PODS, seed=11, span_s=600.0, mean_duration_s=900.0,
+                            max_duration_s=2400.0, make_pod=_pod)
+    out: dict[str, ReplayResult] = {}
+    try:
+        for variant in ("ours", "mostalloc"):
+            ns = f"{cluster.namespace}-v-{variant}"
+            ensure_namespace(control_plane.core, ns)
+            config = with_retry_backoff(variant_config(control_plane, variant), 1)
+            restart_scheduler_with(control_plane, config, f"replay-virtual-{variant}")
+            try:
+                out[variant] = replay(control_plane, ns, manifests, trace, variant=variant, speed=1.0,
+                                      clock="virtual", settle_s=1.0, retry_settle_s=2.5, timeout_s=300.0)
+            finally:
+                delete_all_pods(control_plane.core, ns)
+            kwok.check_alive()
+        yield trace, out
+    finally:
+        control_plane.restart_scheduler()
+
+
+def test_virtual_clock_runs_every_pod_for_exactly_its_duration(
+        virtual_results: tuple[list[ReplayPod], dict[str, ReplayResult]]) -> None:
+    trace, results = virtual_results
+    # GPU-seconds the trace asks for: each pod holds its GPUs from bind to bind + duration.
+    demand = sum(pod_gpus(p.manifest) * (p.duration or 0.0) for p in trace)
+    for variant, r in results.items():
+        assert r.clock == "virtual" and r.time_weighted is not None
+        assert r.placed == VIRTUAL_PODS and r.completed == VIRTUAL_PODS, f"{variant}: {r.completed} finished"
+        assert r.overcommits == [], f"{variant}: {r.overcommits[:5]}"
+        tw = r.time_weighted
+        # The trace clock only moved between events, and every pod ran exactly its duration on it,
+        # however long kube-scheduler, the extender or kwok took in wall time: the integral of
+        # allocated GPUs over trace time is the trace's demand, the same load for every variant.
+        assert tw["gpus_allocated"] * tw["span_s"] == pytest.approx(demand, rel=1e-6), variant
+        # The cluster could not hold it all at once (checked below): some pods waited on the trace
+        # clock for others to finish, and none was bound before it arrived.
+        assert all(r.bound_at[p.name] >= p.arrive for p in trace)
+        assert any(r.bound_at[p.name] > p.arrive for p in trace), f"{variant}: no pod waited"
+        assert r.max_nodes_reused > 0
+    # Precondition of the waiting check: with no waiting, the GPUs in use at some arrival would
+    # exceed the cluster's.
+    peak = max(sum(pod_gpus(q.manifest) for q in trace if q.arrive <= p.arrive < q.arrive + (q.duration or 0.0))
+               for p in trace)
+    assert peak > VIRTUAL_NODES * GPUS_PER_NODE
+
+
+def test_time_weighted_figures_weigh_each_state_by_how_long_it_lasted() -> None:
+    def state(alloc: int, stranded: int, free: int, whole8: int) -> Any:
+        return type("S", (), {"gpus_allocated": alloc, "gpus_stranded": stranded, "gpus_free": free,
+                              "whole_free_8gpu_nodes": whole8})()
+
+    tw = _TimeWeighted()
+    tw.add(state(8, 0, 8, 1), 3600.0)  # an hour with one node full, one whole
+    tw.add(state(1, 7, 15, 1), 10800.0)  # three hours with one GPU used: 7 stranded
+    f = tw.figures()
+    assert f["span_s"] == 14400.0
+    assert f["gpus_allocated"] == pytest.approx((8 * 1 + 1 * 3) / 4)
+    assert f["gpus_stranded"] == pytest.approx(7 * 3 / 4)
+    assert f["stranded_share"] == pytest.approx(7 * 3 / (8 * 1 + 15 * 3))
+    assert f["stranded_gpu_hours"] == pytest.approx(21.0)
+
+
+def test_a_clock_the_driver_does_not_know_is_refused(control_plane: ControlPlane) -> None:
+    with pytest.raises(ValueError, match="clock must be one of"):
+        replay(control_plane, "unused", [], [], variant="ours", speed=1.0, clock="sundial")
+
+
+def test_retry_backoff_is_set_for_a_variant_without_touching_the_rest(control_plane: ControlPlane) -> None:
+    base = variant_config(control_plane, "mostalloc")
+    paced = with_retry_backoff(base, 1)
+    assert paced["podInitialBackoffSeconds"] == 1 and paced["podMaxBackoffSeconds"] == 1
+    assert "podMaxBackoffSeconds" not in base and paced["profiles"] == base["profiles"]

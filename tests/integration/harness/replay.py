@@ -18,6 +18,23 @@ driver owns a virtual trace clock that runs ``speed`` trace seconds per wall sec
 kube-scheduler schedules one pod at a time from a FIFO queue and assumes each decision in its cache
 before the next, so decisions follow creation order as in the trace.
 
+Two clocks (``clock=``):
+
+* ``"wall"``: the trace clock runs ``speed`` trace seconds per wall second and kwok finishes each
+  pod ``duration / speed`` wall seconds after it starts. Simple, but scheduling latency leaks into
+  the trace: a variant that decides more slowly (an extender round trip, a gang waiting for its
+  members, kube-scheduler's 1-10 s retry backoff) sees a different set of pods still running when
+  the next one arrives, so two variants are not compared on the same load.
+* ``"virtual"``: event-driven and identical for every variant. The clock stands still while
+  anything is in flight and jumps only when the cluster is quiescent (every created pod bound or
+  marked unschedulable, every completion the driver asked for seen, and the watch quiet for
+  ``quiet_s``, or ``retry_settle_s`` while a pod waits as unschedulable, long enough for
+  kube-scheduler to retry it after the last change; the bench sets its retry backoff to 1 s for
+  every variant alike). It jumps to the next event: an arrival, a deadline, or a running pod's end
+  (its bind time on the trace clock plus its duration), where the driver tells kwok to finish the
+  pod now (the pod-complete annotation set to zero). Stranded GPUs, allocated GPUs and whole free
+  nodes are also integrated over trace time between events (``ReplayResult.time_weighted``).
+
 Fragmentation is sampled from the pods' own state (a watch): at every 1 % of created pods, GPUs
 allocated on each node (bound pods that have not finished), stranded GPUs (free GPUs on partly used
 GPU nodes) and whole free nodes; any node whose bound pods exceed its capacity is recorded as an
@@ -90,6 +107,13 @@ def variant_config(cp: ControlPlane, variant: str) -> dict[str, Any]:
         ]
         return cfg
     raise ValueError(f"unknown scheduler variant {variant!r}")
+
+
+def with_retry_backoff(config: dict[str, Any], seconds: int) -> dict[str, Any]:
+    """``config`` with kube-scheduler's retry backoff for unschedulable pods (initial and maximum)
+    set to ``seconds``. The virtual clock waits for retries before it moves on, so a short, equal
+    backoff for every variant keeps replays short and compares variants on the same pacing."""
+    return {**config, "podInitialBackoffSeconds": seconds, "podMaxBackoffSeconds": seconds}
 
 
 def restart_scheduler_with(cp: ControlPlane, config: dict[str, Any], tag: str, timeout: float = 60.0) -> None:
@@ -287,6 +311,11 @@ class ReplayResult:
     trace_span_s: float = 0.0
     agreement: dict[str, float] | None = None
     max_nodes_reused: int = 0  # GPU nodes that ran pods one after another (proves resources freed)
+    clock: str = "wall"
+    # Virtual clock only: figures averaged over trace time (each state weighted by how long it
+    # lasted), which sampling at arrivals cannot give: a state that lasts a day counts as a day.
+    time_weighted: dict[str, float] | None = None
+    bound_at: dict[str, float] = field(default_factory=dict)  # virtual clock: pod -> trace time bound
 
 
 @dataclass
@@ -344,6 +373,34 @@ def _sample(created: int, vt: float, wall: float, caps: dict[str, NodeCap], pods
 
 
 # ----- the driver --------------------------------------------------------------------------------
+CLOCKS = ("wall", "virtual")
+
+
+class _TimeWeighted:
+    """Integrals over trace time of the fragmentation figures (virtual clock)."""
+
+    def __init__(self) -> None:
+        self.span = self.allocated = self.stranded = self.free = self.whole8 = 0.0
+
+    def add(self, smp: Sample, dt: float) -> None:
+        self.span += dt
+        self.allocated += smp.gpus_allocated * dt
+        self.stranded += smp.gpus_stranded * dt
+        self.free += smp.gpus_free * dt
+        self.whole8 += smp.whole_free_8gpu_nodes * dt
+
+    def figures(self) -> dict[str, float]:
+        span = self.span or 1.0
+        return {
+            "span_s": self.span,
+            "gpus_allocated": self.allocated / span,
+            "gpus_stranded": self.stranded / span,
+            "stranded_share": self.stranded / self.free if self.free else 0.0,
+            "whole_free_8gpu_nodes": self.whole8 / span,
+            "stranded_gpu_hours": self.stranded / 3600.0,
+        }
+
+
 def replay(
     cp: ControlPlane,
     namespace: str,
@@ -357,6 +414,9 @@ def replay(
     settle_s: float = 5.0,
     timeout_s: float = 3600.0,
     drain: bool = True,
+    clock: str = "wall",
+    quiet_s: float = 0.0,
+    retry_settle_s: float = 2.5,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` into ``namespace`` (which must exist and be empty) on ``nodes``.
@@ -365,8 +425,12 @@ def replay(
     Returns when every pod has been decided and every pod with a duration has finished (or failed);
     pods left unbound then count as failed and are deleted with the rest by the caller. With
     ``drain=False`` it returns as soon as every pod is bound (or gave up), without waiting for the
-    last ones to finish.
+    last ones to finish. ``clock`` is ``"wall"`` or ``"virtual"`` (module docstring); ``speed``
+    only matters to the wall clock.
     """
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
+    virtual = clock == "virtual"
     core = cp.core
     caps = node_caps(nodes)
     by_name = {p.name: p for p in trace}
@@ -381,7 +445,7 @@ def replay(
     for p in trace:
         if not p.after:
             heapq.heappush(ready, (p.arrive, order[p.name], p.name))
-    result = ReplayResult(variant, pods=len(trace))
+    result = ReplayResult(variant, pods=len(trace), clock=clock)
     result.agreement = None
     before = agreement(cp) if variant == "ours" else None
 
@@ -401,11 +465,28 @@ def replay(
     expired: set[str] = set()
     history: dict[str, set[str]] = {}  # node -> pods that ran there
     every = max(1, len(trace) // samples)
+    # Virtual clock: when each pod was bound (trace time), the ends still to come, the pods kwok
+    # was told to finish and has not yet, and the next created-count to sample at.
+    bound_at: dict[str, float] = {}
+    ends: list[tuple[float, int, str]] = []
+    finishing: set[str] = set()
+    next_sample = every
+    weighted = _TimeWeighted()
     vt = 0.0
     t0 = time.monotonic()
     last = t0
+    quiet_since = t0
     deadline_wall = t0 + timeout_s
     settled_since: float | None = None
+
+    def take_sample(now: float, seen: dict[str, PodState]) -> Sample:
+        smp, over = _sample(len(created), vt, now - t0, caps, by_name, seen)
+        result.samples.append(smp)
+        result.overcommits.extend(over)
+        if on_progress:
+            on_progress(len(created), len(trace))
+        return smp
+
     try:
         while True:
             if tracker.error:
@@ -418,6 +499,7 @@ def replay(
                 # Recount only when the watch brought news: a scan over thousands of pods at every
                 # tick would take a core from the control plane on a 2-core machine.
                 seen_version = tracker.version
+                quiet_since = now
                 states = tracker.snapshot()
                 # Finished producers release their dependents at the current trace time.
                 for name in [n for n in waiting_on if states.get(n) and states[n].phase == "Succeeded"]:
@@ -435,15 +517,48 @@ def replay(
                     1 for n, st in states.items()
                     if st.node and st.phase not in TERMINAL and not st.deleted and n in timed
                 )
+                if virtual:
+                    for n, st in states.items():
+                        if st.node and n not in bound_at and n in by_name:
+                            bound_at[n] = vt
+                            if n in timed:
+                                heapq.heappush(ends, (vt + (by_name[n].duration or 0.0), order[n], n))
+                    finishing = {n for n in finishing
+                                 if not (states.get(n) and (states[n].phase in TERMINAL or states[n].deleted))}
             undecided = sum(1 for n in open_ if not (states.get(n) and states[n].unschedulable))
-            # Advance the clock unless back-pressured; jump idle gaps.
             dt = now - last
             last = now
-            blocked = bool(ready) and ready[0][0] <= vt and undecided >= window
-            if not blocked:
-                vt += dt * speed
-                if ready and undecided == 0 and running_timed == 0 and ready[0][0] > vt:
-                    vt = ready[0][0]
+            if virtual:
+                # Jump to the next event once nothing is in flight (module docstring).
+                due = bool(ready) and ready[0][0] <= vt
+                parked = any(states.get(n) and states[n].unschedulable for n in open_)
+                quiet = now - quiet_since >= (retry_settle_s if parked else quiet_s)
+                if not due and undecided == 0 and not finishing and quiet:
+                    if len(created) >= next_sample:
+                        take_sample(now, states)
+                        next_sample = (len(created) // every + 1) * every
+                    events = [t for t in (ready[0][0] if ready else None, ends[0][0] if ends else None)
+                              if t is not None]
+                    events += [d for n in open_ if (d := by_name[n].deadline) is not None]
+                    if events:
+                        nxt = max(vt, min(events))
+                        if nxt > vt:
+                            smp, over = _sample(len(created), vt, now - t0, caps, by_name, states)
+                            weighted.add(smp, nxt - vt)
+                            result.overcommits.extend(over)
+                        vt = nxt
+                        while ends and ends[0][0] <= vt:
+                            _, _, name = heapq.heappop(ends)
+                            if _finish_now(core, namespace, name):
+                                finishing.add(name)
+                        quiet_since = now
+            else:
+                # Advance the clock unless back-pressured; jump idle gaps.
+                blocked = bool(ready) and ready[0][0] <= vt and undecided >= window
+                if not blocked:
+                    vt += dt * speed
+                    if ready and undecided == 0 and running_timed == 0 and ready[0][0] > vt:
+                        vt = ready[0][0]
             # Create what is due.
             while ready and ready[0][0] <= vt and undecided < window:
                 _, _, name = heapq.heappop(ready)
@@ -452,7 +567,7 @@ def replay(
                 manifest["metadata"].pop("uid", None)
                 manifest["metadata"].pop("namespace", None)
                 manifest.pop("status", None)
-                if p.duration is not None:
+                if p.duration is not None and not virtual:
                     manifest["metadata"].setdefault("annotations", {}).update(
                         complete_after(p.duration / speed)
                     )
@@ -460,12 +575,8 @@ def replay(
                 created[name] = vt
                 open_.add(name)
                 undecided += 1
-                if len(created) % every == 0 or len(created) == len(trace):
-                    smp, over = _sample(len(created), vt, now - t0, caps, by_name, tracker.snapshot())
-                    result.samples.append(smp)
-                    result.overcommits.extend(over)
-                    if on_progress:
-                        on_progress(len(created), len(trace))
+                if not virtual and (len(created) % every == 0 or len(created) == len(trace)):
+                    take_sample(now, tracker.snapshot())
             # Pods that gave up waiting.
             for name in [n for n in open_ if by_name[n].deadline is not None and vt >= by_name[n].deadline]:
                 open_.discard(name)
@@ -489,13 +600,14 @@ def replay(
         for name, st in states.items():
             if st.node:
                 history.setdefault(st.node, set()).add(name)
-        smp, over = _sample(len(created), vt, time.monotonic() - t0, caps, by_name, states)
-        result.samples.append(smp)
-        result.overcommits.extend(over)
+        take_sample(time.monotonic(), states)
     finally:
         tracker.stop()
     result.wall_s = time.monotonic() - t0
     result.trace_span_s = vt
+    if virtual:
+        result.time_weighted = weighted.figures()
+        result.bound_at = bound_at
     for p in trace:
         s = states.get(p.name)
         g = pod_gpus(p.manifest)
@@ -519,3 +631,15 @@ def replay(
         if after is not None:
             result.agreement = {k: after[k] - (before or {}).get(k, 0.0) for k in after}
     return result
+
+
+def _finish_now(core: CoreV1Api, namespace: str, name: str) -> bool:
+    """Tell kwok to finish ``name`` now (its pod-complete stage fires on the annotation); False when
+    the pod is already gone."""
+    try:
+        core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": complete_after(0.0)}})
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
