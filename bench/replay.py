@@ -15,7 +15,10 @@ the variant's configuration (tests/integration/harness/replay.py ``variant_confi
 * ``mostalloc``: default profile, NodeResourcesFit ``MostAllocated`` on ``nvidia.com/gpu``, every
   node scored: the bin-packing an operator would configure instead of us;
 * ``affinity`` (pipelines only): default profile, each consumer carrying a preferred podAffinity
-  (weight 100, same node) to its producer's pods.
+  (weight 100, same node) to its producer's pods;
+* ``mostalloc-sep`` (on request): ``mostalloc`` with interactive serving pods carrying a required
+  podAntiAffinity to training pods: bin-packing that keeps the training/serving separation of
+  docs/stage-policy.md, which plain ``mostalloc`` ignores.
 
 Traces (openb: ATC'23 "Beware of Fragmentation", 1,213 GPU nodes, read in place from
 ../shared/data/alibaba-gpu-v2023, never copied):
@@ -105,10 +108,11 @@ RESULTS = REPO / "bench" / "results"
 console = Console(width=120)
 POD_LABEL = "replay.llm-placement.io/pod"
 GANG_LABEL = "scheduling.x-k8s.io/pod-group"
-# Virtual clock: kube-scheduler's retry backoff for every variant alike (seconds); the driver waits
-# this plus a scheduling cycle for retries before it moves the clock on.
+# Virtual clock: kube-scheduler's retry backoff for every variant alike (seconds), so a pod it
+# retries after a change is retried within a second and the clock moves on soon after.
 RETRY_BACKOFF_S = 1
-COLORS = {"ours": "tab:green", "default": "tab:gray", "mostalloc": "tab:blue", "affinity": "tab:orange"}
+COLORS = {"ours": "tab:green", "default": "tab:gray", "mostalloc": "tab:blue", "affinity": "tab:orange",
+          "mostalloc-sep": "tab:purple"}
 
 
 # ----- openb -------------------------------------------------------------------------------------
@@ -197,6 +201,38 @@ def with_producer_affinity(pods: list[ReplayPod]) -> list[ReplayPod]:
             m["spec"]["affinity"] = {"podAffinity": pref}
         out.append(ReplayPod(m, p.arrive, p.duration, p.deadline, p.after))
     return out
+
+
+ROLE_LABEL = "replay.llm-placement.io/role"
+
+
+def with_separation(pods: list[ReplayPod]) -> list[ReplayPod]:
+    """The ``mostalloc-sep`` variant: each pod labelled with its role as the extender reads it, and
+    interactive serving given a required podAntiAffinity to training pods on the same node.
+    kube-scheduler also applies an existing pod's required anti-affinity to newcomers, so training
+    stays off nodes running interactive serving too (stricter than docs/stage-policy.md, which only
+    scores training away from serving)."""
+    out = []
+    for p in pods:
+        m = json.loads(json.dumps(p.manifest))
+        role = p.role
+        if role:
+            m["metadata"].setdefault("labels", {})[ROLE_LABEL] = role
+        if role == "interactive":
+            term = {"labelSelector": {"matchLabels": {ROLE_LABEL: "training"}},
+                    "topologyKey": "kubernetes.io/hostname"}
+            m["spec"].setdefault("affinity", {})["podAntiAffinity"] = {
+                "requiredDuringSchedulingIgnoredDuringExecution": [term]}
+        out.append(ReplayPod(m, p.arrive, p.duration, p.deadline, p.after))
+    return out
+
+
+def variant_pods(variant: str, pods: list[ReplayPod]) -> list[ReplayPod]:
+    if variant == "affinity":
+        return with_producer_affinity(pods)
+    if variant == "mostalloc-sep":
+        return with_separation(pods)
+    return pods
 
 
 def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: ReplayResult) -> dict[str, Any]:
@@ -344,7 +380,7 @@ class Bench:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("pods", total=len(pods))
             r = replay(self.cp, ns, nodes, pods, variant=variant, speed=speed, window=window,
-                       timeout_s=timeout, clock=clock, retry_settle_s=RETRY_BACKOFF_S + 1.5,
+                       timeout_s=timeout, clock=clock,
                        on_progress=lambda done, _t: progress.update(task, completed=done))
         t0 = time.monotonic()
         self.clear(ns)
@@ -542,7 +578,8 @@ def main(
                 console.print(f"openb {t}: {meta}")
                 res = {}
                 for v in variants or TRACE_VARIANTS:
-                    res[v] = bench.run(t, nodes, pods, v, meta["speed"], window, timeout, clock)
+                    vp = variant_pods(v, pods)
+                    res[v] = bench.run(t, nodes, vp, v, meta["speed"], window, timeout, clock)
                     # After every variant, so a later failure does not lose a long replay.
                     _write_trace(f"openb-{t}-{name}" if name else f"openb-{t}", meta, res, out)
         if gravity:
@@ -555,7 +592,7 @@ def main(
                 figs[sc] = {}
                 report[sc] = {"meta": {**meta, "clock": clock}, "variants": {}}
                 for v in variants or ("ours", "default", "mostalloc", "affinity"):
-                    vp = with_producer_affinity(pods) if v == "affinity" else pods
+                    vp = variant_pods(v, pods)
                     r = bench.run(f"gravity-{sc}", nodes, vp, v, gravity_speed, window, timeout, clock)
                     figs[sc][v] = gravity_figures(nodes, vp, r)
                     report[sc]["variants"][v] = {**summarize(r), **figs[sc][v]}

@@ -171,7 +171,7 @@ def virtual_results(control_plane: ControlPlane, cluster: ClusterScope,
             restart_scheduler_with(control_plane, config, f"replay-virtual-{variant}")
             try:
                 out[variant] = replay(control_plane, ns, manifests, trace, variant=variant, speed=1.0,
-                                      clock="virtual", settle_s=1.0, retry_settle_s=2.5, timeout_s=300.0)
+                                      clock="virtual", settle_s=1.0, timeout_s=300.0)
             finally:
                 delete_all_pods(control_plane.core, ns)
             kwok.check_alive()

@@ -26,11 +26,11 @@ Two clocks (``clock=``):
   members, kube-scheduler's 1-10 s retry backoff) sees a different set of pods still running when
   the next one arrives, so two variants are not compared on the same load.
 * ``"virtual"``: event-driven and identical for every variant. The clock stands still while
-  anything is in flight and jumps only when the cluster is quiescent (every created pod bound or
-  marked unschedulable, every completion the driver asked for seen, and the watch quiet for
-  ``quiet_s``, or ``retry_settle_s`` while a pod waits as unschedulable, long enough for
-  kube-scheduler to retry it after the last change; the bench sets its retry backoff to 1 s for
-  every variant alike). It jumps to the next event: an arrival, a deadline, or a running pod's end
+  anything is in flight and jumps only when the cluster is quiescent: every created pod bound or
+  marked unschedulable, every completion the driver asked for seen, and, while a pod waits as
+  unschedulable, kube-scheduler's active and backoff queues empty (its ``scheduler_pending_pods``
+  metric: every retry the last change caused has been made), or no news for ``retry_settle_s``
+  at most. The bench sets kube-scheduler's retry backoff to 1 s for every variant alike. It jumps to the next event: an arrival, a deadline, or a running pod's end
   (its bind time on the trace clock plus its duration), where the driver tells kwok to finish the
   pod now (the pod-complete annotation set to zero). Stranded GPUs, allocated GPUs and whole free
   nodes are also integrated over trace time between events (``ReplayResult.time_weighted``).
@@ -81,7 +81,10 @@ def variant_config(cp: ControlPlane, variant: str) -> dict[str, Any]:
     * ``mostalloc``: the default profile with NodeResourcesFit scoring ``MostAllocated`` on
       ``nvidia.com/gpu`` and every node scored: GPU bin-packing, what an operator would set instead;
     * ``affinity``: the default profile; the pods themselves carry a preferred podAffinity to their
-      producer (bench/replay.py adds it), kube-scheduler's own data-gravity mechanism.
+      producer (bench/replay.py adds it), kube-scheduler's own data-gravity mechanism;
+    * ``mostalloc-sep``: ``mostalloc``, the pods carrying a required podAntiAffinity that keeps
+      interactive serving off nodes running training (bench/replay.py adds it): bin-packing under
+      the separation rule of docs/stage-policy.md, which plain ``mostalloc`` does not keep.
     """
     if variant == "ours":
         return cp.scheduler_config(with_extender=True)
@@ -96,7 +99,7 @@ def variant_config(cp: ControlPlane, variant: str) -> dict[str, Any]:
     }
     if variant in ("default", "affinity"):
         return cfg
-    if variant == "mostalloc":
+    if variant in ("mostalloc", "mostalloc-sep"):
         cfg["percentageOfNodesToScore"] = 100
         cfg["profiles"][0]["pluginConfig"] = [
             {
@@ -416,7 +419,7 @@ def replay(
     drain: bool = True,
     clock: str = "wall",
     quiet_s: float = 0.0,
-    retry_settle_s: float = 2.5,
+    retry_settle_s: float = 5.0,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` into ``namespace`` (which must exist and be empty) on ``nodes``.
@@ -532,7 +535,14 @@ def replay(
                 # Jump to the next event once nothing is in flight (module docstring).
                 due = bool(ready) and ready[0][0] <= vt
                 parked = any(states.get(n) and states[n].unschedulable for n in open_)
-                quiet = now - quiet_since >= (retry_settle_s if parked else quiet_s)
+                idle = now - quiet_since
+                if parked:
+                    # Retries of unschedulable pods are invisible in the pods until one binds:
+                    # wait until kube-scheduler's active and backoff queues are empty (every
+                    # retry made and failed again), or retry_settle_s without news at most.
+                    quiet = idle >= retry_settle_s or (idle >= PARKED_QUIET_S and scheduler_queues_idle(cp))
+                else:
+                    quiet = idle >= quiet_s
                 if not due and undecided == 0 and not finishing and quiet:
                     if len(created) >= next_sample:
                         take_sample(now, states)
@@ -631,6 +641,21 @@ def replay(
         if after is not None:
             result.agreement = {k: after[k] - (before or {}).get(k, 0.0) for k in after}
     return result
+
+
+PARKED_QUIET_S = 0.3
+PENDING_METRIC = "scheduler_pending_pods"
+
+
+def scheduler_queues_idle(cp: ControlPlane) -> bool:
+    """True when kube-scheduler has no pod in its active or backoff queue (its own metric); False
+    when it holds one, or its metrics cannot be read."""
+    try:
+        text = httpx.get(f"https://127.0.0.1:{cp.ports.scheduler}/metrics", verify=False, timeout=2).text
+    except httpx.HTTPError:
+        return False
+    queued = [metric_value(text, PENDING_METRIC, {"queue": q}) for q in ("active", "backoff")]
+    return all(v is not None for v in queued) and not any(queued)
 
 
 def _finish_now(core: CoreV1Api, namespace: str, name: str) -> bool:
