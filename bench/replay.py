@@ -407,7 +407,7 @@ def summarize(r: ReplayResult) -> dict[str, Any]:
     return {
         "pods": r.pods, "placed": r.placed, "failed": r.failed, "gpu_pods_failed": r.gpu_pods_failed,
         "gpus_placed": r.gpus_placed, "gpus_failed": r.gpus_failed, "completed": r.completed,
-        "overcommits": len(r.overcommits),
+        "overcommits": len(r.overcommits), "unknown_nodes": r.unknown_nodes,
         "mean_gpus_allocated": mean("gpus_allocated"), "mean_gpus_stranded": mean("gpus_stranded"),
         "mean_stranded_share": statistics.mean(stranded_share) if stranded_share else 0.0,
         "mean_whole_free_nodes": mean("whole_free_nodes"),

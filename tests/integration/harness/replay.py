@@ -236,6 +236,8 @@ class PodTracker(threading.Thread):
         self.error: BaseException | None = None
         self.synced = threading.Event()
         self.version = 0  # bumps on every change, so the driver can wait for news cheaply
+        self.changed: set[str] = set()  # pods changed since the driver last took changes
+        self.news = threading.Condition(self.lock)
 
     def _see(self, kind: str, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
@@ -251,7 +253,9 @@ class PodTracker(threading.Thread):
                 unschedulable,
                 old.deleted or kind == "DELETED",
             )
+            self.changed.add(name)
             self.version += 1
+            self.news.notify_all()
 
     def run(self) -> None:
         def listed(items: list[dict[str, Any]]) -> None:
@@ -269,6 +273,19 @@ class PodTracker(threading.Thread):
     def snapshot(self) -> dict[str, PodState]:
         with self.lock:
             return dict(self.pods)
+
+    def take_changes(self) -> dict[str, PodState]:
+        """The pods changed since the last call, as they are now: with thousands of pods the driver
+        must not rescan every pod on every event."""
+        with self.lock:
+            out = {n: self.pods[n] for n in self.changed}
+            self.changed.clear()
+            return out
+
+    def wait_news(self, version: int, timeout: float) -> None:
+        """Return once the version differs from ``version``, or after ``timeout`` seconds."""
+        with self.news:
+            self.news.wait_for(lambda: self.version != version, timeout)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -319,6 +336,8 @@ class ReplayResult:
     # lasted), which sampling at arrivals cannot give: a state that lasts a day counts as a day.
     time_weighted: dict[str, float] | None = None
     bound_at: dict[str, float] = field(default_factory=dict)  # virtual clock: pod -> trace time bound
+    # Nodes pods were bound to that the replay was not given: its figures would miss those pods.
+    unknown_nodes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -464,6 +483,7 @@ def replay(
     timed = {p.name for p in trace if p.duration is not None}
     seen_version = -1
     states: dict[str, PodState] = {}
+    running: set[str] = set()  # timed pods bound and not finished
     running_timed = 0
     expired: set[str] = set()
     history: dict[str, set[str]] = {}  # node -> pods that ran there
@@ -499,35 +519,40 @@ def replay(
             if now > deadline_wall:
                 raise TimeoutError(f"replay {variant} did not finish within {timeout_s:.0f}s")
             if tracker.version != seen_version:
-                # Recount only when the watch brought news: a scan over thousands of pods at every
-                # tick would take a core from the control plane on a 2-core machine.
+                # Only the pods the watch brought news of: a scan over thousands of pods at every
+                # event would take a core from the control plane on a 2-core machine.
                 seen_version = tracker.version
                 quiet_since = now
-                states = tracker.snapshot()
-                # Finished producers release their dependents at the current trace time.
-                for name in [n for n in waiting_on if states.get(n) and states[n].phase == "Succeeded"]:
-                    waiting_on.discard(name)
-                    for d in dependents.get(name, ()):
-                        w = waiting.get(d)
-                        if w is not None:
-                            w.discard(name)
-                            if not w:
-                                del waiting[d]
-                                heapq.heappush(ready, (max(vt, by_name[d].arrive), order[d], d))
-                for n in [n for n in open_ if states.get(n) and states[n].node]:
-                    open_.discard(n)
-                running_timed = sum(
-                    1 for n, st in states.items()
-                    if st.node and st.phase not in TERMINAL and not st.deleted and n in timed
-                )
-                if virtual:
-                    for n, st in states.items():
-                        if st.node and n not in bound_at and n in by_name:
+                changes = tracker.take_changes()
+                states.update(changes)
+                for n, st in changes.items():
+                    if n not in by_name:
+                        continue
+                    # A finished producer releases its dependents at the current trace time.
+                    if n in waiting_on and st.phase == "Succeeded":
+                        waiting_on.discard(n)
+                        for d in dependents.get(n, ()):
+                            w = waiting.get(d)
+                            if w is not None:
+                                w.discard(n)
+                                if not w:
+                                    del waiting[d]
+                                    heapq.heappush(ready, (max(vt, by_name[d].arrive), order[d], d))
+                    if st.node:
+                        open_.discard(n)
+                    if n in timed:
+                        if st.node and st.phase not in TERMINAL and not st.deleted:
+                            running.add(n)
+                        else:
+                            running.discard(n)
+                    if virtual:
+                        if st.node and n not in bound_at:
                             bound_at[n] = vt
                             if n in timed:
                                 heapq.heappush(ends, (vt + (by_name[n].duration or 0.0), order[n], n))
-                    finishing = {n for n in finishing
-                                 if not (states.get(n) and (states[n].phase in TERMINAL or states[n].deleted))}
+                        if st.phase in TERMINAL or st.deleted:
+                            finishing.discard(n)
+                running_timed = len(running)
             undecided = sum(1 for n in open_ if not (states.get(n) and states[n].unschedulable))
             dt = now - last
             last = now
@@ -605,7 +630,7 @@ def replay(
                     break
             else:
                 settled_since = None
-            time.sleep(0.05)
+            tracker.wait_news(seen_version, 0.05)
         states = tracker.snapshot()
         for name, st in states.items():
             if st.node:
@@ -631,6 +656,7 @@ def replay(
             if g:
                 result.gpu_pods_failed += 1
                 result.gpus_failed += g
+    result.unknown_nodes = sorted({n for n in result.placements.values() if n not in caps})
     result.max_nodes_reused = sum(
         1 for node, names in history.items()
         if caps.get(node) and caps[node].gpus and sum(1 for n in names if pod_gpus(by_name[n].manifest) and
