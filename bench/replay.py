@@ -24,9 +24,8 @@ Traces (openb: ATC'23 "Beware of Fragmentation", 1,213 GPU nodes, read in place 
 ../shared/data/alibaba-gpu-v2023, never copied):
 
 * traces with times (``default``): pods arrive at ``creation_time``, run ``deletion_time -
-  creation_time`` and complete through kwok; the clock runs ``span / (--minutes x 60)`` trace
-  seconds per wall second and skips idle gaps; a pod waits in kube-scheduler's queue until placed
-  (its compressed lifetime is shorter than a scheduling cycle, so a deadline would fail it).
+  creation_time`` from the moment they are bound and complete through kwok; a pod waits in
+  kube-scheduler's queue until placed.
 * traces without times (``multigpu50`` and the other inflated mixes): every pod arrives in file
   order and none leaves (the cluster fills up, as in the paper's own simulator); pods that do not
   fit stay pending and count as failed at the end.
@@ -39,10 +38,18 @@ Traces (openb: ATC'23 "Beware of Fragmentation", 1,213 GPU nodes, read in place 
 
 Pipelines: bench/data_gravity.py's generator and 82-node cluster (same seed, scenarios cpu, gpu,
 gpu-small); stage k+1 of a pipeline is created when every pod of stage k has Succeeded.
-Durations are compressed by --gravity-speed.
+
+The trace clock (``--clock``, tests/integration/harness/replay.py): ``virtual`` (default) is
+event-driven: it stands still while kube-scheduler, the extender or kwok are busy and jumps to the
+next arrival or the next end of a running pod (bind time + duration), where the driver has kwok
+finish the pod; every variant then runs on the same load, however fast it decides, and kube-
+scheduler's retry backoff is set to 1 s for every variant alike. ``wall`` runs ``span /
+(--minutes x 60)`` (openb) or ``--gravity-speed`` (pipelines) trace seconds per wall second, kwok
+finishing pods on wall time: a variant that decides more slowly keeps fewer pods running at once.
 
 Measured, per variant: GPUs allocated and stranded (free GPUs on partly used GPU nodes) and whole
-free nodes, sampled at every 1 % of created pods; pods placed / failed; over-commits (must be none);
+free nodes, sampled at every 1 % of created pods and (virtual clock) averaged over trace time
+between events, each state weighted by how long it lasted; pods placed / failed; over-commits (must be none);
 for pipelines, co-location of each consumer with its producer (same node or NVLink domain), data
 read across nodes, and compute cost per stage (the pod's share of its node's list price from
 app/core/catalog.py x its run time); for ``ours``, the extender's agreement counter
@@ -529,7 +536,7 @@ def main(
     variants: list[str] = typer.Option(
         [], help="variants to run (default: ours, default, mostalloc; pipelines add affinity)"),
     sharing: str = typer.Option("whole", help="GPU-sharing pods: whole (1 GPU each) or skip"),
-    minutes: float = typer.Option(4.0, help="timed traces: wall minutes the arrival span is compressed to"),
+    minutes: float = typer.Option(4.0, help="timed traces, wall clock: wall minutes the arrival span takes"),
     window: int = typer.Option(16, help="created pods allowed undecided before arrivals wait"),
     pipelines: int = typer.Option(48, help="pipelines per gravity scenario"),
     seed: int = typer.Option(1, help="pipeline seed"),

@@ -55,3 +55,24 @@ def test_interactive_serving_off_its_target_and_stranded_dollars(bench_replay: M
     assert f["off_target_ms_per_token"][0] > 50
     # Two L4s ($0.805) and three L40S ($1.861) stranded in one sample, none in the other.
     assert f["mean_stranded_usd_per_hour"] == pytest.approx((2 * 0.805 + 3 * 1.861) / 2, rel=1e-3)
+
+
+def test_mostalloc_sep_keeps_interactive_serving_off_training_by_anti_affinity(bench_replay: ModuleType) -> None:
+    chat = _chat("chat", "7B")
+    batch = ReplayPod(pod_object("batch", namespace="pipelines", stage="serving", gpus=1, uid="u-b",
+                                 annotations={ANN + "latency-class": "batch"}), duration=60.0)
+    sft = ReplayPod(pod_object("sft", namespace="pipelines", stage="sft", gpus=2, uid="u-s",
+                               annotations={ANN + "model-params": "7B"}), arrive=5.0, duration=60.0, after=("chat",))
+    plain = ReplayPod(pod_object("plain", namespace="pipelines", gpus=1, uid="u-p"))
+    out = {p.name: p for p in bench_replay.variant_pods("mostalloc-sep", [chat, batch, sft, plain])}
+    role = bench_replay.ROLE_LABEL
+    labels = {n: p.manifest["metadata"].get("labels", {}).get(role) for n, p in out.items()}
+    assert labels == {"chat": "interactive", "batch": None, "sft": "training", "plain": None}
+    terms = out["chat"].manifest["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == [{"labelSelector": {"matchLabels": {role: "training"}}, "topologyKey": "kubernetes.io/hostname"}]
+    # Only interactive serving carries the rule (kube-scheduler applies it both ways); timing kept.
+    assert all("affinity" not in out[n].manifest["spec"] for n in ("batch", "sft", "plain"))
+    assert (out["sft"].arrive, out["sft"].duration, out["sft"].after) == (5.0, 60.0, ("chat",))
+    # The input is not changed: the other variants get the pods as they were.
+    assert "affinity" not in chat.manifest["spec"] and role not in (chat.manifest["metadata"].get("labels") or {})
+    assert bench_replay.variant_pods("mostalloc", [chat])[0] is chat
