@@ -8,6 +8,7 @@ left stranded.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -76,3 +77,24 @@ def test_mostalloc_sep_keeps_interactive_serving_off_training_by_anti_affinity(b
     # The input is not changed: the other variants get the pods as they were.
     assert "affinity" not in chat.manifest["spec"] and role not in (chat.manifest["metadata"].get("labels") or {})
     assert bench_replay.variant_pods("mostalloc", [chat])[0] is chat
+
+
+def test_the_benchmarks_table_reads_a_pipeline_result_file(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("replay_report_under_test", REPO / "bench" / "replay_report.py")
+    assert spec is not None and spec.loader is not None
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    variant = {"time_weighted": {"stranded_share": 0.00741, "whole_free_8gpu_nodes": 28.3166},
+               "mean_stranded_share": 0.0088, "mean_whole_free_8gpu_nodes": 26.07,
+               "mean_stranded_usd_per_hour": 3.14, "mean_mixed_nodes": 0.0, "max_mixed_nodes": 0,
+               "interactive_off_target": 0, "interactive_pods": 24, "cost_total": 2791.7, "colocated": 0.538,
+               "overcommits": 0, "agreement": {"top": 56.0, "tied_top": 26.0, "lower": 0.0, "unranked": 0.0}}
+    baseline = {**variant, "time_weighted": None, "agreement": None}
+    path = tmp_path / "replay-gravity-seed1.json"
+    path.write_text(json.dumps({"gpu": {"variants": {"ours": variant, "mostalloc": baseline}}}))
+    ours, base = report.rows(path)
+    assert ours == ("| seed1 | gpu | ours | 0.0074 | 0.0088 | 28.32 | 26.07 | 3.14 | 0.00 / 0 | 0/24 | 2,792 | "
+                    "53.8 % | 0 | 100 % (56 top, 26 tied) |")
+    # A wall-clock run has no time-weighted figures; a baseline has no agreement counter.
+    assert base.startswith("| seed1 | gpu | mostalloc | - | 0.0088 | - | 26.07 |") and base.endswith("| 0 | - |")
+    assert report.HEADER.count("|") == ours.count("|")

@@ -1,0 +1,65 @@
+"""Markdown rows for BENCHMARKS.md from pipeline replay results (bench/replay.py --gravity ...).
+
+    python bench/replay_report.py bench/results/replay-gravity-seed1.json ...-seed2.json ...
+
+One row per (file, mix, variant): time-weighted and sampled stranded share, whole free 8-GPU nodes,
+list price of the stranded GPUs, training beside interactive serving, interactive serving off its
+ms/token target, cost, co-location, agreement. A file's name after ``replay-gravity-`` labels its rows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def _agreement(v: dict) -> str:
+    a = v.get("agreement")
+    if not a:
+        return "-"
+    total = sum(a.values())
+    share = (a.get("top", 0) + a.get("tied_top", 0)) / total if total else 0.0
+    return f"{100 * share:.0f} % ({a.get('top', 0):.0f} top, {a.get('tied_top', 0):.0f} tied)"
+
+
+def rows(path: Path) -> list[str]:
+    label = path.stem.removeprefix("replay-gravity-").removeprefix("replay-gravity")
+    out = []
+    for mix, doc in json.loads(path.read_text()).items():
+        for variant, v in doc["variants"].items():
+            tw = v.get("time_weighted") or {}
+            out.append(" | ".join([
+                "", label or "-", mix, variant,
+                f"{tw['stranded_share']:.4f}" if tw else "-",
+                f"{v['mean_stranded_share']:.4f}",
+                f"{tw['whole_free_8gpu_nodes']:.2f}" if tw else "-",
+                f"{v['mean_whole_free_8gpu_nodes']:.2f}",
+                f"{v['mean_stranded_usd_per_hour']:.2f}",
+                f"{v['mean_mixed_nodes']:.2f} / {v['max_mixed_nodes']}",
+                f"{v['interactive_off_target']}/{v['interactive_pods']}",
+                f"{v['cost_total']:,.0f}",
+                f"{100 * v['colocated']:.1f} %",
+                str(v["overcommits"]),
+                _agreement(v), "",
+            ]).strip())
+    return out
+
+
+HEADER = ("| run | mix | variant | stranded / free GPUs, time-weighted | same, sampled at arrivals | "
+          "whole free 8-GPU nodes, time-weighted | same, sampled | list price of the stranded GPUs, $/h | "
+          "training beside interactive serving (nodes, mean / max) | interactive serving off its target | "
+          "est. cost $ | co-located, all edges | over-commits | agreement (top or tied) |")
+
+
+def main(files: list[Path]) -> None:
+    print(HEADER)
+    print("|" + "---|" * 3 + "---:|" * 10 + "---|")
+    for f in files:
+        for r in rows(f):
+            print(r)
+
+
+if __name__ == "__main__":
+    typer.run(main)
