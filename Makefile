@@ -82,7 +82,10 @@ bench: $(STAMP) controlplane etcd kwok
 	  $(BIN)/python bench/trace_sim.py && \
 	  $(BIN)/python bench/replay.py --trace multigpu50 --trace default --sharing skip; \
 	else echo "bench: ../shared/data/alibaba-gpu-v2023 not found: openb trace replays skipped"; fi
-	$(BIN)/python bench/replay.py --gravity gpu --gravity cpu --pipelines 12 --gravity-speed 1200
+	$(BIN)/python bench/replay.py --gravity gpu --gravity cpu --gravity gpu-small --pipelines 12
+	@# Three seeds, ours against GPU bin-packing with and without the separation rule (BENCHMARKS.md 4).
+	for s in 1 2 3; do $(BIN)/python bench/replay.py --gravity gpu --gravity cpu --gravity gpu-small \
+	  --pipelines 12 --seed $$s --variants ours --variants mostalloc --variants mostalloc-sep --name seed$$s || exit 1; done
 
 ## Soak with faults: ~3,000 pods of every stage on kwok nodes while the extender, kube-scheduler,
 ## kube-apiserver and etcd are killed (-9) and restarted; invariants checked throughout
