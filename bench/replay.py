@@ -437,16 +437,21 @@ def plot_fragmentation(label: str, results: dict[str, ReplayResult], out: Path) 
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    # On the virtual clock every variant has the same trace time at the same event: plot against
+    # it (hours); otherwise against pods created, the one axis variants share on the wall clock.
+    by_time = all(r.clock == "virtual" for r in results.values())
     for variant, r in results.items():
-        x = [s.created for s in r.samples]
-        kw = {"label": variant, "color": COLORS.get(variant), "lw": 1.4}
+        x = [s.trace_time / 3600 if by_time else s.created for s in r.samples]
+        kw: dict[str, Any] = {"label": variant, "color": COLORS.get(variant), "lw": 1.4}
+        if by_time:
+            kw["drawstyle"] = "steps-post"  # a state holds until the next event
         axes[0].plot(x, [s.gpus_allocated for s in r.samples], **kw)
         axes[1].plot(x, [s.gpus_stranded for s in r.samples], **kw)
         axes[2].plot(x, [s.whole_free_8gpu_nodes for s in r.samples], **kw)
     for ax, title in zip(axes, ("GPUs allocated", "stranded GPUs (free on partly used nodes)",
                                 "whole free 8-GPU nodes"), strict=True):
         ax.set_title(title)
-        ax.set_xlabel("pods created")
+        ax.set_xlabel("trace time, hours" if by_time else "pods created")
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.suptitle(f"{label}: real kube-scheduler on kwok nodes")
@@ -598,12 +603,15 @@ def main(
                 bench.use_nodes(nodes)
                 figs[sc] = {}
                 report[sc] = {"meta": {**meta, "clock": clock}, "variants": {}}
+                runs: dict[str, ReplayResult] = {}
                 for v in variants or ("ours", "default", "mostalloc", "affinity"):
                     vp = variant_pods(v, pods)
                     r = bench.run(f"gravity-{sc}", nodes, vp, v, gravity_speed, window, timeout, clock)
+                    runs[v] = r
                     figs[sc][v] = gravity_figures(nodes, vp, r)
                     report[sc]["variants"][v] = {**summarize(r), **figs[sc][v]}
                 _gravity_table(sc, figs[sc], report[sc]["variants"])
+                plot_fragmentation(f"{stem.removeprefix('replay-')}-{sc}", runs, out)
                 (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
             p1, p2 = plot_gravity(figs, out, stem), plot_cost_by_stage(figs, out, stem)
             console.print(f"wrote {out / f'{stem}.json'}, {p1}, {p2}")
