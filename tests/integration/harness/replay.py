@@ -1,12 +1,11 @@
 """Replay a timed pod trace through the real kube-scheduler (+ extender) onto kwok-managed nodes.
 
 Used by bench/replay.py (openb traces, pipeline mixes) and tests/integration/test_replay.py. The
-driver owns a virtual trace clock that runs ``speed`` trace seconds per wall second:
+driver owns a trace clock (wall or virtual, below):
 
 * a pod is created when the clock reaches its arrival time and every pod it waits for (``after``,
-  the previous stage of a pipeline) has Succeeded; it carries kwok's pod-complete delay
-  (duration / speed), so kwok finishes it that long after it starts running and kube-scheduler
-  frees its resources;
+  the previous stage of a pipeline) has Succeeded; kwok finishes it after its duration on the
+  trace clock and kube-scheduler frees its resources;
 * back-pressure: at most ``window`` created pods may be undecided (neither bound nor marked
   unschedulable by kube-scheduler); while the window is full the clock stops, so a burst the
   scheduler cannot keep up with is delayed, never reordered or dropped;
@@ -30,9 +29,10 @@ Two clocks (``clock=``):
   marked unschedulable, every completion the driver asked for seen, and, while a pod waits as
   unschedulable, kube-scheduler's active and backoff queues empty (its ``scheduler_pending_pods``
   metric: every retry the last change caused has been made), or no news for ``retry_settle_s``
-  at most. The bench sets kube-scheduler's retry backoff to 1 s for every variant alike. It jumps to the next event: an arrival, a deadline, or a running pod's end
-  (its bind time on the trace clock plus its duration), where the driver tells kwok to finish the
-  pod now (the pod-complete annotation set to zero). Stranded GPUs, allocated GPUs and whole free
+  at most. The bench sets kube-scheduler's retry backoff to 1 s for every variant alike. It
+  jumps to the next event: an arrival, a deadline, or a running pod's end (its bind time on the
+  trace clock plus its duration), where the driver tells kwok to finish the pod now (the
+  pod-complete annotation set to zero). Stranded GPUs, allocated GPUs and whole free
   nodes are also integrated over trace time between events (``ReplayResult.time_weighted``).
 
 Fragmentation is sampled from the pods' own state (a watch): at every 1 % of created pods, GPUs
