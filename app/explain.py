@@ -12,6 +12,7 @@ from app.binding import AGREEMENT_TEXT
 from app.core.gravity import GravityModel
 from app.core.placer import UNKNOWN
 from app.core.reasons import problem_key
+from app.core.scoring import GRAVITY_OPENS_AT_MOST
 from app.core.workload import TRAINING_STAGES, WorkloadError, WorkloadSpec
 from app.service import ExtenderService
 
@@ -92,6 +93,11 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
             if s is not None and s.guarded_by:
                 # Ranked just below a partly used node (docs/scoring.md, "The whole-node guard").
                 entry["whole_node_guard"] = _guard_note(service, n, s.guarded_by)
+            if s is not None and s.gravity_capped:
+                # docs/data-gravity.md, "Never a whole node far bigger than the pod".
+                entry["gravity_not_counted"] = (
+                    f"the pod would open this whole {f.node.gpu_count}-GPU node for {spec.gpus} GPU(s): data "
+                    f"gravity opens no node of more than {GRAVITY_OPENS_AT_MOST}x the pod's GPUs")
         else:
             r = rejections.get(n) or UNKNOWN
             # "rule" is the rejections metric's label for the same verdict (docs/metrics.md).

@@ -20,6 +20,7 @@ from app.core.feasibility import NodeFit
 from app.core.policy import ScoringPolicy
 from app.core.ranking import EQUAL_TOTAL, MAX_EXTENDER_PRIORITY, Agreement, ScoreMapping
 from app.core.scoring import (
+    GRAVITY_OPENS_AT_MOST,
     GUARD_GAP,
     NEUTRAL,
     TERMS,
@@ -212,6 +213,11 @@ def score_batch(
     # packing (app.core.scoring._packing), the same arithmetic per element
     packing = _packing(spec, cap_gpus, cap_cpu, gpus_used, cpu_used)
     grav = np.full(n, NEUTRAL) if gravity is None else np.where(np.isnan(gravity), NEUTRAL, gravity)
+    if gravity is not None and gpu_pod and n and spec.serving_group is None and not np.isnan(gravity).all():
+        # app.core.scoring.GRAVITY_OPENS_AT_MOST: no pull toward opening a node far bigger than the pod.
+        oversized = ((cap_gpus > 0) & (gpus_used == 0) & (spec.gpus < cap_gpus)
+                     & (cap_gpus > GRAVITY_OPENS_AT_MOST * spec.gpus) & ~np.isnan(gravity))
+        grav = np.where(oversized, np.nanmin(gravity), grav)
 
     columns = {"separation": separation, "packing": packing, "gravity": grav}
     # Weighted mean, summed term by term in TERMS order exactly as score_nodes' ``weighted`` does.

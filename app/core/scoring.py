@@ -24,6 +24,12 @@ NEUTRAL = 0.5
 
 # A term function for data gravity, supplied by the caller: node name -> value in [0, 1] or None.
 GravityFn = Callable[[str], float | None]
+# Data gravity may make a GPU pod open a whole node of at most this many times its GPUs. Beyond,
+# the node gets the farthest candidate's gravity: replayed through kube-scheduler, a 1-2 GPU
+# fine-tune or quantisation following its checkpoint onto the 8-GPU node its gang had just left
+# opened that node, stranding six or seven GPUs for the step to save a read of seconds to minutes.
+# Serving groups are exempt (their partners' pull is not a one-time read).
+GRAVITY_OPENS_AT_MOST = 2
 
 
 @dataclass(slots=True)
@@ -35,6 +41,9 @@ class NodeScore:
     weights: dict[str, float] = field(default_factory=dict)
     # Set when the whole-node guard ranked this node below a partly used node of its shape.
     guarded_by: str | None = None
+    # Set when data gravity was not counted here: the pod would open this whole node, which has
+    # more than GRAVITY_OPENS_AT_MOST times its GPUs (docs/data-gravity.md).
+    gravity_capped: bool = False
 
     def top_terms(self, n: int = 3) -> list[tuple[str, float]]:
         contrib = {t: self.terms[t] * self.weights.get(t, 0.0) for t in self.terms}
@@ -189,6 +198,13 @@ def score_nodes(
     opening: list[tuple[NodeScore, int, int]] = []
     best_sibling: dict[int, tuple[NodeScore, int]] = {}  # shape -> its best partly used node, position
     empty = NodeUsage()
+    pulls: dict[str, float | None] = {}
+    farthest: float | None = None
+    if gravity is not None:
+        pulls = {f.node.name: gravity(f.node.name) for f in fits}
+        # A serving group's pull is a standing relationship between replicas, not a one-time read.
+        if spec.serving_group is None:
+            farthest = min((g for g in pulls.values() if g is not None), default=None)
     for f in fits:
         node = f.node
         name = node.name
@@ -201,10 +217,15 @@ def score_nodes(
             sibling = node.gpu_count > 0 and not opens and terms["separation"] >= 1.0
             hit = memo[key] = (terms, weighted(terms), opens, sibling)
         terms, total, opens, sibling = hit
-        if gravity is not None and (g := gravity(name)) is not None:
+        capped = False
+        if (g := pulls.get(name)) is not None:
+            oversized = gpu_pod and opens and node.gpu_count > GRAVITY_OPENS_AT_MOST * spec.gpus
+            if oversized and farthest is not None:
+                capped = g > farthest
+                g = farthest
             terms = {**terms, "gravity": g}
             total = weighted(terms)
-        score = NodeScore(name, 0, total, terms, w)
+        score = NodeScore(name, 0, total, terms, w, gravity_capped=capped)
         out.append(score)
         if guard:
             if opens:

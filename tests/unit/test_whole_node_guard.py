@@ -42,8 +42,10 @@ def _best(service: ExtenderService, pod: dict[str, Any], names: list[str]) -> se
     return {n for n, s in prio.items() if s == top}
 
 
-def _gravity_case(service: ExtenderService) -> tuple[dict[str, Any], list[str]]:
-    """Eight H100s; a finished producer's node (h100-5) is whole again, h100-3 runs one small job."""
+def _gravity_case(service: ExtenderService, gpus: int = 4) -> tuple[dict[str, Any], list[str]]:
+    """Eight H100s; a finished producer's node (h100-5) is whole again, h100-3 runs one small job.
+    The consumer asks for ``gpus``; at 4 (half a node) data gravity may open a whole node, so only
+    the guard keeps h100-5 whole (docs/data-gravity.md)."""
     names = [f"h100-{i}" for i in range(8)]
     for n in names:
         service.absorb_node(node_object(n, gpus=8, product=H100, cpu="128", memory="1Ti"))
@@ -51,7 +53,7 @@ def _gravity_case(service: ExtenderService) -> tuple[dict[str, Any], list[str]]:
                              annotations={ANN + "model-params": "1B"}), "h100-3")
     _run(service, pod_object("pretrain", stage="pretraining", gpus=8, uid="u-pre",
                              annotations={ANN + "model-params": "1B"}), "h100-5", finished=True)
-    consumer = pod_object("sft", stage="alignment", gpus=2, uid="u-sft",
+    consumer = pod_object("sft", stage="alignment", gpus=gpus, uid="u-sft",
                           annotations={ANN + "model-params": "1B", ANN + "depends-on": "pretrain",
                                        ANN + "input-data-gb": "40"})
     return consumer, names
@@ -72,6 +74,21 @@ def test_without_the_guard_gravity_opens_the_producers_whole_node(catalog: GpuCa
     service = _service(catalog, guard=False)
     consumer, names = _gravity_case(service)
     assert _best(service, consumer, names) == {"h100-5"}
+
+
+def test_gravity_opens_no_whole_node_far_bigger_than_the_pod(catalog: GpuCatalog) -> None:
+    # Without the guard, a 2-GPU consumer still does not open its producer's whole 8-GPU node:
+    # gravity counts there as at the farthest candidate, so packing puts it beside the small job.
+    service = _service(catalog, guard=False)
+    consumer, names = _gravity_case(service, gpus=2)
+    assert _best(service, consumer, names) == {"h100-3"}
+    out = {e["node"]: e for e in explain_spec(service, parse_workload(consumer))["nodes"]}
+    note = out["h100-5"].get("gravity_not_counted")
+    assert note and "8-GPU node for 2 GPU(s)" in note
+    assert out["h100-5"]["terms"]["gravity"] == out["h100-0"]["terms"]["gravity"]
+    # The partly used node and the far whole nodes keep their own gravity, with no note.
+    assert out["h100-3"].get("gravity_not_counted") is None and out["h100-0"].get("gravity_not_counted") is None
+    # A half-node consumer is still pulled there: test_without_the_guard_gravity_opens_the_producers_whole_node.
 
 
 def test_a_pod_that_fills_a_whole_node_is_not_held_back(catalog: GpuCatalog) -> None:
