@@ -213,11 +213,13 @@ def score_batch(
     # packing (app.core.scoring._packing), the same arithmetic per element
     packing = _packing(spec, cap_gpus, cap_cpu, gpus_used, cpu_used)
     grav = np.full(n, NEUTRAL) if gravity is None else np.where(np.isnan(gravity), NEUTRAL, gravity)
-    if gravity is not None and gpu_pod and n and spec.serving_group is None and not np.isnan(gravity).all():
-        # app.core.scoring.GRAVITY_OPENS_AT_MOST: no pull toward opening a node far bigger than the pod.
-        oversized = ((cap_gpus > 0) & (gpus_used == 0) & (spec.gpus < cap_gpus)
-                     & (cap_gpus > GRAVITY_OPENS_AT_MOST * spec.gpus) & ~np.isnan(gravity))
-        grav = np.where(oversized, np.nanmin(gravity), grav)
+    if gravity is not None and gpu_pod and n and spec.serving_group is None:
+        # app.core.scoring.GRAVITY_OPENS_AT_MOST: no pull toward opening a node far bigger than the
+        # pod beyond the best pull of a candidate that fits it otherwise.
+        oversized = (cap_gpus > GRAVITY_OPENS_AT_MOST * spec.gpus) & (gpus_used == 0)
+        others = gravity[~oversized & ~np.isnan(gravity)]
+        if others.size:
+            grav = np.where(oversized & ~np.isnan(gravity), np.minimum(grav, others.max()), grav)
 
     columns = {"separation": separation, "packing": packing, "gravity": grav}
     # Weighted mean, summed term by term in TERMS order exactly as score_nodes' ``weighted`` does.

@@ -25,10 +25,12 @@ NEUTRAL = 0.5
 # A term function for data gravity, supplied by the caller: node name -> value in [0, 1] or None.
 GravityFn = Callable[[str], float | None]
 # Data gravity may make a GPU pod open a whole node of at most this many times its GPUs. Beyond,
-# the node gets the farthest candidate's gravity: replayed through kube-scheduler, a 1-2 GPU
+# such a node's gravity is capped at the best gravity of the candidates that fit the pod without
+# that (partly used nodes, smaller whole nodes): replayed through kube-scheduler, a 1-2 GPU
 # fine-tune or quantisation following its checkpoint onto the 8-GPU node its gang had just left
 # opened that node, stranding six or seven GPUs for the step to save a read of seconds to minutes.
-# Serving groups are exempt (their partners' pull is not a one-time read).
+# When every candidate is such a node, gravity ranks them as usual. Serving groups are exempt
+# (their partners' pull is not a one-time read).
 GRAVITY_OPENS_AT_MOST = 2
 
 
@@ -199,12 +201,17 @@ def score_nodes(
     best_sibling: dict[int, tuple[NodeScore, int]] = {}  # shape -> its best partly used node, position
     empty = NodeUsage()
     pulls: dict[str, float | None] = {}
-    farthest: float | None = None
+    cap: float | None = None  # gravity of the best candidate that does not open an oversized node
+
+    def oversized(f: NodeFit, u: NodeUsage) -> bool:
+        n = f.node
+        return gpu_pod and n.gpu_count > GRAVITY_OPENS_AT_MOST * spec.gpus and u.gpus == 0
+
     if gravity is not None:
         pulls = {f.node.name: gravity(f.node.name) for f in fits}
-        # A serving group's pull is a standing relationship between replicas, not a one-time read.
         if spec.serving_group is None:
-            farthest = min((g for g in pulls.values() if g is not None), default=None)
+            cap = max((g for f in fits if (g := pulls[f.node.name]) is not None
+                       and not oversized(f, usage.get(f.node.name) or empty)), default=None)
     for f in fits:
         node = f.node
         name = node.name
@@ -219,10 +226,8 @@ def score_nodes(
         terms, total, opens, sibling = hit
         capped = False
         if (g := pulls.get(name)) is not None:
-            oversized = gpu_pod and opens and node.gpu_count > GRAVITY_OPENS_AT_MOST * spec.gpus
-            if oversized and farthest is not None:
-                capped = g > farthest
-                g = farthest
+            if cap is not None and g > cap and oversized(f, u):
+                capped, g = True, cap
             terms = {**terms, "gravity": g}
             total = weighted(terms)
         score = NodeScore(name, 0, total, terms, w, gravity_capped=capped)

@@ -77,15 +77,16 @@ def test_without_the_guard_gravity_opens_the_producers_whole_node(catalog: GpuCa
 
 
 def test_gravity_opens_no_whole_node_far_bigger_than_the_pod(catalog: GpuCatalog) -> None:
-    # Without the guard, a 2-GPU consumer still does not open its producer's whole 8-GPU node:
-    # gravity counts there as at the farthest candidate, so packing puts it beside the small job.
+    # Without the guard, a 2-GPU consumer still does not open its producer's whole 8-GPU node: its
+    # pull there is capped at that of the partly used h100-3, so packing puts it beside the small job.
     service = _service(catalog, guard=False)
     consumer, names = _gravity_case(service, gpus=2)
     assert _best(service, consumer, names) == {"h100-3"}
     out = {e["node"]: e for e in explain_spec(service, parse_workload(consumer))["nodes"]}
     note = out["h100-5"].get("gravity_not_counted")
     assert note and "8-GPU node for 2 GPU(s)" in note
-    assert out["h100-5"]["terms"]["gravity"] == out["h100-0"]["terms"]["gravity"]
+    assert out["h100-5"]["terms"]["gravity"] == out["h100-3"]["terms"]["gravity"]
+    assert out["h100-5"]["gravity"]["seconds"] < out["h100-3"]["gravity"]["seconds"]
     # The partly used node and the far whole nodes keep their own gravity, with no note.
     assert out["h100-3"].get("gravity_not_counted") is None and out["h100-0"].get("gravity_not_counted") is None
     # A half-node consumer is still pulled there: test_without_the_guard_gravity_opens_the_producers_whole_node.
