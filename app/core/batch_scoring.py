@@ -216,10 +216,13 @@ def score_batch(
     if gravity is not None and gpu_pod and n and spec.serving_group is None:
         # app.core.scoring.GRAVITY_OPENS_AT_MOST: no pull toward opening a node far bigger than the
         # pod beyond the best pull of a candidate that fits it otherwise.
-        oversized = (cap_gpus > GRAVITY_OPENS_AT_MOST * spec.gpus) & (gpus_used == 0)
-        others = gravity[~oversized & ~np.isnan(gravity)]
-        if others.size:
-            grav = np.where(oversized & ~np.isnan(gravity), np.minimum(grav, others.max()), grav)
+        oversized = (cap_gpus > GRAVITY_OPENS_AT_MOST * spec.gpus) & (gpus_used == 0) & ~np.isnan(gravity)
+        for size in np.unique(cap_gpus[oversized]).tolist():
+            # Partly used nodes and smaller whole nodes fit the pod without opening this size.
+            others = gravity[((gpus_used > 0) | (cap_gpus < size)) & ~np.isnan(gravity)]
+            if others.size:
+                these = oversized & (cap_gpus == size)
+                grav = np.where(these, np.minimum(grav, others.max()), grav)
 
     columns = {"separation": separation, "packing": packing, "gravity": grav}
     # Weighted mean, summed term by term in TERMS order exactly as score_nodes' ``weighted`` does.

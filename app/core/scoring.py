@@ -26,7 +26,7 @@ NEUTRAL = 0.5
 GravityFn = Callable[[str], float | None]
 # Data gravity may make a GPU pod open a whole node of at most this many times its GPUs. Beyond,
 # such a node's gravity is capped at the best gravity of the candidates that fit the pod without
-# that (partly used nodes, smaller whole nodes): replayed through kube-scheduler, a 1-2 GPU
+# opening a node that big (partly used nodes, smaller whole nodes): replayed through kube-scheduler, a 1-2 GPU
 # fine-tune or quantisation following its checkpoint onto the 8-GPU node its gang had just left
 # opened that node, stranding six or seven GPUs for the step to save a read of seconds to minutes.
 # When every candidate is such a node, gravity ranks them as usual. Serving groups are exempt
@@ -201,7 +201,7 @@ def score_nodes(
     best_sibling: dict[int, tuple[NodeScore, int]] = {}  # shape -> its best partly used node, position
     empty = NodeUsage()
     pulls: dict[str, float | None] = {}
-    cap: float | None = None  # gravity of the best candidate that does not open an oversized node
+    caps: dict[int, float] = {}  # oversized node size -> best pull of a candidate that is not it
 
     def oversized(f: NodeFit, u: NodeUsage) -> bool:
         n = f.node
@@ -210,8 +210,14 @@ def score_nodes(
     if gravity is not None:
         pulls = {f.node.name: gravity(f.node.name) for f in fits}
         if spec.serving_group is None:
-            cap = max((g for f in fits if (g := pulls[f.node.name]) is not None
-                       and not oversized(f, usage.get(f.node.name) or empty)), default=None)
+            sizes = {f.node.gpu_count for f in fits if oversized(f, usage.get(f.node.name) or empty)}
+            for size in sizes:
+                # Partly used nodes and smaller whole nodes fit the pod without opening this size.
+                best = max((g for f in fits if (g := pulls[f.node.name]) is not None
+                            and ((usage.get(f.node.name) or empty).gpus > 0 or f.node.gpu_count < size)),
+                           default=None)
+                if best is not None:
+                    caps[size] = best
     for f in fits:
         node = f.node
         name = node.name
@@ -226,6 +232,7 @@ def score_nodes(
         terms, total, opens, sibling = hit
         capped = False
         if (g := pulls.get(name)) is not None:
+            cap = caps.get(node.gpu_count)
             if cap is not None and g > cap and oversized(f, u):
                 capped, g = True, cap
             terms = {**terms, "gravity": g}

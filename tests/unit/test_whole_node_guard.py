@@ -195,3 +195,28 @@ def test_consolidating_never_overrides_the_gpu_the_pod_asked_for(catalog: GpuCat
     assert _best(service, chat, names) == {"l4-0", "l4-1"}
     out = explain_spec(service, parse_workload(chat))
     assert not any(e.get("whole_node_guard") for e in out["nodes"])
+
+
+def test_gravity_cap_compares_with_smaller_whole_nodes_only(catalog: GpuCatalog) -> None:
+    # No node is partly used. A 1-GPU consumer may still be pulled to its producer's 8-GPU node when
+    # only 8-GPU nodes fit; with a 4-GPU node in the running, the 8-GPU node pulls no harder than it.
+    service = _service(catalog, guard=False)
+    for n in ("h100-a", "h100-b"):
+        service.absorb_node(node_object(n, gpus=8, product=H100, cpu="128", memory="1Ti"))
+    _run(service, pod_object("pretrain", stage="pretraining", gpus=8, uid="u-pre",
+                             annotations={ANN + "model-params": "1B"}), "h100-a", finished=True)
+    quant = pod_object("quant", stage="deployment", gpus=1, uid="u-q",
+                       annotations={ANN + "model-params": "1B", ANN + "depends-on": "pretrain",
+                                    ANN + "input-data-gb": "400"})
+    only_big = {e["node"]: e for e in explain_spec(service, parse_workload(quant))["nodes"]}
+    assert only_big["h100-a"].get("gravity_not_counted") is None
+    assert only_big["h100-a"]["terms"]["gravity"] > only_big["h100-b"]["terms"]["gravity"]
+    assert _best(service, quant, ["h100-a", "h100-b"]) == {"h100-a"}
+
+    service.absorb_node(node_object("h100-small", gpus=4, product=H100, cpu="64", memory="512Gi"))
+    mixed = {e["node"]: e for e in explain_spec(service, parse_workload(quant))["nodes"]}
+    assert "8-GPU node for 1 GPU(s)" in (mixed["h100-a"].get("gravity_not_counted") or "")
+    assert mixed["h100-a"]["terms"]["gravity"] == mixed["h100-small"]["terms"]["gravity"]
+    # The 4-GPU node is itself more than twice the pod, but nothing smaller fits: it keeps its pull.
+    assert mixed["h100-small"].get("gravity_not_counted") is None
+    assert _best(service, quant, ["h100-a", "h100-b", "h100-small"]) == {"h100-small"}
