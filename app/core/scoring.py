@@ -25,12 +25,12 @@ NEUTRAL = 0.5
 # A term function for data gravity, supplied by the caller: node name -> value in [0, 1] or None.
 GravityFn = Callable[[str], float | None]
 # Data gravity may make a GPU pod open a whole node of at most this many times its GPUs. Beyond,
-# such a node's gravity is capped at the best gravity of the candidates that fit the pod without
-# opening a node that big (partly used nodes, smaller whole nodes): replayed through kube-scheduler, a 1-2 GPU
+# such a node's pull is capped at the best pull among candidates that fit the pod without opening a
+# node that big (partly used nodes, smaller whole nodes). Replayed through kube-scheduler, a 1-2 GPU
 # fine-tune or quantisation following its checkpoint onto the 8-GPU node its gang had just left
 # opened that node, stranding six or seven GPUs for the step to save a read of seconds to minutes.
-# When every candidate is such a node, gravity ranks them as usual. Serving groups are exempt
-# (their partners' pull is not a one-time read).
+# Among nodes of one size gravity ranks as usual. Serving groups are exempt (their partners' pull
+# is not a one-time read). docs/data-gravity.md.
 GRAVITY_OPENS_AT_MOST = 2
 
 
@@ -43,8 +43,8 @@ class NodeScore:
     weights: dict[str, float] = field(default_factory=dict)
     # Set when the whole-node guard ranked this node below a partly used node of its shape.
     guarded_by: str | None = None
-    # Set when data gravity was not counted here: the pod would open this whole node, which has
-    # more than GRAVITY_OPENS_AT_MOST times its GPUs (docs/data-gravity.md).
+    # Set when this node's gravity was capped: the pod would open it, it has more than
+    # GRAVITY_OPENS_AT_MOST times the pod's GPUs, and a partly used or smaller node fits the pod.
     gravity_capped: bool = False
 
     def top_terms(self, n: int = 3) -> list[tuple[str, float]]:
