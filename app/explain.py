@@ -97,7 +97,8 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
                 # docs/data-gravity.md, "Never a whole node far bigger than the pod".
                 entry["gravity_not_counted"] = (
                     f"the pod would open this whole {f.node.gpu_count}-GPU node for {spec.gpus} GPU(s): data "
-                    f"gravity opens no node of more than {GRAVITY_OPENS_AT_MOST}x the pod's GPUs")
+                    f"gravity opens no node of more than {GRAVITY_OPENS_AT_MOST}x the pod's GPUs while a "
+                    "partly used or smaller node fits; its pull is capped at theirs")
         else:
             r = rejections.get(n) or UNKNOWN
             # "rule" is the rejections metric's label for the same verdict (docs/metrics.md).
