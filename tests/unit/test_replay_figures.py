@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import typer
 
 from app.sim.fleet import node_object, pod_object
 from tests.integration.harness.replay import ReplayPod, ReplayResult, Sample
@@ -98,3 +99,13 @@ def test_the_benchmarks_table_reads_a_pipeline_result_file(tmp_path: Path) -> No
     # A wall-clock run has no time-weighted figures; a baseline has no agreement counter.
     assert base.startswith("| seed1 | gpu | mostalloc | - | 0.0088 | - | 26.07 |") and base.endswith("| 0 | - |")
     assert report.HEADER.count("|") == ours.count("|")
+
+
+def test_an_unknown_clock_is_refused_before_anything_starts(bench_replay: ModuleType) -> None:
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    app.command()(bench_replay.main)
+    result = CliRunner().invoke(app, ["--gravity", "gpu", "--clock", "sundial"])
+    assert result.exit_code == 2
+    assert "--clock must be one of wall, virtual" in result.output
