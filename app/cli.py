@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from app.calibration.command import calibrate
 from app.config import ConfigError, Settings, load_settings
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -113,6 +114,27 @@ def catalog(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")]
     for e in sorted(cat.entries, key=lambda e: -e.hbm_bandwidth_tbs):
         table.add_row(e.name, f"{e.memory_gb:g}", f"{e.hbm_bandwidth_tbs:g}", f"{e.bf16_tflops:g}",
                       f"{e.int8_tops:g}", e.interconnect, f"{e.hourly_cost_usd:.2f}")
+    console.print(table)
+
+
+@cli.command()
+def models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Show the model registry: the names the `model` annotation accepts and their architecture."""
+    from app.core.model_registry import default_registry
+
+    reg = default_registry()
+    if as_json:
+        print(json.dumps([e.model_dump(mode="json") for e in reg], indent=2))
+        return
+    table = Table(title="Model registry (KV cache per token at 16 bits)")
+    for col in ("model", "params", "active", "layers", "KV heads x dim", "KV kB/token", "experts"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for e in reg:
+        kv = f"MLA {e.mla.kv_lora_rank}+{e.mla.qk_rope_head_dim}" if e.mla else f"{e.kv_heads} x {e.head_dim}"
+        experts = f"{e.moe.top_k} of {e.moe.experts}" if e.moe else ""
+        table.add_row(e.name, f"{e.params / 1e9:g}B",
+                      f"{e.active_params / 1e9:g}B" if e.active_params else "", str(e.layers), kv,
+                      f"{e.kv_bytes_per_token() / 1e3:.0f}", experts)
     console.print(table)
 
 
@@ -247,6 +269,8 @@ def plan(
                      kubeconfig=kubeconfig, time_limit=time_limit, secondary=secondary, gantt=gantt,
                      annotations=annotations, as_json=as_json)
 
+
+cli.command("calibrate")(calibrate)
 
 profiles_cli = typer.Typer(no_args_is_help=True, help="Measured serving profiles (docs/stage-policy.md).")
 cli.add_typer(profiles_cli, name="profiles")

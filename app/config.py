@@ -30,6 +30,7 @@ from app.core.policy import (
 )
 from app.core.profiles import ProfileBook, ProfileError
 from app.core.ranking import ScoreMapping
+from app.core.serving_model import ServingCalibration, default_calibration
 
 __all__ = ["ConfigError", "NodeLabelKeys", "Settings", "StageWeights", "TierBandwidth", "load_settings"]
 
@@ -120,8 +121,6 @@ class Settings(BaseSettings):
     filter_to_best: Literal["auto", "off"] = "auto"
     tier_bandwidth_gbps: TierBandwidth = TierBandwidth()
 
-    # Decode efficiency: the share of peak HBM bandwidth real inference engines reach.
-    bandwidth_efficiency: float = Field(0.6, gt=0, le=1)
     # Fraction of GPU memory kept free (fragmentation, CUDA context, allocator slack).
     memory_headroom: float = Field(0.1, ge=0, lt=1)
     # Alignment batches vary; keep more headroom than the estimate.
@@ -134,9 +133,10 @@ class Settings(BaseSettings):
     # Hold such a pod to that target in filter too, but only when some candidate node meets it
     # (otherwise the fastest available still serves it, scored lower): docs/stage-policy.md.
     default_target_filter: bool = True
-    # Share of a GPU's dense BF16 tensor TFLOPS that prefill reaches, for max-ttft-ms. An assumption
-    # (prefill is compute-bound; engines reach roughly half of peak): calibrate it to measurements.
-    prefill_efficiency: float = Field(0.5, gt=0, le=1)
+    # The serving model's fitted parameters (efficiencies, per-step floors, all-reduce latencies),
+    # as written by `llm-placement calibrate` from your own measurements; none: the shipped
+    # calibration from the packaged corpus (docs/stage-policy.md, "The serving model").
+    serving_calibration_file: str | None = None
     # Measured serving profiles (YAML or JSON) that replace the estimates for the pods they match:
     # docs/stage-policy.md, "Measured profiles". Read and validated once, at start.
     profiles_file: str | None = None
@@ -160,6 +160,7 @@ class Settings(BaseSettings):
 
     _policies: Policies | None = PrivateAttr(default=None)
     _profiles: ProfileBook | None = PrivateAttr(default=None)
+    _calibration: ServingCalibration = PrivateAttr(default_factory=default_calibration)
 
     @model_validator(mode="after")
     def _load_profiles(self) -> Settings:
@@ -170,6 +171,11 @@ class Settings(BaseSettings):
                 self._profiles = ProfileBook.load(self.profiles_file)
             except ProfileError as exc:
                 raise ValueError(f"profiles_file: {exc}") from None
+        if self.serving_calibration_file:
+            try:
+                self._calibration = ServingCalibration.load(Path(self.serving_calibration_file))
+            except ValueError as exc:
+                raise ValueError(f"serving_calibration_file: {exc}") from None
         return self
 
     def policies(self) -> Policies:
@@ -181,10 +187,9 @@ class Settings(BaseSettings):
                 alignment_extra_headroom=self.alignment_extra_headroom,
                 default_context_tokens=self.default_context_tokens,
                 default_concurrency=self.default_concurrency,
-                bandwidth_efficiency=self.bandwidth_efficiency,
                 default_interactive_ms_per_token=self.default_interactive_ms_per_token,
                 default_target_filter=self.default_target_filter,
-                prefill_efficiency=self.prefill_efficiency,
+                serving=self._calibration,
                 profiles=self._profiles,
             )
             scoring = ScoringPolicy(

@@ -9,10 +9,12 @@ from collections import Counter
 from typing import Any
 
 from app.binding import AGREEMENT_TEXT
+from app.core.feasibility import NodeFit
 from app.core.gravity import GravityModel
 from app.core.placer import UNKNOWN
 from app.core.reasons import problem_key
 from app.core.scoring import GRAVITY_OPENS_AT_MOST
+from app.core.serving_model import error_band, error_group
 from app.core.workload import TRAINING_STAGES, WorkloadError, WorkloadSpec
 from app.service import ExtenderService
 
@@ -84,6 +86,9 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
                     "ms_per_token": round(f.tp.per_token_ms, 3),
                     "prefill_ms": round(f.tp.prefill_ms, 1),
                 },
+                # The serving model's parts, how far off it was on published measurements of
+                # pods like this one, and what decided (docs/stage-policy.md, "The serving model").
+                "serving_model": None if f.estimate is None else _serving_note(service, spec, f),
                 "hourly_cost": round(f.pod_hourly_cost, 4),
                 "score": s.score if s else 0,
                 "total": round(s.total, 4) if s else 0.0,
@@ -183,3 +188,20 @@ def _guard_note(service: ExtenderService, node: str, sibling: str) -> str:
         return f"kept whole: {sibling} (same shape, partly used) fits"
     return (f"kept whole: {sibling} (partly used, as fast, price premium below the idle cost of the "
             "GPUs this node would strand) fits")
+
+
+def _serving_note(service: ExtenderService, spec: WorkloadSpec, fit: NodeFit) -> dict[str, Any]:
+    assert fit.estimate is not None
+    policy = service.placer.policy.feasibility
+    group = error_group(spec, fit.sizing.precision, policy.default_concurrency)
+    learnt = fit.profile is not None and fit.profile.source.startswith("live:")
+    decided = ("estimate" if fit.profile is None
+               else "learnt profile (live serving metrics)" if learnt else "measured profile")
+    return {
+        "estimated_ms_per_token": round(fit.estimate.ms_per_token, 2),
+        "estimated_ttft_ms": round(fit.estimate.ttft_ms, 1),
+        "parts_ms": {k: round(v, 3) for k, v in fit.estimate.parts},
+        "error_band": error_band(policy.serving, group),
+        "decided_by": decided,
+    }
+

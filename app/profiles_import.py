@@ -58,6 +58,7 @@ class Run:
     max_concurrency: int | None
     model_id: str | None
     date: str | None
+    output_tokens: int | None = None  # mean generated tokens per request, when the file says
 
 
 def _positive(value: Any, name: str, origin: str) -> float | None:
@@ -86,6 +87,12 @@ def _run(record: Any, origin: str, stat: Statistic) -> Run:
     total_in, completed = record.get("total_input_tokens"), record.get("completed")
     if isinstance(total_in, int) and isinstance(completed, int) and total_in > 0 and completed > 0:
         prompt = max(1, round(total_in / completed))
+    output: int | None = None
+    total_out = record.get("total_output_tokens")
+    if isinstance(total_out, int) and isinstance(completed, int) and total_out > 0 and completed > 0:
+        output = max(1, round(total_out / completed))
+    if prompt is None and isinstance(total_in, int) and isinstance(completed, int) and completed > 0:
+        prompt = max(1, round(total_in / completed)) if total_in > 0 else None
     cap = record.get("max_concurrency")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0):
         raise BenchmarkImportError(f"{origin}: max_concurrency is {cap!r}, not a positive integer")
@@ -96,7 +103,7 @@ def _run(record: Any, origin: str, stat: Statistic) -> Run:
     date = record.get("date")
     return Run(origin, tool, tpot, ttft, prompt if ttft is not None else None, cap,
                model_id if isinstance(model_id, str) and model_id.strip() else None,
-               date if isinstance(date, str) else None)
+               date if isinstance(date, str) else None, output)
 
 
 def read_runs(path: Path, stat: Statistic = Statistic.MEDIAN) -> list[Run]:

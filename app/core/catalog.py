@@ -48,7 +48,13 @@ class GpuSpec(BaseModel):
     int8_tops: PositiveFloat  # dense
     interconnect: str = Field(min_length=1)
     nvlink: StrictBool  # NVLink/xGMI reaches every GPU in the box
-    fp8: StrictBool = False  # FP8 tensor cores: an fp8 workload cannot run at fp8 without them
+    fp8: StrictBool = False  # FP8 tensor cores (W8A8)
+    # Without FP8 tensor cores, fp8 checkpoints still run as weight-only W8A16 (FP8 Marlin kernels)
+    # on compute capability 7.5 and newer: vLLM docs, features/quantization/fp8.
+    fp8_weight_only: StrictBool = False
+    # Memory as the driver reports it (nvidia-smi memory.total, GFD nvidia.com/gpu.memory), MiB:
+    # what a node without that label really offers, rather than the marketed decimal GB.
+    memory_mib: PositiveFloat | None = None
     hourly_cost_usd: PositiveFloat  # representative on-demand list price per GPU-hour
     source: tuple[str, ...] = Field(min_length=1)
     aliases: tuple[str, ...] = Field(min_length=1)

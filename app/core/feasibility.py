@@ -14,14 +14,8 @@ from app.core.nodes import CPU_MEMORY_BANDWIDTH_TBS, NodeFacts
 from app.core.policy import FeasibilityPolicy
 from app.core.profiles import Profile
 from app.core.reasons import ReasonCode, Rejection, reject
-from app.core.sizing import (
-    Sizing,
-    TensorParallel,
-    decode_ms_per_token,
-    prefill_ms,
-    size,
-    tensor_parallel,
-)
+from app.core.serving_model import Estimate, serving_estimate, serving_lengths
+from app.core.sizing import Sizing, TensorParallel, decode_ms_per_token, gpu_link, size
 from app.core.snapshot import NodeUsage
 from app.core.workload import (
     CPU_STAGES,
@@ -55,12 +49,14 @@ class NodeFit:
     profile: Profile | None = None
     estimated_ms_per_token: float | None = None
     estimated_ttft_ms: float | None = None
+    # The serving model's figures with their parts (GPU serving pods), for explain.
+    estimate: Estimate | None = None
 
     def on(self, node: NodeFacts) -> NodeFit:
         """The same verdict for another node of identical shape."""
         return NodeFit(node, self.sizing, self.ms_per_token, self.pod_hourly_cost, self.fallback_used,
                        self.ttft_ms, self.tp, self.profile, self.estimated_ms_per_token,
-                       self.estimated_ttft_ms)
+                       self.estimated_ttft_ms, self.estimate)
 
     @property
     def ms_source(self) -> str:
@@ -183,11 +179,10 @@ def evaluate(
     if spec.stage is Stage.SERVING and lat is LatencyClass.INTERACTIVE and usage.training > 0:
         return reject(ReasonCode.SEPARATION, "interactive serving is kept off nodes running training")
 
-    # Sharding over several GPUs of the box costs two all-reduces per layer per forward pass; over
-    # PCIe that is ms per token, not noise (docs/stage-policy.md, "Tensor-parallel communication").
-    # It depends on the activations, not the weights' precision, so it is the same at every one.
-    tp = (tensor_parallel(spec, node.gpu, policy.default_concurrency, policy.default_context_tokens)
-          if spec.gpus > 1 else None)
+    # A GPU-served pod is estimated by the calibrated serving model (docs/stage-policy.md, "The
+    # serving model"); its tensor-parallel share is kept apart so a rejection can name it.
+    serving_gpu = (spec.stage is Stage.SERVING and spec.model_params is not None and spec.gpus > 0
+                   and node.gpu is not None)
     first_problem: Rejection | None = None
     for i, precision in enumerate(spec.precisions):
         sizing = size(
@@ -198,9 +193,10 @@ def evaluate(
             alignment_extra_headroom=policy.alignment_extra_headroom,
         )
         problem = _memory_problem(spec, node, usage, sizing, policy)
-        if problem is None and precision is Precision.FP8 and spec.gpus > 0 and node.gpu and not node.gpu.fp8:
-            problem = reject(ReasonCode.PRECISION,
-                             "fp8 needs a GPU with FP8 support (Hopper, Ada, Blackwell, MI300)")
+        if (problem is None and precision is Precision.FP8 and spec.gpus > 0 and node.gpu
+                and not (node.gpu.fp8 or node.gpu.fp8_weight_only)):
+            problem = reject(ReasonCode.PRECISION, "fp8 needs FP8 tensor cores or weight-only "
+                             "FP8 kernels (compute capability 7.5+)")
         ms: float | None = None
         estimated_ms: float | None = None
         profile = (policy.profiles.match(spec, node.gpu, precision)
@@ -212,11 +208,18 @@ def evaluate(
                 problem = reject(ReasonCode.LATENCY_SLO,
                                  f"measured: serves at most {profile.max_concurrency} sequences at once"
                                  + (f" at {precision.value}" if len(spec.precisions) > 1 else ""))
+        est: Estimate | None = None
+        tp: TensorParallel | None = None
+        if problem is None and serving_gpu and node.gpu is not None:
+            est = serving_estimate(spec, precision, node.gpu, node.gpu_bandwidth_tbs, policy)
+            if spec.gpus > 1:
+                tp = TensorParallel(gpu_link(node.gpu), spec.gpus, est.tp_per_token_ms, est.tp_prefill_ms)
         if problem is None and spec.stage is Stage.SERVING and spec.model_params is not None:
-            bw = node.gpu_bandwidth_tbs if spec.gpus > 0 else CPU_MEMORY_BANDWIDTH_TBS
-            ms = decode_ms_per_token(sizing, spec.gpus, bw, policy.bandwidth_efficiency)
-            if ms is not None and tp is not None:
-                ms += tp.per_token_ms
+            if est is not None:
+                ms = est.ms_per_token
+            else:  # served from host memory: a CPU reads the weights at its memory bandwidth
+                ms = decode_ms_per_token(sizing, spec.gpus, CPU_MEMORY_BANDWIDTH_TBS,
+                                         policy.serving.bandwidth_efficiency["w16"])
             estimated_ms = ms
             if profile is not None and profile.ms_per_token is not None:
                 ms = profile.ms_per_token  # a measurement beats the roofline, all-reduces included
@@ -238,13 +241,9 @@ def evaluate(
         estimated_ttft: float | None = None
         if (problem is None and spec.max_ttft_ms is not None and spec.stage is Stage.SERVING
                 and spec.serving_role is not ServingRole.DECODE and spec.model_params is not None):
-            tflops = node.gpu.bf16_tflops if spec.gpus > 0 and node.gpu else 0.0
-            ttft = prefill_ms(spec, spec.gpus, tflops, policy.prefill_efficiency,
-                              policy.default_context_tokens)
-            if ttft is not None and tp is not None:
-                ttft += tp.prefill_ms
+            ttft = est.ttft_ms if est is not None else None
             estimated_ttft = ttft
-            measured_ttft = profile.ttft_for(spec.prompt_tokens or policy.default_context_tokens) \
+            measured_ttft = profile.ttft_for(serving_lengths(spec, policy)[0]) \
                 if profile is not None else None
             if measured_ttft is not None:
                 ttft = measured_ttft
@@ -260,7 +259,7 @@ def evaluate(
         if problem is None:
             return NodeFit(node, sizing, ms, pod_hourly_cost(spec, node), fallback_used=i > 0,
                            ttft_ms=ttft, tp=tp, profile=profile, estimated_ms_per_token=estimated_ms,
-                           estimated_ttft_ms=estimated_ttft)
+                           estimated_ttft_ms=estimated_ttft, estimate=est)
         first_problem = first_problem or problem
     assert first_problem is not None
     return first_problem

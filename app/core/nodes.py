@@ -125,7 +125,11 @@ def node_facts(
     elif gpu_count and gpu is None:
         warnings.append(f'GPU product "{product}" is not in the catalog')
 
-    mem_gb = gpu.memory_gb if gpu else 0.0
+    mem_gb = 0.0
+    if gpu is not None:
+        # What the driver reports, when the catalog has it: weights are decimal GB, and an H100
+        # "80GB" offers more than 80 of them (docs/node-facts.md).
+        mem_gb = gpu.memory_mib * 1.048576 / 1000.0 if gpu.memory_mib else gpu.memory_gb
     if (raw_mem := _first(labels, keys.gpu_memory_mib)) is not None:
         try:
             mem_gb = parse_quantity(raw_mem) * 1.048576 / 1000.0  # MiB -> GB

@@ -10,12 +10,13 @@ Tests that need another value build another policy (``dataclasses.replace``), ne
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.profiles import ProfileBook
 from app.core.ranking import ScoreMapping
+from app.core.serving_model import ServingCalibration, default_calibration
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
@@ -91,12 +92,12 @@ class FeasibilityPolicy:
     alignment_extra_headroom: float
     default_context_tokens: int
     default_concurrency: int
-    bandwidth_efficiency: float  # share of peak HBM bandwidth decode reaches
     # Interactive serving without max-ms-per-token: the target it is held to, and whether a node
     # missing it is filtered out when another candidate meets it (docs/stage-policy.md).
     default_interactive_ms_per_token: float = 50.0
     default_target_filter: bool = True
-    prefill_efficiency: float = 0.5  # share of dense BF16 TFLOPS prefill reaches (an assumption)
+    # The serving model's fitted parameters (docs/stage-policy.md, "The serving model").
+    serving: ServingCalibration = field(default_factory=default_calibration)
     # Measured ms/token, TTFT and max concurrency that replace the estimates where a pod matches
     # (settings profiles_file, docs/stage-policy.md "Measured profiles").
     profiles: ProfileBook | None = None

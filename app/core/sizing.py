@@ -18,12 +18,9 @@ Rules of thumb, documented so users can argue with them (and override with ``kv-
   touches 1 - (1 - a)^B of the weights (independent routing; an upper bound, since shared layers
   are read once whatever B is). The KV cache follows the attention, so it is estimated from the
   active parameters;
-* decode time per token = bytes read per step / (GPUs x HBM bandwidth x efficiency): decode is
-  memory-bound, so bandwidth, not FLOPS, sets the latency;
-* a pod serving on more than one GPU shards every layer (tensor parallelism) and pays two
-  all-reduces per layer per forward pass (``tensor_parallel``): over NVLink a small share of a
-  token's time, over PCIe (L4, L40S, T4, PCIe H100/A100) a few ms per token and a large share of a
-  long prompt's prefill (docs/stage-policy.md, "Tensor-parallel communication").
+* time per token and to first token on GPUs: ``app.core.serving_model`` (calibrated against
+  published measurements); here only the tensor-parallel link and NCCL's all-reduce cost it uses,
+  and the host-memory read rate of a CPU-served model (``decode_ms_per_token``).
 """
 
 from __future__ import annotations
@@ -217,18 +214,6 @@ def size(
     return Sizing(precision, w, kv, 0.0, (w + kv) * 1.1, (("weights", w), ("kv cache", kv)), read)
 
 
-def prefill_ms(
-    spec: WorkloadSpec, gpus: int, tflops: float, efficiency: float, default_prompt: int
-) -> float | None:
-    """Predicted time to first token: prefill is compute-bound, ~2 FLOPs per active parameter per
-    prompt token, at a share ``efficiency`` of the GPUs' dense BF16 tensor throughput."""
-    params = spec.active_params or spec.model_params
-    if params is None or tflops <= 0:
-        return None
-    tokens = spec.prompt_tokens or default_prompt
-    return 2 * tokens * params / (max(gpus, 1) * tflops * 1e12 * efficiency) * 1e3
-
-
 @dataclass(frozen=True, slots=True)
 class Link:
     """The GPU-to-GPU path inside one box, as tensor parallelism uses it."""
@@ -280,29 +265,6 @@ class TensorParallel:
     gpus: int
     per_token_ms: float  # added to every decode step (one token per sequence)
     prefill_ms: float  # added to the time to first token of one prompt
-
-
-def tensor_parallel(
-    spec: WorkloadSpec, gpu: GpuSpec | None, default_concurrency: int, default_prompt: int
-) -> TensorParallel | None:
-    """All-reduce time of a serving pod on ``spec.gpus`` GPUs (None: one GPU, or nothing sized).
-
-    Per forward pass: ``ALLREDUCES_PER_LAYER`` x layers all-reduces of tokens x hidden x 2 bytes,
-    where a decode step carries one token per sequence (``concurrency``) and prefill the prompt.
-    """
-    params = spec.active_params or spec.model_params  # the width of the path a token takes
-    if spec.gpus <= 1 or gpu is None or params is None or spec.stage is not Stage.SERVING:
-        return None
-    link = gpu_link(gpu)
-    layers, hidden = shape(params)
-
-    def forward_ms(tokens: int) -> float:
-        one = allreduce_us(tokens * hidden * ACTIVATION_BYTES, spec.gpus, link)
-        return ALLREDUCES_PER_LAYER * layers * one / 1e3
-
-    batch = spec.concurrency or default_concurrency
-    prompt = spec.prompt_tokens or default_prompt
-    return TensorParallel(link, spec.gpus, forward_ms(batch), forward_ms(prompt))
 
 
 def decode_ms_per_token(

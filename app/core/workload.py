@@ -8,6 +8,7 @@ problem is collected so one event can name all of them; nothing here raises on o
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
@@ -33,7 +34,7 @@ ANNOTATION_KEYS: tuple[str, ...] = (
     "kv-cache-gb", "latency-class", "max-ms-per-token", "gpu-preference",
     "topology-required-placement", "topology-preferred-placement", "depends-on", "input-data-gb",
     "colocation", "gang-name", "gang-size", "finetune-method", "trainable-params", "active-params",
-    "serving-role", "prompt-tokens", "max-ttft-ms", "serving-group",
+    "serving-role", "prompt-tokens", "max-ttft-ms", "serving-group", "model",
 )
 # Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
 WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan", "gang-members")
@@ -146,6 +147,8 @@ class WorkloadSpec(BaseModel):
     uid: str = ""
     stage: Stage | None = None
     model_params: float | None = None
+    # A model-registry name (docs/annotations.md, ``model``): architecture facts for the estimates.
+    model: str | None = None
     precision: Precision = Precision.BF16
     precision_fallback: tuple[Precision, ...] = ()
     context_tokens: int | None = None
@@ -206,6 +209,36 @@ class WorkloadSpec(BaseModel):
     def precisions(self) -> tuple[Precision, ...]:
         """The declared precision first, then fallbacks in the order the user gave."""
         return (self.precision, *(p for p in self.precision_fallback if p != self.precision))
+
+
+# "8B" on a pod and 8.03B in the registry are the same model; 70B against a 72B registry entry is not.
+MODEL_PARAMS_TOLERANCE = 0.05
+
+
+def _resolve_model(raw: str, fields: dict[str, Any], problems: list[str]) -> None:
+    """``model``: a registry entry; it supplies model-params and active-params a pod leaves out,
+    and must agree with the ones it gives (a mismatch is a typo in one of them)."""
+    from app.core.model_registry import default_registry
+
+    registry = default_registry()
+    arch = registry.get(raw) if len(raw) <= MAX_NAME_CHARS else None
+    if arch is None:
+        near = registry.nearest(raw[:MAX_NAME_CHARS])
+        problems.append(AnnotationProblem(
+            "model", f'model "{quote(raw)}" is not in the model registry'
+            + (f" (nearest: {near})" if near else "") + "; give model-params instead"))
+        return
+    fields["model"] = arch.name
+    for key, known in (("model_params", arch.params), ("active_params", arch.active_params)):
+        given = fields.get(key)
+        if known is None:
+            continue
+        if given is None:
+            fields[key] = known
+        elif not math.isclose(given, known, rel_tol=MODEL_PARAMS_TOLERANCE):
+            name = key.replace("_", "-")
+            problems.append(AnnotationProblem(
+                name, f"{name} {given / 1e9:g}B disagrees with model {arch.name} ({known / 1e9:g}B)"))
 
 
 class WorkloadError(ValueError):
@@ -530,6 +563,8 @@ def parse_workload(
     if CLAIM_DEVICES is not None and spec.get("resourceClaims"):
         fields.update(CLAIM_DEVICES(pod).fields())
 
+    if (raw := get("model")) is not None:
+        _resolve_model(raw, fields, problems)
     if fields.get("stage") is Stage.SERVING and "model_params" not in fields and "kv_cache_gb" in fields:
         problems.append(AnnotationProblem("kv-cache-gb", "kv-cache-gb is set but model-params is missing"))
     total = fields.get("model_params")

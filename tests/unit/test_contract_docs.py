@@ -41,6 +41,7 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "prompt-tokens": ("2000", "prompt_tokens"),
     "max-ttft-ms": ("500", "max_ttft_ms"),
     "serving-group": ("chat-70b", "serving_group"),
+    "model": ("llama-3.1-8b", "model"),
 }
 
 

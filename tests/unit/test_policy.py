@@ -154,17 +154,22 @@ def test_weights_per_stage_come_from_config(service: ExtenderService) -> None:
     assert ranked(mixed_service(speed), pod)[0] == "h200-0"
 
 
-def test_fp8_needs_fp8_hardware_and_falls_back(service: ExtenderService) -> None:
+def test_fp8_runs_weight_only_before_hopper_and_not_at_all_on_volta(service: ExtenderService) -> None:
+    from app.sim.fleet import node_object
+
+    service.absorb_node(node_object("v100-0", gpus=8, product="Tesla-V100-SXM2-32GB"))
+    names = [*NAMES, "v100-0"]
     pod = pod_object("p", stage="serving", gpus=1, annotations={
         "llm-placement.io/model-params": "13B", "llm-placement.io/precision": "fp8",
         "llm-placement.io/latency-class": "batch"})  # no latency target: only the hardware counts
-    d = service.placer.filter(pod, NAMES)
-    assert "fp8 needs a GPU with FP8 support" in d.unresolvable["a100-0"]
-    assert "h100-0" in d.passed and "l4-0" in d.passed  # Hopper and Ada have FP8
+    d = service.placer.filter(pod, names)
+    assert "fp8 needs FP8 tensor cores or weight-only FP8 kernels" in d.unresolvable["v100-0"]
+    assert {"h100-0", "l4-0", "a100-0"} <= set(d.passed)  # Hopper and Ada natively, Ampere weight-only
+    assert d.fits["a100-0"].sizing.precision.value == "fp8"
     pod["metadata"]["annotations"]["llm-placement.io/precision-fallback"] = "int8"
-    d = service.placer.filter(pod, NAMES)
-    assert d.fits["a100-0"].sizing.precision.value == "int8"
-    assert d.fits["h100-0"].sizing.precision.value == "fp8"
+    d = service.placer.filter(pod, names)
+    assert d.fits["v100-0"].sizing.precision.value == "int8"
+    assert d.fits["a100-0"].sizing.precision.value == "fp8"
 
 
 def test_unknown_gpu_node_is_not_priced_like_a_cpu_node(service: ExtenderService) -> None:

@@ -20,8 +20,8 @@ import pytest
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog, default_catalog
-from app.core.sizing import allreduce_us, decode_ms_per_token, gpu_link, shape, size, tensor_parallel
-from app.core.workload import Precision, parse_workload
+from app.core.sizing import allreduce_us, gpu_link, shape
+from app.core.workload import parse_workload
 from app.service import ExtenderService
 from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core
@@ -77,50 +77,59 @@ def test_one_allreduce_follows_nccls_ring_model() -> None:
     assert allreduce_us(msg, 1, pcie) == 0.0
 
 
+def _tp(spec: Any, gpu: str) -> Any:
+    from app.core.serving_model import default_calibration, serving_estimate
+
+    class Defaults:
+        default_context_tokens = 4096
+        default_concurrency = 8
+        serving = default_calibration()
+
+    g = CATALOG.by_name(gpu)
+    assert g is not None
+    return serving_estimate(spec, spec.precision, g, g.hbm_bandwidth_tbs, Defaults())
+
+
 def test_per_token_cost_is_two_allreduces_per_layer_and_pcie_pays_more() -> None:
+    from app.core.serving_model import default_calibration
+
+    cal = default_calibration()
     spec = spec_of(4, model_params="70B", precision="int8")
     layers, hidden = shape(70e9)
-    pcie = tensor_parallel(spec, CATALOG.by_name("L40S"), 8, 4096)
-    nvl = tensor_parallel(spec, CATALOG.by_name("H100-SXM-80GB"), 8, 4096)
-    assert pcie is not None and nvl is not None
-    one = allreduce_us(8 * hidden * 2, 4, pcie.link)
-    assert pcie.per_token_ms == pytest.approx(2 * layers * one / 1e3)
-    # Prefill all-reduces carry the whole prompt, once.
-    assert pcie.prefill_ms == pytest.approx(2 * layers * allreduce_us(4096 * hidden * 2, 4, pcie.link) / 1e3)
-    # Small decode messages are latency-bound (PCIe per-step latency is ~2x NVLink's, and LL moves a
-    # quarter of a 14x slower link); the prompt is bandwidth-bound (450 vs 31.5 GB/s).
-    assert pcie.per_token_ms > 3 * nvl.per_token_ms
-    assert pcie.prefill_ms > 10 * nvl.prefill_ms
+    pcie, nvl = _tp(spec, "L40S"), _tp(spec, "H100-SXM-80GB")
+    link = gpu_link(CATALOG.by_name("L40S"))  # type: ignore[arg-type]
+    # Two all-reduces per layer: the link's measured latency plus NCCL's transfer of the batch.
+    one = cal.allreduce_latency_us["pcie"] + allreduce_us(8 * hidden * 2, 4, link)
+    assert pcie.tp_per_token_ms == pytest.approx(2 * layers * one / 1e3)
+    # The prompt (half the default context) all-reduces once, whole.
+    big = cal.allreduce_latency_us["pcie"] + allreduce_us(2048 * hidden * 2, 4, link)
+    assert pcie.tp_prefill_ms == pytest.approx(2 * layers * big / 1e3)
+    assert pcie.tp_per_token_ms > nvl.tp_per_token_ms
+    assert pcie.tp_prefill_ms > 10 * nvl.tp_prefill_ms
     # Concurrency widens the decode message.
-    wide = tensor_parallel(spec_of(4, model_params="70B", concurrency="64"), CATALOG.by_name("L40S"), 8, 4096)
-    assert wide is not None and wide.per_token_ms > pcie.per_token_ms
-    # One GPU, an unsized pod or a non-serving pod: nothing to all-reduce.
-    assert tensor_parallel(spec_of(1, model_params="70B"), CATALOG.by_name("L40S"), 8, 4096) is None
-    assert tensor_parallel(spec_of(4), CATALOG.by_name("L40S"), 8, 4096) is None
+    wide = _tp(spec_of(4, model_params="70B", precision="int8", concurrency="64"), "L40S")
+    assert wide.tp_per_token_ms > pcie.tp_per_token_ms
+    # One GPU: nothing to all-reduce.
+    assert _tp(spec_of(1, model_params="70B"), "L40S").tp_per_token_ms == 0
 
 
 def test_the_estimate_includes_the_allreduces_on_pcie_nodes(service: ExtenderService) -> None:
     spec = spec_of(4, model_params="70B", precision="int8", latency_class="batch")
     fits, _ = service.placer.evaluate_nodes(spec, ["l40s", "h100"])
-    sizing = size(spec, Precision.INT8, default_context=4096, default_concurrency=8)
-    for name, bw in (("l40s", 0.864), ("h100", 3.35)):
+    for name in ("l40s", "h100"):
         fit = fits[name]
-        assert fit.tp is not None
-        read = decode_ms_per_token(sizing, 4, bw, 0.6)
-        assert read is not None
-        assert fit.ms_per_token == pytest.approx(read + fit.tp.per_token_ms)
+        assert fit.tp is not None and fit.estimate is not None
+        assert fit.ms_per_token == pytest.approx(fit.estimate.ms_per_token)
+        assert fit.tp.per_token_ms == pytest.approx(fit.estimate.tp_per_token_ms) > 0
+        assert dict(fit.estimate.parts)["all-reduce"] == pytest.approx(fit.tp.per_token_ms)
     assert fits["l40s"].tp.link.kind == "pcie"  # type: ignore[union-attr]
     assert fits["h100"].tp.link.kind == "nvlink"  # type: ignore[union-attr]
 
 
 def test_a_target_bandwidth_alone_meets_is_missed_over_pcie(service: ExtenderService) -> None:
-    # 70B int8 on 4 L40S: reading weights + KV alone predicts ~37 ms/token; the all-reduces add ~5.
     base = spec_of(4, model_params="70B", precision="int8", latency_class="batch")
-    sizing = size(base, Precision.INT8, default_context=4096, default_concurrency=8)
-    read = decode_ms_per_token(sizing, 4, 0.864, 0.6)
-    tp = tensor_parallel(base, CATALOG.by_name("L40S"), 8, 4096)
-    assert read is not None and tp is not None
-    target = read + tp.per_token_ms / 2
+    est = _tp(base, "L40S")
+    target = est.ms_per_token - est.tp_per_token_ms / 2
     spec = spec_of(4, model_params="70B", precision="int8", latency_class="batch",
                    max_ms_per_token=f"{target:.3f}")
     fits, rejections = service.placer.evaluate_nodes(spec, ["l40s", "h100"])
@@ -129,11 +138,9 @@ def test_a_target_bandwidth_alone_meets_is_missed_over_pcie(service: ExtenderSer
         f"cannot meet {float(f'{target:.3f}'):g} ms/token: tensor-parallel all-reduce over pcie too slow")
     # A time-to-first-token target: prefill compute alone fits on the L40S, the prompt's
     # all-reduces over PCIe do not.
-    ttft = 2 * 2000 * 8e9 / (4 * 362 * 1e12 * 0.5) * 1e3  # 8B, 2,000 tokens, L40S 362 dense TFLOPS
-    probe = tensor_parallel(spec_of(4, model_params="8B", prompt_tokens="2000"), CATALOG.by_name("L40S"),
-                            8, 4096)
-    assert probe is not None
-    limit = ttft + probe.prefill_ms / 2
+    probe_spec = spec_of(4, model_params="8B", prompt_tokens="2000", serving_role="prefill")
+    probe = _tp(probe_spec, "L40S")
+    limit = probe.ttft_ms - probe.tp_prefill_ms / 2
     spec = spec_of(4, model_params="8B", prompt_tokens="2000", serving_role="prefill",
                    max_ttft_ms=f"{limit:.3f}")
     fits, rejections = service.placer.evaluate_nodes(spec, ["l40s", "h100"])

@@ -1,0 +1,111 @@
+"""``llm-placement calibrate``: fit the serving model to measurements and print how good it is.
+
+With no files it calibrates against the packaged corpus from the model's physical defaults, which
+is how the shipped ``app/data/serving_calibration.yaml`` is made (so anyone can reproduce it).
+With a user's own measurement files (the corpus format, or serving-benchmark results via
+``--bench``) it starts from the shipped calibration and writes a file for the
+``serving_calibration_file`` setting.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress
+from rich.table import Table
+
+from app.calibration import corpus, fit
+from app.calibration.bench_results import BenchmarkRows, bench_rows
+from app.core.serving_model import ServingCalibration, default_calibration
+
+console = Console()
+
+
+def render(title: str, stats: list[fit.GroupStats]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("group", "n", "median", "p10", "p90", "worst", "optimistic >1.3x",
+                "pessimistic >1.3x", "within 0.7-1.4"):
+        t.add_column(col, justify="left" if col == "group" else "right")
+    for s in stats:
+        t.add_row(s.group, str(s.n), f"{s.median:.2f}", f"{s.p10:.2f}", f"{s.p90:.2f}",
+                  f"{s.worst:.2f}", str(s.optimistic), str(s.pessimistic), f"{s.within:.0%}")
+    return t
+
+
+def calibrate(
+    files: Annotated[list[Path] | None, typer.Argument(
+        help="Measurement files or folders in the corpus format (default: the packaged corpus).")] = None,
+    bench: Annotated[list[Path] | None, typer.Option(
+        help="vLLM benchmark_serving --save-result JSON or SGLang bench_serving JSONL; needs "
+             "--model, --gpu, --precision, --gpus.")] = None,
+    model: Annotated[str | None, typer.Option(help="For --bench: model registry name.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="For --bench: GPU product.")] = None,
+    precision: Annotated[str | None, typer.Option(help="For --bench: weights precision.")] = None,
+    gpus: Annotated[int, typer.Option(min=1, help="For --bench: GPUs per replica.")] = 1,
+    out: Annotated[Path | None, typer.Option(
+        help="Write the fitted calibration here (the serving_calibration_file setting).")] = None,
+    cross_validate: Annotated[bool, typer.Option(
+        "--cross-validate/--no-cross-validate",
+        help="Also judge the fit by leaving each source out in turn (slower).")] = True,
+    from_defaults: Annotated[bool, typer.Option(
+        help="Start from the model's physical defaults rather than the shipped calibration "
+             "(always so for the packaged corpus).")] = False,
+) -> None:
+    """Fit the serving model to measurements; print the error table before and after."""
+    err = Console(stderr=True)
+    try:
+        rows = corpus.load(files) if files else ([] if bench else corpus.packaged())
+        if bench:
+            rows += bench_rows(BenchmarkRows(tuple(bench), model, gpu, precision, gpus))
+    except (corpus.CorpusError, ValueError) as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    if not rows:
+        err.print("[red]no measurements to calibrate against[/red]")
+        raise typer.Exit(2)
+    packaged = not files and not bench
+    start = ServingCalibration() if packaged or from_defaults else default_calibration()
+    info = corpus.summary(rows)
+    console.print(f"{info['points']} measurements from {info['sources']} sources; GPUs: "
+                  f"{', '.join(info['gpus'])}; precisions: {', '.join(info['precisions'])}",
+                  highlight=False)
+    cv: list[fit.Ratio] = []
+    if cross_validate and len({r.source.id for r in rows}) > 1:
+        sources = sorted({r.source.id for r in rows})
+        with Progress(console=err, transient=True) as bar:
+            task = bar.add_task("leave-one-source-out", total=len(sources))
+            cv = fit.cross_validate(rows, start, progress=lambda _s: bar.advance(task))
+    provenance: dict[str, object] = {
+        "made_by": "llm-placement calibrate" + ("" if packaged else " (user measurements)"),
+        "date": date.today().isoformat(), **info}
+    if cv:
+        # explain quotes these per pod: how far off the model was on similar published setups.
+        provenance["cross_validated"] = {
+            metric: {s.group: {"n": s.n, "median": round(s.median, 3), "p10": round(s.p10, 3),
+                               "p90": round(s.p90, 3), "worst": round(s.worst, 3)}
+                     for s in fit.table(cv, metric)}
+            for metric in ("tpot", "ttft")}
+    before = fit.predict(rows, start)
+    fitted = fit.fit(rows, start, provenance=provenance)
+    after = fit.predict(rows, fitted)
+    for metric, label in (("tpot", "per output token"), ("ttft", "to first token")):
+        console.print(render(f"estimate / measured, {label}: before (start values)",
+                             fit.table(before, metric)))
+        console.print(render(f"estimate / measured, {label}: after (fit to all)",
+                             fit.table(after, metric)))
+        if cv:
+            console.print(render(f"estimate / measured, {label}: cross-validated (each source "
+                                 "predicted by a fit to the others)", fit.table(cv, metric)))
+    text = yaml.safe_dump(fitted.model_dump(), sort_keys=False, width=1000)
+    if out is None:
+        console.print(escape(text), highlight=False)
+        return
+    out.write_text("# Written by `llm-placement calibrate`; docs/stage-policy.md, \"The serving model\".\n"
+                   + text, encoding="utf-8")
+    err.print(f"wrote {out}", highlight=False)

@@ -1,0 +1,212 @@
+"""Measurement files: published (or a user's own) serving measurements, validated row by row.
+
+The format is the corpus's (``app/data/measurements/README.md``): a ``source`` block and a list of
+``points``. A bad file is refused with the file, the row and the field named, never half read:
+calibrating against a silently dropped or misread row would move every estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from importlib.resources import files
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from app.core.catalog import GpuCatalog, GpuSpec, default_catalog
+from app.core.model_registry import ModelArch, ModelRegistry, default_registry
+from app.core.serving_model import Case, Shape
+from app.core.units import parse_param_count
+from app.core.workload import Precision
+
+PACKAGE = "app.data"
+FOLDER = "measurements"
+MAX_FILE_BYTES = 4 << 20  # a measurement file is a table, not a dump
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(gt=0, le=1 << 20)]
+
+
+class CorpusError(ValueError):
+    """A measurement file is unusable; the message names the file, the row and the field."""
+
+
+class Source(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
+
+    id: str = Field(min_length=1, max_length=200)
+    title: str = Field(min_length=1)
+    url: str = Field(min_length=1)
+    publisher: str = ""
+    kind: str = ""
+
+
+class Point(BaseModel):
+    """One measured configuration."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
+
+    locator: str = Field(min_length=1)
+    engine: str = Field(min_length=1)
+    engine_version: str = "unstated"
+    model: str = Field(min_length=1)
+    model_params: float | None = None
+    active_params: float | None = None
+    precision: Precision
+    kv_precision: Literal["fp8", "bf16", "fp16", "fp32", "int8"] | None = None
+    gpu: str = Field(min_length=1)
+    gpus: PositiveInt
+    tp: PositiveInt = 1
+    ep: PositiveInt | None = None
+    pp: PositiveInt = 1
+    concurrency: PositiveInt
+    input_tokens: PositiveInt
+    output_tokens: PositiveInt
+    tpot_ms: PositiveFloat | None = None
+    tpot_stat: Literal["mean", "median", "p50", "derived"] | None = None
+    ttft_ms: PositiveFloat | None = None
+    throughput_tok_s: PositiveFloat | None = None
+    notes: str | None = ""
+
+    @field_validator("model_params", "active_params", mode="before")
+    @classmethod
+    def _count(cls, value: object) -> object:
+        return parse_param_count(value) if isinstance(value, str) else value
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("engine_version", mode="before")
+    @classmethod
+    def _version(cls, value: object) -> object:
+        return str(value) if isinstance(value, int | float) else value
+
+    @model_validator(mode="after")
+    def _useful(self) -> Point:
+        for name in ("model_params", "active_params"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive parameter count")
+        if self.tpot_ms is None and self.ttft_ms is None:
+            raise ValueError("give tpot_ms or ttft_ms (a throughput alone does not calibrate latency)")
+        return self
+
+
+class Measurement(BaseModel):
+    """A point joined to its source, its GPU's catalog entry and its model's facts."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    source: Source
+    point: Point
+    gpu: GpuSpec
+    arch: ModelArch | None
+    params: float
+    active_params: float | None
+    file: str
+
+    @property
+    def moe(self) -> bool:
+        return self.active_params is not None and self.active_params < self.params
+
+    def case(self) -> Case:
+        p = self.point
+        return Case(Shape.of(self.params, self.active_params, self.arch), p.precision, self.gpu, p.gpus,
+                    p.concurrency, p.input_tokens, p.output_tokens,
+                    kv_bytes_per_value=1.0 if p.kv_precision in ("fp8", "int8") else 2.0)
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(f"field {'.'.join(str(p) for p in err['loc']) or '?'!r}: {err['msg']}"
+                     for err in exc.errors())
+
+
+def load_file(path: Path | str, *, text: str | None = None, catalog: GpuCatalog | None = None,
+              registry: ModelRegistry | None = None) -> list[Measurement]:
+    """Every point of one file, or a ``CorpusError`` naming the first bad row and field."""
+    origin = str(path)
+    catalog = catalog or default_catalog()
+    registry = registry or default_registry()
+    if text is None:
+        try:
+            if Path(path).stat().st_size > MAX_FILE_BYTES:
+                raise CorpusError(f"{origin}: larger than {MAX_FILE_BYTES >> 20} MiB")
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CorpusError(f"{origin}: cannot read: {exc}") from exc
+    try:
+        # Aliases could expand a small file without bound; a table never needs them.
+        if _has_alias(text):
+            raise CorpusError(f"{origin}: YAML aliases are not accepted in measurement files")
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CorpusError(f"{origin}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("points"), list):
+        raise CorpusError(f"{origin}: expected a 'source' mapping and a 'points' list")
+    try:
+        source = Source.model_validate(data.get("source"))
+    except ValidationError as exc:
+        raise CorpusError(f"{origin}: source: {_problems(exc)}") from None
+    out = []
+    for i, raw in enumerate(data["points"]):
+        row = f"{origin}: point #{i + 1}"
+        if not isinstance(raw, dict):
+            raise CorpusError(f"{row}: expected a mapping of fields")
+        try:
+            point = Point.model_validate(raw)
+        except ValidationError as exc:
+            raise CorpusError(f"{row}: {_problems(exc)}") from None
+        gpu = catalog.lookup(point.gpu)
+        if gpu is None:
+            raise CorpusError(f"{row}: field 'gpu': {point.gpu!r} is not in the GPU catalog")
+        arch = registry.get(point.model)
+        params = point.model_params or (arch.params if arch else None)
+        if params is None:
+            hint = registry.nearest(point.model)
+            raise CorpusError(f"{row}: field 'model': {point.model!r} is not in the model registry "
+                              f"(nearest: {hint}) and the row gives no model_params")
+        active = point.active_params or (arch.active_params if arch else None)
+        out.append(Measurement(source=source, point=point, gpu=gpu, arch=arch, params=params,
+                               active_params=active, file=origin))
+    return out
+
+
+def _has_alias(text: str) -> bool:
+    return any(isinstance(ev, yaml.AliasEvent) for ev in yaml.parse(text))
+
+
+def load(paths: Iterable[Path | str]) -> list[Measurement]:
+    """Files and folders (every ``*.yaml``/``*.yml``/``*.json`` inside), in a stable order."""
+    out: list[Measurement] = []
+    owners: dict[str, str] = {}  # source id -> file: leave-one-source-out needs them distinct
+    for path in paths:
+        p = Path(path)
+        targets = (sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml", ".json"))
+                   if p.is_dir() else [p])
+        for target in targets:
+            got = load_file(target)
+            if got and owners.setdefault(got[0].source.id, str(target)) != str(target):
+                raise CorpusError(f"{target}: source id {got[0].source.id!r} is also used by "
+                                  f"{owners[got[0].source.id]}")
+            out.extend(got)
+    return out
+
+
+def packaged_folder() -> Path:
+    return Path(str(files(PACKAGE).joinpath(FOLDER)))
+
+
+def packaged() -> list[Measurement]:
+    """The corpus shipped with the product."""
+    return load([packaged_folder()])
+
+
+def summary(rows: list[Measurement]) -> dict[str, Any]:
+    return {"points": len(rows), "sources": len({m.source.id for m in rows}),
+            "gpus": sorted({m.gpu.name for m in rows}),
+            "precisions": sorted({m.point.precision.value for m in rows})}

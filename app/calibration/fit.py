@@ -1,0 +1,156 @@
+"""Fit the serving model's free parameters to measurements, and say how good the fit is.
+
+The fit minimises the squared log ratio estimate / measured over every decode (per output token)
+and first-token measurement, with a robust loss so one odd row cannot drag a whole group, and a
+weak pull of each parameter toward its physical default so a parameter the data says nothing about
+keeps a sensible value. How good the model is, is judged by leaving each *source* out in turn:
+fit on the others, predict the left-out source (docs/stage-policy.md, "How good the estimate is").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.calibration.corpus import Measurement
+from app.core.serving_model import ServingCalibration, estimate
+
+# Bounds per parameter family: shares of a peak figure, or times.
+_BOUNDS = {
+    "bandwidth_efficiency": (0.05, 1.0),
+    "kv_bandwidth_efficiency": (0.05, 1.0),
+    "decode_compute_efficiency": (0.02, 1.0),
+    "prefill_efficiency": (0.02, 2.5),  # fp8 or int8 tensor cores against the BF16 peak
+    "step_floor_ms": (0.01, 50.0),
+    "layer_overhead_us": (0.01, 500.0),
+    "allreduce_latency_us": (0.1, 2000.0),
+    "interleave": (0.01, 5.0),
+    "ttft_floor_ms": (0.1, 2000.0),
+    "ttft_queue": (0.01, 10.0),
+}
+PRIOR_WEIGHT = 0.1  # log-units of residual per log-unit away from the default
+LOSS_SCALE = 0.25  # soft-L1 knee, in log ratio: rows off by more than ~1.3x count linearly
+MISS = 1.3  # a verdict is wrong when the measurement is more than this factor from the estimate
+
+
+def _bounds(name: str) -> tuple[float, float]:
+    return _BOUNDS[name.split(".", 1)[0]]
+
+
+@dataclass(frozen=True, slots=True)
+class Ratio:
+    """One prediction judged against its measurement."""
+
+    row: Measurement
+    metric: str  # "tpot" or "ttft"
+    estimated: float
+    measured: float
+
+    @property
+    def ratio(self) -> float:
+        return self.estimated / self.measured
+
+
+def predict(rows: Iterable[Measurement], cal: ServingCalibration) -> list[Ratio]:
+    out = []
+    for row in rows:
+        est = estimate(row.case(), cal)
+        if row.point.tpot_ms is not None:
+            out.append(Ratio(row, "tpot", est.ms_per_token, row.point.tpot_ms))
+        if row.point.ttft_ms is not None:
+            out.append(Ratio(row, "ttft", est.ttft_ms, row.point.ttft_ms))
+    return out
+
+
+def fit(rows: Sequence[Measurement], start: ServingCalibration | None = None,
+        provenance: dict[str, object] | None = None) -> ServingCalibration:
+    """The calibration that best matches ``rows`` (unchanged parameters where they have no say)."""
+    start = start or ServingCalibration()
+    names = list(start.free_parameters())
+    x0 = np.log([start.free_parameters()[n] for n in names])
+    lo = np.log([_bounds(n)[0] for n in names])
+    hi = np.log([_bounds(n)[1] for n in names])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    prior = ServingCalibration().free_parameters()
+    p0 = np.log([min(max(prior[n], _bounds(n)[0]), _bounds(n)[1]) for n in names])
+    targets = [(r, m, math.log(v)) for r in rows
+               for m, v in (("tpot", r.point.tpot_ms), ("ttft", r.point.ttft_ms)) if v is not None]
+    cases = [r.case() for r in rows]
+    index = {id(r): i for i, r in enumerate(rows)}
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        cal = start.with_parameters(dict(zip(names, np.exp(x).tolist(), strict=True)))
+        memo: dict[int, tuple[float, float]] = {}
+        res = []
+        for row, metric, logged in targets:
+            i = index[id(row)]
+            if i not in memo:
+                e = estimate(cases[i], cal)
+                memo[i] = (e.ms_per_token, e.ttft_ms)
+            value = memo[i][0] if metric == "tpot" else memo[i][1]
+            res.append(math.log(value) - logged)
+        return np.concatenate([np.asarray(res), PRIOR_WEIGHT * (x - p0)])
+
+    if not targets:
+        return start
+    from scipy.optimize import least_squares  # only the calibrate command needs scipy loaded
+
+    got = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=LOSS_SCALE,
+                        max_nfev=400)
+    values = dict(zip(names, np.exp(got.x).tolist(), strict=True))
+    return start.with_parameters({n: float(f"{v:.4g}") for n, v in values.items()}, provenance)
+
+
+def cross_validate(rows: Sequence[Measurement], start: ServingCalibration | None = None,
+                   progress: Callable[[str], None] | None = None) -> list[Ratio]:
+    """Each source predicted by a fit to every other source."""
+    out: list[Ratio] = []
+    for source in sorted({r.source.id for r in rows}):
+        if progress is not None:
+            progress(source)
+        held = [r for r in rows if r.source.id == source]
+        rest = [r for r in rows if r.source.id != source]
+        out.extend(predict(held, fit(rest, start)))
+    return out
+
+
+GROUPS: dict[str, Callable[[Ratio], bool]] = {
+    "dense": lambda r: not r.row.moe,
+    "int4": lambda r: r.row.point.precision.value == "int4",
+    "int8/fp8": lambda r: r.row.point.precision.value in ("int8", "fp8"),
+    "moe": lambda r: r.row.moe,
+    "tp>=4": lambda r: r.row.point.tp >= 4,
+    "concurrency>=16": lambda r: r.row.point.concurrency >= 16,
+    "all": lambda r: True,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    group: str
+    metric: str
+    n: int
+    median: float
+    p10: float
+    p90: float
+    worst: float  # the ratio furthest from 1, either way
+    optimistic: int  # a target at the estimate would be accepted and missed by more than MISS
+    pessimistic: int  # a target the measurement meets would be refused (estimate > MISS x measured)
+    within: float  # share of points within 0.7-1.4
+
+
+def table(ratios: Sequence[Ratio], metric: str) -> list[GroupStats]:
+    out = []
+    for name, member in GROUPS.items():
+        vals = np.asarray([r.ratio for r in ratios if r.metric == metric and member(r)])
+        if vals.size == 0:
+            continue
+        worst = float(vals[np.argmax(np.abs(np.log(vals)))])
+        out.append(GroupStats(name, metric, int(vals.size), float(np.median(vals)),
+                              float(np.percentile(vals, 10)), float(np.percentile(vals, 90)), worst,
+                              int(np.sum(vals < 1 / MISS)), int(np.sum(vals > MISS)),
+                              float(np.mean((vals >= 0.7) & (vals <= 1.4)))))
+    return out

@@ -1,0 +1,303 @@
+"""Decode and first-token time of an LLM served on GPUs, calibrated against published measurements.
+
+docs/stage-policy.md ("The serving model") states the model and its cross-validated error; in short:
+
+* A decode step of a batch of ``b`` sequences reads the weights it touches (every weight for a
+  dense model; the shared layers plus the experts that at least one of the ``b`` tokens routes to
+  for a mixture of experts) and each sequence's KV cache, at a share of the GPUs' memory bandwidth
+  that depends on how the weights are stored (dequantising int4 or weight-only fp8 costs time), and
+  cannot be faster than its matrix work at a share of the GPUs' tensor throughput (large batches).
+* Every step also pays a fixed cost (scheduling, sampling, kernel launches per layer) and, when
+  the pod shards the model over several GPUs, two all-reduces per layer whose latency depends on
+  the link (NVLink or PCIe) much more than on their size at decode. This floor is why decode does
+  not keep speeding up with GPU count.
+* Under continuous batching, each other request's prompt is computed between decode steps, so a
+  sequence waits ``(b - 1) / output tokens`` prompts per token on average.
+* First-token time is the prompt's matrix and attention work at the precision's tensor throughput
+  (fp8 on GPUs with FP8 tensor cores runs faster than bf16; weight-only int4 computes in 16 bits),
+  never less than one pass over the weights, plus a fixed floor, the tensor-parallel all-reduces of
+  the prompt, and the wait for prompts of other requests already queued.
+
+The free parameters (efficiencies, floors, latencies) live in ``ServingCalibration``; the shipped
+values are produced by ``llm-placement calibrate`` from the measurement corpus in
+``app/data/measurements`` and kept in ``app/data/serving_calibration.yaml``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Annotated, Any, Protocol
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.core.catalog import GpuSpec
+from app.core.model_registry import ModelArch
+from app.core.sizing import ACTIVATION_BYTES, allreduce_us, gpu_link, shape
+from app.core.workload import Precision, WorkloadSpec
+
+PACKAGE = "app.data"
+RESOURCE = "serving_calibration.yaml"
+
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+# How the weights of each precision are read and multiplied, which is what the efficiencies are
+# calibrated by: 16-bit; fp8 on FP8 tensor cores; fp8 weights on GPUs without them (weight-only
+# kernels dequantise to 16 bits); int8; int4 (weight-only, 16-bit arithmetic).
+KINDS = ("w16", "fp8", "fp8_weight_only", "int8", "int4")
+
+
+def weight_kind(precision: Precision, gpu: GpuSpec) -> str:
+    if precision is Precision.FP8:
+        return "fp8" if gpu.fp8 else "fp8_weight_only"
+    if precision in (Precision.INT8, Precision.INT4):
+        return precision.value
+    return "w16"
+
+
+class ServingCalibration(BaseModel):
+    """The model's free parameters. Efficiencies are shares of the catalog's peak figures (memory
+    bandwidth; dense BF16 tensor TFLOPS, which fp8 may exceed); times are per step or per layer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bandwidth_efficiency: dict[str, Positive] = Field(
+        default_factory=lambda: {"w16": 0.75, "fp8": 0.7, "fp8_weight_only": 0.6, "int8": 0.65,
+                                 "int4": 0.5})
+    kv_bandwidth_efficiency: Positive = 0.6
+    decode_compute_efficiency: Positive = 0.5
+    prefill_efficiency: dict[str, Positive] = Field(
+        default_factory=lambda: {"w16": 0.5, "fp8": 0.9, "fp8_weight_only": 0.45, "int8": 0.7,
+                                 "int4": 0.45})
+    step_floor_ms: NonNegative = 1.0
+    layer_overhead_us: NonNegative = 10.0
+    allreduce_latency_us: dict[str, NonNegative] = Field(
+        default_factory=lambda: {"nvlink": 10.0, "pcie": 40.0})
+    interleave: NonNegative = 1.0
+    ttft_floor_ms: NonNegative = 10.0
+    ttft_queue: NonNegative = 0.7
+    # Where the values came from (the calibrate command writes the corpus and the fit's figures).
+    provenance: dict[str, Any] = Field(default_factory=dict)
+
+    def free_parameters(self) -> dict[str, float]:
+        """Flat name -> value of every fitted figure (``bandwidth_efficiency.int4`` and so on)."""
+        out: dict[str, float] = {}
+        for key in ("bandwidth_efficiency", "prefill_efficiency", "allreduce_latency_us"):
+            for kind, value in getattr(self, key).items():
+                out[f"{key}.{kind}"] = value
+        for key in ("kv_bandwidth_efficiency", "decode_compute_efficiency", "step_floor_ms",
+                    "layer_overhead_us", "interleave", "ttft_floor_ms", "ttft_queue"):
+            out[key] = getattr(self, key)
+        return out
+
+    def with_parameters(self, flat: dict[str, float], provenance: dict[str, Any] | None = None
+                        ) -> ServingCalibration:
+        data = self.model_dump()
+        for name, value in flat.items():
+            if "." in name:
+                group, kind = name.split(".", 1)
+                data[group][kind] = value
+            else:
+                data[name] = value
+        if provenance is not None:
+            data["provenance"] = provenance
+        return ServingCalibration.model_validate(data)
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> ServingCalibration:
+        origin = str(path) if path is not None else f"{PACKAGE}/{RESOURCE}"
+        try:
+            text = (Path(path).read_text(encoding="utf-8") if path is not None
+                    else files(PACKAGE).joinpath(RESOURCE).read_text(encoding="utf-8"))
+            data = yaml.safe_load(text)
+        except OSError as exc:
+            raise ValueError(f"{origin}: cannot read: {exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{origin}: not valid YAML: {exc}") from exc
+        try:
+            return cls.model_validate(data or {})
+        except ValidationError as exc:
+            problems = "; ".join(f"field {'.'.join(str(p) for p in e['loc'])!r}: {e['msg']}"
+                                 for e in exc.errors())
+            raise ValueError(f"{origin}: {problems}") from None
+
+
+@functools.cache
+def default_calibration() -> ServingCalibration:
+    """The shipped calibration (``llm-placement calibrate`` over the packaged corpus)."""
+    try:
+        return ServingCalibration.load()
+    except (ValueError, FileNotFoundError):
+        return ServingCalibration()
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The architecture facts the estimate uses: from the registry, else the size rule."""
+
+    params: float
+    active_params: float
+    layers: float
+    hidden: float
+    kv_bytes_per_token: float  # at 16-bit
+    arch: ModelArch | None = None
+
+    @classmethod
+    def of(cls, params: float, active_params: float | None, arch: ModelArch | None) -> Shape:
+        if arch is not None:
+            return cls(params, active_params or arch.read_params, float(arch.layers), float(arch.hidden),
+                       arch.kv_bytes_per_token(), arch)
+        from app.core.sizing import kv_bytes_per_token  # the size rule, for models not in the registry
+
+        attention = active_params or params
+        layers, hidden = shape(attention)
+        return cls(params, attention, layers, hidden, kv_bytes_per_token(attention))
+
+    def params_read(self, batch: int) -> float:
+        if self.arch is not None and self.arch.moe is not None and self.params == self.arch.params:
+            return self.arch.params_read(batch)
+        if self.active_params >= self.params:
+            return self.params
+        # No routing facts: each of the batch's tokens reads an independent share of the weights.
+        share = self.active_params / self.params
+        return self.params * min(1.0, 1 - (1 - share) ** max(batch, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One serving configuration: the model, how it is stored, the hardware and the load."""
+
+    shape: Shape
+    precision: Precision
+    gpu: GpuSpec
+    gpus: int
+    concurrency: int
+    input_tokens: int
+    output_tokens: int
+    bandwidth_tbs: float | None = None  # the node's measured bandwidth, else the catalog's
+    kv_bytes_per_value: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """Per output token and to first token, with the parts each is made of (for explain)."""
+
+    ms_per_token: float
+    ttft_ms: float
+    parts: tuple[tuple[str, float], ...]
+    tp_per_token_ms: float  # the all-reduce share of ms_per_token (0 on one GPU)
+    tp_prefill_ms: float
+
+
+def _tp_ms(case: Case, tokens: int, cal: ServingCalibration) -> float:
+    """Two all-reduces per layer of ``tokens`` activations: link latency plus NCCL's transfer."""
+    if case.gpus <= 1:
+        return 0.0
+    link = gpu_link(case.gpu)
+    message = tokens * case.shape.hidden * ACTIVATION_BYTES
+    transfer = allreduce_us(message, case.gpus, link)
+    return 2 * case.shape.layers * (cal.allreduce_latency_us[link.kind] + transfer) / 1e3
+
+
+def _prefill_compute_ms(case: Case, cal: ServingCalibration) -> float:
+    s = case.shape
+    tokens = max(case.input_tokens, 1)
+    # Linear layers 2 FLOPs per active parameter per token; causal attention 2 x 2 x layers x
+    # tokens^2 x hidden / 2 (scores and weighted sum, half the matrix).
+    flops = 2 * s.active_params * tokens + 2 * s.layers * tokens * tokens * s.hidden
+    tflops = case.gpu.bf16_tflops * cal.prefill_efficiency[weight_kind(case.precision, case.gpu)]
+    compute = flops / (case.gpus * tflops * 1e12) * 1e3
+    bw = case.bandwidth_tbs or case.gpu.hbm_bandwidth_tbs
+    one_pass = s.active_params * case.precision.bytes_per_param / (case.gpus * bw * 1e12) * 1e3
+    return max(compute, one_pass)
+
+
+def estimate(case: Case, cal: ServingCalibration) -> Estimate:
+    s = case.shape
+    kind = weight_kind(case.precision, case.gpu)
+    bw = (case.bandwidth_tbs or case.gpu.hbm_bandwidth_tbs) * 1e12 * case.gpus  # bytes/s, all GPUs
+    batch = max(case.concurrency, 1)
+    context = case.input_tokens + case.output_tokens / 2  # mean over the decode
+    weights = s.params_read(batch) * case.precision.bytes_per_param
+    kv = batch * context * s.kv_bytes_per_token * case.kv_bytes_per_value / 2.0
+    memory_ms = (weights / cal.bandwidth_efficiency[kind] + kv / cal.kv_bandwidth_efficiency) / bw * 1e3
+    # Batched decode is the same matrix work as a prompt of ``batch`` tokens, at a lower share of
+    # the tensor throughput (skinny matrices).
+    tflops = case.gpu.bf16_tflops * cal.prefill_efficiency[kind] * cal.decode_compute_efficiency
+    compute_ms = 2 * s.active_params * batch / (case.gpus * tflops * 1e12) * 1e3
+    floor_ms = cal.step_floor_ms + s.layers * cal.layer_overhead_us / 1e3
+    tp_decode = _tp_ms(case, batch, cal)
+    prefill = _prefill_compute_ms(case, cal)
+    interleave = cal.interleave * (batch - 1) / max(case.output_tokens, 1) * prefill
+    step = max(memory_ms, compute_ms) + floor_ms + tp_decode
+    per_token = step + interleave
+    tp_prefill = _tp_ms(case, max(case.input_tokens, 1), cal)
+    first = prefill + tp_prefill + cal.ttft_floor_ms
+    # Closed loop of ``batch`` clients: the share of time spent on other prompts, as a queue.
+    busy = min(0.9, (batch - 1) * first / (first + case.output_tokens * per_token))
+    queue = first * cal.ttft_queue * busy / (1 - busy)
+    parts = (("weights read", memory_ms), ("matrix work", compute_ms), ("step floor", floor_ms),
+             ("all-reduce", tp_decode), ("other prompts", interleave))
+    return Estimate(per_token, first + queue, parts, tp_decode, tp_prefill)
+
+
+class ServingDefaults(Protocol):
+    """What a pod leaves unsaid, and the calibration (``FeasibilityPolicy`` provides both)."""
+
+    @property
+    def default_context_tokens(self) -> int: ...
+    @property
+    def default_concurrency(self) -> int: ...
+    @property
+    def serving(self) -> ServingCalibration: ...
+
+
+MIN_OUTPUT_TOKENS = 16
+
+
+def serving_lengths(spec: WorkloadSpec, defaults: ServingDefaults) -> tuple[int, int]:
+    """(prompt, output) tokens of one request: ``prompt-tokens`` or half the context, and the rest
+    of ``context-tokens`` (at least a few tokens: a request always decodes something)."""
+    context = spec.context_tokens or defaults.default_context_tokens
+    prompt = spec.prompt_tokens or max(context // 2, 1)
+    return prompt, max(context - prompt, MIN_OUTPUT_TOKENS)
+
+
+def serving_estimate(spec: WorkloadSpec, precision: Precision, gpu: GpuSpec, bandwidth_tbs: float,
+                     defaults: ServingDefaults) -> Estimate:
+    """The estimate for a serving pod on ``spec.gpus`` GPUs of one product."""
+    from app.core.model_registry import default_registry
+
+    arch = default_registry().get(spec.model) if spec.model else None
+    params = spec.model_params or (arch.params if arch else 0.0)
+    prompt, output = serving_lengths(spec, defaults)
+    case = Case(Shape.of(params, spec.active_params, arch), precision, gpu, max(spec.gpus, 1),
+                spec.concurrency or defaults.default_concurrency, prompt, output,
+                bandwidth_tbs=bandwidth_tbs or None)
+    return estimate(case, defaults.serving)
+
+
+def error_group(spec: WorkloadSpec, precision: Precision, default_concurrency: int) -> str:
+    """The corpus group whose cross-validated error describes this pod best (the narrowest)."""
+    if spec.active_params is not None and spec.model_params and spec.active_params < spec.model_params:
+        return "moe"
+    if precision is Precision.INT4:
+        return "int4"
+    if precision in (Precision.FP8, Precision.INT8):
+        return "int8/fp8"
+    if spec.gpus >= 4:
+        return "tp>=4"
+    if (spec.concurrency or default_concurrency) >= 16:
+        return "concurrency>=16"
+    return "dense"
+
+
+def error_band(cal: ServingCalibration, group: str, metric: str = "tpot") -> dict[str, Any] | None:
+    """The cross-validated estimate/measured figures of ``group`` that ``calibrate`` recorded."""
+    table = cal.provenance.get("cross_validated", {}).get(metric, {})
+    band = table.get(group) or table.get("all")
+    return dict(band, group=group if group in table else "all") if isinstance(band, dict) else None

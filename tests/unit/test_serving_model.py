@@ -1,0 +1,116 @@
+"""Each rule of the serving model (app/core/serving_model.py), checked by what it must change.
+
+Architectures here are made up for the rule under test; they claim nothing about a real model.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core.catalog import default_catalog
+from app.core.model_registry import ModelArch, Moe
+from app.core.serving_model import Case, ServingCalibration, Shape, estimate, weight_kind
+from app.core.workload import Precision
+
+CAT = default_catalog()
+H100 = CAT.by_name("H100-SXM-80GB")
+A100 = CAT.by_name("A100-SXM4-80GB")
+L4 = CAT.by_name("L4")
+A10G = CAT.by_name("A10G")
+assert H100 and A100 and L4 and A10G
+
+DENSE = ModelArch(name="dense-7b", params=7e9, layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
+                  source="synthetic")
+MHA = DENSE.model_copy(update={"name": "mha-7b", "kv_heads": 32, "attention": "mha"})
+MOE = ModelArch(name="moe", params=47e9, active_params=13e9, layers=32, hidden=4096, heads=32, kv_heads=8,
+                head_dim=128, moe=Moe(experts=8, top_k=2, expert_intermediate=14336), source="synthetic")
+
+
+def case(arch: ModelArch = DENSE, precision: Precision = Precision.BF16, gpu=H100, gpus: int = 1,
+         concurrency: int = 1, prompt: int = 1000, output: int = 500) -> Case:
+    return Case(Shape.of(arch.params, None, arch), precision, gpu, gpus, concurrency, prompt, output)
+
+
+CAL = ServingCalibration()
+
+
+def test_kv_from_architecture_follows_kv_heads_and_head_dim():
+    # 2 (K, V) x layers x KV heads x head dim x 2 bytes
+    assert DENSE.kv_bytes_per_token() == 2 * 32 * 8 * 128 * 2
+    assert MHA.kv_bytes_per_token() == 4 * DENSE.kv_bytes_per_token()
+    long = estimate(case(MHA, concurrency=32, prompt=8000), CAL).ms_per_token
+    short = estimate(case(DENSE, concurrency=32, prompt=8000), CAL).ms_per_token
+    assert long > short * 1.2  # reading four times the cache costs time
+
+
+def test_mla_cache_is_the_latent_not_the_heads():
+    mla = ModelArch.model_validate(DENSE.model_dump() | {
+        "name": "mla", "attention": "mla", "mla": {"kv_lora_rank": 512, "qk_rope_head_dim": 64}})
+    assert mla.kv_bytes_per_token() == 32 * (512 + 64) * 2
+    assert mla.kv_bytes_per_token() < DENSE.kv_bytes_per_token()
+
+
+def test_moe_reads_the_experts_a_batch_touches():
+    one, many = MOE.params_read(1), MOE.params_read(64)
+    routed = 8 * MOE.expert_params()
+    shared = MOE.params - routed
+    assert one == pytest.approx(shared + routed * 2 / 8)
+    assert many == pytest.approx(shared + routed * (1 - (6 / 8) ** 64))
+    assert one < MOE.active_params * 1.1  # batch 1 reads about the active parameters
+    # So batching an MoE costs more per step than batching a dense model of its active size.
+    moe_c1 = estimate(case(MOE, concurrency=1), CAL).ms_per_token
+    moe_c16 = estimate(case(MOE, concurrency=16), CAL).ms_per_token
+    assert moe_c16 > moe_c1 * 1.5
+
+
+def test_tensor_parallel_has_a_floor_that_depends_on_the_link():
+    one = estimate(case(gpu=A10G, gpus=1), CAL).ms_per_token
+    eight = estimate(case(gpu=A10G, gpus=8), CAL).ms_per_token
+    assert eight > one / 8 * 2  # far from perfect scaling
+    free = CAL.with_parameters({"allreduce_latency_us.pcie": 0.1, "layer_overhead_us": 0.01,
+                                "step_floor_ms": 0.01})
+    assert estimate(case(gpu=A10G, gpus=8), free).ms_per_token < eight * 0.8
+    pcie = estimate(case(gpu=A10G, gpus=8), CAL).tp_per_token_ms
+    nvlink = estimate(case(gpu=H100, gpus=8), CAL).tp_per_token_ms
+    assert pcie > nvlink
+
+
+def test_precision_efficiency_int4_is_not_a_free_halving():
+    bf16 = estimate(case(gpu=L4), CAL)
+    int4 = estimate(case(gpu=L4, precision=Precision.INT4), CAL)
+    assert int4.ms_per_token > bf16.ms_per_token / 4
+    even = CAL.with_parameters({"bandwidth_efficiency.int4": CAL.bandwidth_efficiency["w16"]})
+    assert estimate(case(gpu=L4, precision=Precision.INT4), even).ms_per_token != int4.ms_per_token
+
+
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_weight_only():
+    assert weight_kind(Precision.FP8, A100) == "fp8_weight_only"
+    assert weight_kind(Precision.FP8, H100) == "fp8"
+    changed = CAL.with_parameters({"bandwidth_efficiency.fp8_weight_only": 0.2})
+    assert (estimate(case(gpu=A100, precision=Precision.FP8), changed).ms_per_token
+            > estimate(case(gpu=A100, precision=Precision.FP8), CAL).ms_per_token)
+
+
+def test_batched_decode_becomes_compute_bound():
+    # Past the GPU's FLOP-per-byte ratio a bigger batch costs matrix time, not weight reads.
+    c = case(gpu=L4, concurrency=512, prompt=10, output=10)
+    parts = dict(estimate(c, CAL).parts)
+    assert parts["matrix work"] > parts["weights read"]
+    no_compute = CAL.with_parameters({"decode_compute_efficiency": 1.0, "prefill_efficiency.w16": 2.5})
+    assert estimate(c, no_compute).ms_per_token < estimate(c, CAL).ms_per_token
+
+
+def test_other_prompts_slow_each_token_under_concurrency():
+    alone = estimate(case(concurrency=1, prompt=5000, output=500), CAL)
+    busy = estimate(case(concurrency=25, prompt=5000, output=500), CAL)
+    assert dict(alone.parts)["other prompts"] == 0
+    assert dict(busy.parts)["other prompts"] > 0
+    assert busy.ttft_ms > alone.ttft_ms  # and they queue for their own first token
+
+
+def test_first_token_is_precision_aware_and_has_a_floor():
+    bf16 = estimate(case(prompt=4000), CAL).ttft_ms
+    fp8 = estimate(case(precision=Precision.FP8, prompt=4000), CAL).ttft_ms
+    assert fp8 < bf16
+    tiny = estimate(case(prompt=1), CAL).ttft_ms
+    assert tiny >= CAL.ttft_floor_ms
