@@ -113,6 +113,13 @@ def kv_cache_gb(spec: WorkloadSpec, default_context: int, default_concurrency: i
     if spec.stage is not Stage.SERVING or spec.model_params is None:
         return 0.0
     tokens = (spec.context_tokens or default_context) * (spec.concurrency or default_concurrency)
+    if spec.model is not None:
+        from app.core.model_registry import default_registry
+
+        # The model's own layers, KV heads and head dimension (or MLA latent) beat the size rule,
+        # which is off by 0.7-2.6x against published configurations.
+        if (arch := default_registry().get(spec.model)) is not None:
+            return tokens * arch.kv_bytes_per_token() / 1e9
     attention = spec.active_params or spec.model_params
     return tokens * kv_bytes_per_token(attention) / 1e9
 

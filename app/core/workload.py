@@ -182,6 +182,9 @@ class WorkloadSpec(BaseModel):
     mig_profiles: tuple[str, ...] = ()  # empty: any profile
     mig_min_memory_gb: float = 0.0
     claim_notes: tuple[str, ...] = ()
+    # The pod has ResourceClaims: kube-scheduler reserves them for it in Reserve and releases them in
+    # Unreserve, so only a bind call kube-scheduler is still waiting on may bind it.
+    has_claims: bool = False
     cpu_millis: float = 0.0
     memory_bytes: float = 0.0
     node_name: str = ""
@@ -560,6 +563,8 @@ def parse_workload(
         fields["gpus"], fields["cpu_millis"], fields["memory_bytes"] = pod_resources(pod, gpu_resources)
     except ValueError as exc:
         problems.append(AnnotationProblem("resources", str(exc)))
+    if spec.get("resourceClaims"):
+        fields["has_claims"] = True
     if CLAIM_DEVICES is not None and spec.get("resourceClaims"):
         fields.update(CLAIM_DEVICES(pod).fields())
 

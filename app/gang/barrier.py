@@ -7,8 +7,13 @@ answered with an error but its member keeps its seat, and the gang is bound, sea
 already answered included, when the last member arrives. Large gangs need this: kube-scheduler
 cycles one pod at a time, so 512 members take tens of seconds to reach bind (docs/gangs.md). Only
 when a whole timeout passes with no new member does the barrier give up: nobody is bound and the
-gang regroups. A bind that fails after others succeeded is reported and the rest is replanned around
-the failed node. Binding itself is one capability handed in (:data:`BindFn`), not the service.
+gang regroups. A held member with ResourceClaims is the exception: answering its call with an error
+made kube-scheduler run Unreserve, which takes the pod out of its claims' ``reservedFor``, and a
+kubelet refuses a pod its claims are not reserved for. So such a member is not bound by the
+barrier; its seat stays reserved and it binds at once on kube-scheduler's retry, which reserves
+its claims again first (docs/gangs.md, "Gangs with DRA claims"). A bind that fails after others
+succeeded is reported and the rest is replanned around the failed node. Binding itself is one
+capability handed in (:data:`BindFn`), not the service.
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ class BindBarrier:
         self.regroup = regroup  # start a regroup of the gang (lock held)
         self.timers = timers
         self.barriers: dict[str, Barrier] = {}
+        # Gang -> member uid -> node: members with claims whose held call was answered when the
+        # gang completed; they bind on their next call (see the module docstring).
+        self.rebind: dict[str, dict[str, str]] = {}
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gang-bind")
 
     async def bind_member(self, spec: WorkloadSpec, node: str) -> str:
@@ -93,13 +101,21 @@ class BindBarrier:
             self.sweep(self.clock())
             placed = self.book.snapshot.pods.get(uid)
             if placed is not None and placed.node == node:
+                self.rebind.get(key, {}).pop(uid, None)
                 return ""  # a retried bind of a member already bound there
+            committed = self.rebind.get(key, {}).get(uid) == node
             current = self.book.ledger.get(key)
             mp = current.members.get(uid) if current else None
             if current is None or mp is None:
                 return MESSAGE_PREFIX + f"no gang plan holds this pod (gang {key}); it will be replanned"
             if mp.node != node:
                 return MESSAGE_PREFIX + f"gang {key} plans this pod on another node; retrying"
+        if committed:
+            return await self._bind_committed(spec, key, uid, node)
+        with self.lock:
+            current = self.book.ledger.get(key)
+            if current is None or uid not in current.members:
+                return MESSAGE_PREFIX + f"no gang plan holds this pod (gang {key}); it will be replanned"
             if self.regrouping(key):
                 # Filtered before the last attempt failed: join the regroup instead of starting a
                 # barrier of one that would only time out and reset it.
@@ -157,13 +173,33 @@ class BindBarrier:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    async def _bind_committed(self, spec: WorkloadSpec, key: str, uid: str, node: str) -> str:
+        """A held member with claims, back from kube-scheduler with its claims reserved again."""
+        err = await asyncio.to_thread(self.bind, spec, node)
+        with self.lock:
+            if err:
+                return err  # its seat stays; kube-scheduler retries
+            self.rebind.get(key, {}).pop(uid, None)
+            if not self.rebind.get(key, True):
+                del self.rebind[key]
+            ledger = self.book.ledger
+            ledger.mark_bound(key, uid, node)
+            current = ledger.get(key)
+            if current is not None and current.complete:
+                self.complete(current, self.clock())
+            self.reporter.metrics.reserved(ledger.total_reserved())
+        return ""
+
     async def _bind_all(self, barrier: Barrier) -> None:
         loop = asyncio.get_running_loop()
-        waiters = list(barrier.waiters.items())
+        key = barrier.gang
+        held = {uid: w for uid, w in barrier.waiters.items() if w.future.done() and w.spec.has_claims}
+        if held:
+            self.rebind.setdefault(key, {}).update({uid: w.node for uid, w in held.items()})
+        waiters = [(uid, w) for uid, w in barrier.waiters.items() if uid not in held]
         calls = [loop.run_in_executor(self._executor, self.bind, w.spec, w.node) for _, w in waiters]
         results = await asyncio.gather(*calls, return_exceptions=True)
         errors: dict[str, str] = {}
-        key = barrier.gang
         ledger = self.book.ledger
         with self.lock:
             now = self.clock()

@@ -24,7 +24,7 @@ def test_yaml_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ("port: 70000\n", "port"),
     ("weights:\n  training: {cost: 1}\n", "weights"),
     ("weights:\n  serving: {cost: -1}\n", "weights.serving.cost"),
-    ("bandwidth_efficiency: 2\n", "bandwidth_efficiency"),
+    ("serving_calibration_file: /nonexistent/cal.yaml\n", "serving_calibration_file"),
     ("no_such_key: 1\n", "no_such_key"),
     ("gravity_negligible_seconds: -5\n", "gravity_negligible_seconds"),
     ("gravity_negligible_seconds: soon\n", "gravity_negligible_seconds"),

@@ -300,3 +300,47 @@ def test_members_arriving_over_several_timeouts_keep_their_seats_and_all_bind_to
     # kube-scheduler retries the members it was told to retry: they are bound already, success.
     assert asyncio.run(bind(c, *members[0])) == ""
     assert c.metric("llm_placement_gangs_total", outcome="failed") in (None, 0)
+
+
+def test_a_held_member_with_claims_is_not_bound_behind_kube_schedulers_back() -> None:
+    """kube-scheduler ran Unreserve for a member whose bind call was answered with an error, taking
+    it out of its claims' reservedFor; binding it then would give the kubelet a pod its claims are
+    not reserved for. It keeps its seat and binds on its retried call (claims reserved again)."""
+    c = Cluster(fast(timeout=0.3))
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 3)
+    members = planned(c, pods)
+    members = [(s.model_copy(update={"has_claims": True}), n) for s, n in members]
+
+    async def run() -> tuple[str, str]:
+        first = asyncio.create_task(bind(c, *members[0]))
+        await settle(lambda: waiting(c) == 1)
+        assert c.bind_timers.fire() == 1
+        held = await first  # answered: kube-scheduler unreserves this member's claims
+        await asyncio.gather(*(bind(c, s, n) for s, n in members[1:]))
+        assert "ml/g-0" not in c.binder.bound  # not bound without its claims reserved
+        return held, await bind(c, *members[0])  # the retry, claims reserved again
+
+    held, retried = asyncio.run(run())
+    assert "place is held" in held
+    assert retried == ""
+    assert c.binder.bound == {f"ml/g-{i}": n for i, (_, n) in enumerate(members)}
+    assert c.gangs.ledger.total_reserved() == 0
+
+
+def test_the_held_member_keeps_its_seat_until_it_returns() -> None:
+    c = Cluster(fast(timeout=0.3))
+    c.nodes("n", 4, "leaf-1")
+    members = [(s.model_copy(update={"has_claims": True}), n) for s, n in planned(c, c.gang("g", 2))]
+
+    async def run() -> None:
+        first = asyncio.create_task(bind(c, *members[0]))
+        await settle(lambda: waiting(c) == 1)
+        c.bind_timers.fire()
+        await first
+        assert await bind(c, *members[1]) == ""
+
+    asyncio.run(run())
+    # The member that arrived last is bound; the held one is not, and its GPUs stay reserved for it.
+    assert c.binder.bound == {"ml/g-1": members[1][1]}
+    assert c.gangs.ledger.total_reserved() > 0
