@@ -63,6 +63,10 @@ class Point(BaseModel):
     ep: PositiveInt | None = None
     pp: PositiveInt = 1
     concurrency: PositiveInt
+    # closed-loop: `concurrency` clients, each sending its next request when the last ends
+    # (continuous batching sees prompts arrive while others decode); static: one batch submitted
+    # at once, every prompt first, then decode together (a fixed-batch profile).
+    load: Literal["closed-loop", "static"] = "closed-loop"
     input_tokens: PositiveInt
     output_tokens: PositiveInt
     tpot_ms: PositiveFloat | None = None
@@ -118,7 +122,8 @@ class Measurement(BaseModel):
         p = self.point
         return Case(Shape.of(self.params, self.active_params, self.arch), p.precision, self.gpu, p.gpus,
                     p.concurrency, p.input_tokens, p.output_tokens,
-                    kv_bytes_per_value=1.0 if p.kv_precision in ("fp8", "int8") else 2.0)
+                    kv_bytes_per_value=1.0 if p.kv_precision in ("fp8", "int8") else 2.0,
+                    static=p.load == "static")
 
 
 def _problems(exc: ValidationError) -> str:

@@ -180,6 +180,7 @@ class Case:
     output_tokens: int
     bandwidth_tbs: float | None = None  # the node's measured bandwidth, else the catalog's
     kv_bytes_per_value: float = 2.0
+    static: bool = False  # a fixed batch, all prompts first (benchmarks), not continuous batching
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +233,7 @@ def estimate(case: Case, cal: ServingCalibration) -> Estimate:
     floor_ms = cal.step_floor_ms + s.layers * cal.layer_overhead_us / 1e3
     tp_decode = _tp_ms(case, batch, cal)
     prefill = _prefill_compute_ms(case, cal)
-    interleave = cal.interleave * (batch - 1) / max(case.output_tokens, 1) * prefill
+    interleave = 0.0 if case.static else cal.interleave * (batch - 1) / max(case.output_tokens, 1) * prefill
     step = max(memory_ms, compute_ms) + floor_ms + tp_decode
     per_token = step + interleave
     tp_prefill = _tp_ms(case, max(case.input_tokens, 1), cal)
@@ -261,10 +262,12 @@ MIN_OUTPUT_TOKENS = 16
 
 def serving_lengths(spec: WorkloadSpec, defaults: ServingDefaults) -> tuple[int, int]:
     """(prompt, output) tokens of one request: ``prompt-tokens`` or half the context, and the rest
-    of ``context-tokens`` (at least a few tokens: a request always decodes something)."""
+    of ``context-tokens`` (half a context when the prompt fills it; a request always decodes)."""
     context = spec.context_tokens or defaults.default_context_tokens
     prompt = spec.prompt_tokens or max(context // 2, 1)
-    return prompt, max(context - prompt, MIN_OUTPUT_TOKENS)
+    # A prompt longer than the (default) context names no output length: take half a context.
+    output = context - prompt if context > prompt else context // 2
+    return prompt, max(output, MIN_OUTPUT_TOKENS)
 
 
 def serving_estimate(spec: WorkloadSpec, precision: Precision, gpu: GpuSpec, bandwidth_tbs: float,

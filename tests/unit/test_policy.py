@@ -49,11 +49,13 @@ def test_7b_int8_goes_to_cheapest_adequate_gpu(service: ExtenderService) -> None
     costs = {n: service.snapshot.nodes[n].hourly_cost / service.snapshot.nodes[n].gpu_count for n in GPU_NODES}
     assert order[0] == min(costs, key=lambda n: costs[n]) == "t4-0"
     assert order.index("h200-0") > order.index("l4-0")
-    # Without a target, interactive serving is held to the default 50 ms/token, which the T4 and L4
-    # miss (~60 ms/token predicted) while faster GPUs meet it: the cheapest of those wins.
+    # Without a target, interactive serving is held to the default 50 ms/token: the nodes the serving
+    # model predicts slower are filtered out (others meet it), and the cheapest that meets it wins.
     pod["metadata"]["annotations"].pop("llm-placement.io/max-ms-per-token")
+    pod["metadata"]["annotations"]["llm-placement.io/model-params"] = "13B"
     d = service.placer.filter(pod, NAMES)
     assert "t4-0" in d.unresolvable and "l4-0" in d.unresolvable
+    assert "misses the default interactive target" in d.unresolvable["l4-0"]
     order = ranked(service, pod)
     adequate = [n for n in GPU_NODES if n in d.passed]
     assert order[0] == min(adequate, key=lambda n: costs[n])

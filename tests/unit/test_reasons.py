@@ -97,13 +97,19 @@ def _no_claim_hooks() -> Iterator[None]:
 
 
 Case = Callable[[ExtenderService], tuple[dict[str, Any], str]]
+def _volta(svc: ExtenderService) -> str:
+    """A node whose GPUs run fp8 neither natively nor weight-only (compute capability 7.0)."""
+    svc.absorb_node(node_object("v100-0", gpus=4, product="Tesla-V100-SXM2-32GB"))
+    return "v100-0"
+
+
 CASES: dict[ReasonCode, Case] = {
     ReasonCode.NO_GPUS: lambda s: (serving("p", **{"model-params": "7B"}), "cpu-0"),
     ReasonCode.CPU_STAGE_ON_GPU: lambda s: (pod_object("p", stage="data-prep", cpu="8", uid="u-p"), "h100-0"),
     ReasonCode.GPUS_BUSY: _gpus_busy,
     ReasonCode.UNKNOWN_GPU: _unknown_gpu,
     ReasonCode.SEPARATION: _separation,
-    ReasonCode.PRECISION: lambda s: (serving("p", **{"model-params": "7B", "precision": "fp8"}), "a100-0"),
+    ReasonCode.PRECISION: lambda s: (serving("p", **{"model-params": "7B", "precision": "fp8"}), _volta(s)),
     ReasonCode.LATENCY_SLO: lambda s: (serving("p", **{"model-params": "7B", "max-ms-per-token": "2"}),
                                        "l4-0"),
     ReasonCode.GPU_MEMORY: lambda s: (serving("p", gpus=4, **{"model-params": "70B"}), "t4-0"),

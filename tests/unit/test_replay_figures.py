@@ -46,12 +46,12 @@ def _sample(stranded: dict[str, int]) -> Sample:
 def test_interactive_serving_off_its_target_and_stranded_dollars(bench_replay: ModuleType) -> None:
     nodes = [node_object("l4-0", gpus=4, product="NVIDIA-L4", cpu="48", memory="192Gi"),
              node_object("l40s-0", gpus=4, product="NVIDIA-L40S", cpu="48", memory="192Gi")]
-    pods = [_chat("big-on-l4", "7B"), _chat("big-on-l40s", "7B"), _chat("small-on-l4", "1B")]
+    pods = [_chat("big-on-l4", "13B"), _chat("big-on-l40s", "13B"), _chat("small-on-l4", "1B")]
     r = ReplayResult("x")
     r.placements = {"big-on-l4": "l4-0", "big-on-l40s": "l40s-0", "small-on-l4": "l4-0"}
     r.samples = [_sample({"l4-0": 2, "l40s-0": 3}), _sample({})]
     f = bench_replay.gravity_figures(nodes, pods, r)
-    # A 7B int8 decode step reads ~7 GB: an L4 (0.3 TB/s) misses 50 ms/token, an L40S meets it.
+    # A 13B int8 decode step reads ~13 GB: an L4 (0.3 TB/s) misses 50 ms/token, an L40S meets it.
     assert f["interactive_pods"] == 3
     assert f["interactive_off_target"] == 1
     assert f["off_target_ms_per_token"][0] > 50

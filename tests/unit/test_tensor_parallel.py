@@ -105,7 +105,7 @@ def test_per_token_cost_is_two_allreduces_per_layer_and_pcie_pays_more() -> None
     big = cal.allreduce_latency_us["pcie"] + allreduce_us(2048 * hidden * 2, 4, link)
     assert pcie.tp_prefill_ms == pytest.approx(2 * layers * big / 1e3)
     assert pcie.tp_per_token_ms > nvl.tp_per_token_ms
-    assert pcie.tp_prefill_ms > 10 * nvl.tp_prefill_ms
+    assert pcie.tp_prefill_ms > 5 * nvl.tp_prefill_ms
     # Concurrency widens the decode message.
     wide = _tp(spec_of(4, model_params="70B", precision="int8", concurrency="64"), "L40S")
     assert wide.tp_per_token_ms > pcie.tp_per_token_ms
@@ -120,7 +120,8 @@ def test_the_estimate_includes_the_allreduces_on_pcie_nodes(service: ExtenderSer
         fit = fits[name]
         assert fit.tp is not None and fit.estimate is not None
         assert fit.ms_per_token == pytest.approx(fit.estimate.ms_per_token)
-        assert fit.tp.per_token_ms == pytest.approx(fit.estimate.tp_per_token_ms) > 0
+        assert fit.tp.per_token_ms == pytest.approx(fit.estimate.tp_per_token_ms)
+        assert fit.tp.per_token_ms > 0
         assert dict(fit.estimate.parts)["all-reduce"] == pytest.approx(fit.tp.per_token_ms)
     assert fits["l40s"].tp.link.kind == "pcie"  # type: ignore[union-attr]
     assert fits["h100"].tp.link.kind == "nvlink"  # type: ignore[union-attr]
