@@ -19,6 +19,7 @@ each of them is known to run, so every refusal is wrong.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -83,16 +84,22 @@ def node_for(row: Measurement) -> NodeFacts:
     return node_facts(node, default_catalog(), NodeLabelKeys())
 
 
-def memory_refusals(rows: list[Measurement], cal: ServingCalibration) -> list[tuple[Measurement, str]]:
+def memory_refusals(rows: list[Measurement], cal: ServingCalibration, *, concurrency: bool = False
+                    ) -> list[tuple[Measurement, str]]:
+    """Deployments the filter refuses for memory. By default with one sequence's KV cache: the
+    deployment started, which is what the measurement proves (an engine holds fewer sequences at
+    once than asked when their KV cache does not fit, and queues the rest). ``concurrency``: with
+    the whole batch's KV cache, which a pod declaring that concurrency is sized for."""
     from app.config import Settings
 
-    policy = Settings().policies().feasibility
+    policy = Settings(cluster_source="none", metrics_port=0).policies().placement.feasibility
     out = []
     for row in rows:
         p = row.point
         spec = WorkloadSpec(namespace="b", name="p", stage=Stage.SERVING, model_params=row.params,
                             active_params=row.active_params, model=row.arch.name if row.arch else None,
-                            precision=p.precision, gpus=p.gpus, concurrency=p.concurrency,
+                            precision=p.precision, gpus=p.gpus,
+                            concurrency=p.concurrency if concurrency else 1,
                             context_tokens=p.input_tokens + p.output_tokens, prompt_tokens=p.input_tokens)
         got = evaluate(spec, node_for(row), NodeUsage(), p.gpus, policy)
         if not isinstance(got, NodeFit) and got.code in (ReasonCode.GPU_MEMORY, ReasonCode.PRECISION):
@@ -130,12 +137,14 @@ def main(
         for name, ratios in variants.items():
             stats = fit.table(ratios, metric)
             print(markdown(f"{label}, estimate / measured: {name}", stats))
-            results[f"{metric}: {name}"] = [s.__dict__ if hasattr(s, "__dict__") else
-                                            {k: getattr(s, k) for k in s.__slots__} for s in stats]
+            results[f"{metric}: {name}"] = [dataclasses.asdict(s) for s in stats]
     refused = memory_refusals(rows, shipped)
     print(f"corpus deployments refused for memory by the filter: {len(refused)} of {len(rows)}")
     for row, why in refused:
         print(f"  {row.source.id}: {row.point.locator}: {why}")
+    whole = memory_refusals(rows, shipped, concurrency=True)
+    print(f"... and with the whole batch's KV cache (the engine queued part of it): {len(whole)} of {len(rows)}")
+    results["memory_refusals_whole_batch"] = len(whole)
     results["memory_refusals"] = [{"source": r.source.id, "locator": r.point.locator, "reason": w}
                                   for r, w in refused]
     if json_out:
