@@ -143,7 +143,8 @@ def main(
     for row, why in refused:
         print(f"  {row.source.id}: {row.point.locator}: {why}")
     whole = memory_refusals(rows, shipped, concurrency=True)
-    print(f"... and with the whole batch's KV cache (the engine queued part of it): {len(whole)} of {len(rows)}")
+    print(f"... and with the whole batch's KV cache (the engine queued part of it): "
+          f"{len(whole)} of {len(rows)}")
     results["memory_refusals_whole_batch"] = len(whole)
     results["memory_refusals"] = [{"source": r.source.id, "locator": r.point.locator, "reason": w}
                                   for r, w in refused]
