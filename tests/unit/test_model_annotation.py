@@ -56,3 +56,21 @@ def test_a_node_without_a_memory_label_offers_what_the_driver_reports() -> None:
                latency_class="batch")
     fits, rejections = svc.placer.evaluate_nodes(pod, ["h100"])
     assert "h100" in fits, rejections
+
+
+def test_explain_shows_the_estimate_its_error_band_and_what_decided() -> None:
+    from app.explain import explain_spec
+
+    svc = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
+    svc.absorb_node(node_object("h100", gpus=2, product="NVIDIA-H100-80GB-HBM3"))
+    out = explain_spec(svc, spec(model="llama-3.1-8b", latency_class="batch"))
+    note = next(e for e in out["nodes"] if e["node"] == "h100")["serving_model"]
+    assert note["decided_by"] == "estimate"
+    assert set(note["parts_ms"]) == {"weights read", "matrix work", "step floor", "all-reduce", "other prompts"}
+    parts = note["parts_ms"]
+    # The step is the slower of reading and computing, plus what every step pays.
+    total = (max(parts["weights read"], parts["matrix work"]) + parts["step floor"] + parts["all-reduce"]
+             + parts["other prompts"])
+    assert note["estimated_ms_per_token"] == pytest.approx(total, abs=0.02)
+    band = note["error_band"]
+    assert band is not None and band["group"] == "dense" and band["p10"] <= band["median"] <= band["p90"]
