@@ -222,7 +222,7 @@ def evaluate(
                                          policy.serving.bandwidth_efficiency["w16"])
             estimated_ms = ms
             if profile is not None and profile.ms_per_token is not None:
-                ms = profile.ms_per_token  # a measurement beats the roofline, all-reduces included
+                ms = profile.ms_per_token  # a measurement beats the estimate, all-reduces included
             decodes = spec.serving_role is not ServingRole.PREFILL
             if decodes and spec.max_ms_per_token is not None and (ms is None or ms > spec.max_ms_per_token):
                 # Name the cause: bandwidth alone would have met the target, the all-reduces did not.

@@ -1,4 +1,4 @@
-"""Measured serving profiles: what a team benchmarked, in place of the roofline estimates.
+"""Measured serving profiles: what a team benchmarked, in place of the serving model's estimates.
 
 "Profile first": a model served on a given GPU at a given precision has a measured ms per output
 token, time to first token and the most sequences it serves within them. When the settings name a
