@@ -70,7 +70,7 @@ def legacy_ratios(rows: list[Measurement]) -> list[fit.Ratio]:
     for row in rows:
         ms, ttft = legacy(row)
         if row.point.tpot_ms is not None:
-            out.append(fit.Ratio(row, "tpot", ms, row.point.tpot_ms))
+            out.append(fit.Ratio(row, "tpot", fit.per_token(row, ms, ttft), row.point.tpot_ms))
         if row.point.ttft_ms is not None:
             out.append(fit.Ratio(row, "ttft", ttft, row.point.ttft_ms))
     return out

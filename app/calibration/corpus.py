@@ -70,7 +70,8 @@ class Point(BaseModel):
     input_tokens: PositiveInt
     output_tokens: PositiveInt
     tpot_ms: PositiveFloat | None = None
-    tpot_stat: Literal["mean", "median", "p50", "derived"] | None = None
+    # e2e: whole-request latency / output tokens, prompt included (a latency benchmark's only figure)
+    tpot_stat: Literal["mean", "median", "p50", "derived", "e2e"] | None = None
     ttft_ms: PositiveFloat | None = None
     throughput_tok_s: PositiveFloat | None = None
     notes: str | None = ""

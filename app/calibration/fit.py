@@ -54,12 +54,19 @@ class Ratio:
         return self.estimated / self.measured
 
 
+def per_token(row: Measurement, ms_per_token: float, ttft_ms: float) -> float:
+    """The estimate in the row's own terms: per output token, or whole request / output tokens."""
+    if row.point.tpot_stat == "e2e":
+        return (ttft_ms + row.point.output_tokens * ms_per_token) / row.point.output_tokens
+    return ms_per_token
+
+
 def predict(rows: Iterable[Measurement], cal: ServingCalibration) -> list[Ratio]:
     out = []
     for row in rows:
         est = estimate(row.case(), cal)
         if row.point.tpot_ms is not None:
-            out.append(Ratio(row, "tpot", est.ms_per_token, row.point.tpot_ms))
+            out.append(Ratio(row, "tpot", per_token(row, est.ms_per_token, est.ttft_ms), row.point.tpot_ms))
         if row.point.ttft_ms is not None:
             out.append(Ratio(row, "ttft", est.ttft_ms, row.point.ttft_ms))
     return out
@@ -89,7 +96,7 @@ def fit(rows: Sequence[Measurement], start: ServingCalibration | None = None,
             i = index[id(row)]
             if i not in memo:
                 e = estimate(cases[i], cal)
-                memo[i] = (e.ms_per_token, e.ttft_ms)
+                memo[i] = (per_token(row, e.ms_per_token, e.ttft_ms), e.ttft_ms)
             value = memo[i][0] if metric == "tpot" else memo[i][1]
             res.append(math.log(value) - logged)
         return np.concatenate([np.asarray(res), PRIOR_WEIGHT * (x - p0)])

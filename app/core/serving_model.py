@@ -238,11 +238,15 @@ def estimate(case: Case, cal: ServingCalibration) -> Estimate:
     per_token = step + interleave
     tp_prefill = _tp_ms(case, max(case.input_tokens, 1), cal)
     first = prefill + tp_prefill + cal.ttft_floor_ms
+    parts = (("weights read", memory_ms), ("matrix work", compute_ms), ("step floor", floor_ms),
+             ("all-reduce", tp_decode), ("other prompts", interleave))
+    if case.static:
+        # A fixed batch computes every prompt before the first token of any: b prompts of work.
+        return Estimate(per_token, prefill * batch + tp_prefill + cal.ttft_floor_ms, parts, tp_decode,
+                        tp_prefill)
     # Closed loop of ``batch`` clients: the share of time spent on other prompts, as a queue.
     busy = min(0.9, (batch - 1) * first / (first + case.output_tokens * per_token))
     queue = first * cal.ttft_queue * busy / (1 - busy)
-    parts = (("weights read", memory_ms), ("matrix work", compute_ms), ("step floor", floor_ms),
-             ("all-reduce", tp_decode), ("other prompts", interleave))
     return Estimate(per_token, first + queue, parts, tp_decode, tp_prefill)
 
 

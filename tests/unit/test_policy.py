@@ -111,11 +111,14 @@ def test_gpu_accounting_rejects_full_node_resolvably(service: ExtenderService) -
 
 def test_precision_fallback_quantizes_before_scaling(service: ExtenderService) -> None:
     pod = pod_object("p", stage="serving", gpus=1, annotations={
-        "llm-placement.io/model-params": "34B", "llm-placement.io/precision-fallback": "int8"})
+        "llm-placement.io/model-params": "34B", "llm-placement.io/precision-fallback": "int8",
+        "llm-placement.io/latency-class": "batch"})  # memory alone decides here
     d = service.placer.filter(pod, NAMES)
-    # bf16 34B fits one GPU only on the H200; int8 opens the 80 GB and 48 GB parts.
+    # bf16 34B (68 GB + KV) fits the H200 and, at the 81,559 MiB an H100 reports, the H100 too;
+    # int8 opens the 48 GB L40S; nothing opens the 16 GB T4.
     assert d.fits["h200-0"].sizing.precision.value == "bf16"
-    assert d.fits["h100-0"].sizing.precision.value == "int8" and d.fits["h100-0"].fallback_used
+    assert d.fits["h100-0"].sizing.precision.value == "bf16" and not d.fits["h100-0"].fallback_used
+    assert d.fits["l40s-0"].sizing.precision.value == "int8" and d.fits["l40s-0"].fallback_used
     assert "t4-0" not in d.passed
 
 
