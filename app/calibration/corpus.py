@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.core.catalog import GpuCatalog, GpuSpec, default_catalog
+from app.core.datafile import problems
 from app.core.model_registry import ModelArch, ModelRegistry, default_registry
 from app.core.serving_model import Case, Shape
 from app.core.units import parse_param_count
@@ -127,11 +128,6 @@ class Measurement(BaseModel):
                     static=p.load == "static")
 
 
-def _problems(exc: ValidationError) -> str:
-    return "; ".join(f"field {'.'.join(str(p) for p in err['loc']) or '?'!r}: {err['msg']}"
-                     for err in exc.errors())
-
-
 def load_file(path: Path | str, *, text: str | None = None, catalog: GpuCatalog | None = None,
               registry: ModelRegistry | None = None) -> list[Measurement]:
     """Every point of one file, or a ``CorpusError`` naming the first bad row and field."""
@@ -157,7 +153,7 @@ def load_file(path: Path | str, *, text: str | None = None, catalog: GpuCatalog 
     try:
         source = Source.model_validate(data.get("source"))
     except ValidationError as exc:
-        raise CorpusError(f"{origin}: source: {_problems(exc)}") from None
+        raise CorpusError(f"{origin}: source: {problems(exc)}") from None
     out = []
     for i, raw in enumerate(data["points"]):
         row = f"{origin}: point #{i + 1}"
@@ -166,7 +162,7 @@ def load_file(path: Path | str, *, text: str | None = None, catalog: GpuCatalog 
         try:
             point = Point.model_validate(raw)
         except ValidationError as exc:
-            raise CorpusError(f"{row}: {_problems(exc)}") from None
+            raise CorpusError(f"{row}: {problems(exc)}") from None
         gpu = catalog.lookup(point.gpu)
         if gpu is None:
             raise CorpusError(f"{row}: field 'gpu': {point.gpu!r} is not in the GPU catalog")

@@ -15,12 +15,13 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Hashable, Iterable, Iterator
-from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
+
+from app.core.datafile import read_text
 
 PACKAGE = "app.data"
 RESOURCE = "gpu_catalog.yaml"
@@ -143,15 +144,7 @@ class GpuCatalog:
     @classmethod
     def load(cls, path: Path | None = None) -> GpuCatalog:
         """Read and validate a catalog file; the packaged ``app.data`` catalog when ``path`` is None."""
-        if path is None:
-            origin = f"{PACKAGE}/{RESOURCE}"
-            text = files(PACKAGE).joinpath(RESOURCE).read_text(encoding="utf-8")
-        else:
-            origin = str(path)
-            try:
-                text = Path(path).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise CatalogError(f"{origin}: cannot read: {exc}") from exc
+        text, origin = read_text(path, PACKAGE, RESOURCE, CatalogError)
         try:
             data = yaml.load(text, Loader=_UniqueKeyLoader)
         except CatalogError as exc:

@@ -15,13 +15,13 @@ import functools
 import math
 import re
 from collections.abc import Iterable, Iterator
-from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.core.datafile import entries, read_text
 from app.core.units import parse_param_count
 
 PACKAGE = "app.data"
@@ -180,15 +180,7 @@ class ModelRegistry:
 
     @classmethod
     def load(cls, path: Path | None = None) -> ModelRegistry:
-        if path is None:
-            origin = f"{PACKAGE}/{RESOURCE}"
-            text = files(PACKAGE).joinpath(RESOURCE).read_text(encoding="utf-8")
-        else:
-            origin = str(path)
-            try:
-                text = Path(path).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise RegistryError(f"{origin}: cannot read: {exc}") from exc
+        text, origin = read_text(path, PACKAGE, RESOURCE, RegistryError)
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -200,19 +192,7 @@ class ModelRegistry:
         raw = data.get("models") if isinstance(data, dict) else data
         if not isinstance(raw, list):
             raise RegistryError(f"{origin}: expected a 'models' list of entries")
-        out = []
-        for i, item in enumerate(raw):
-            label = repr(item.get("name")) if isinstance(item, dict) and item.get("name") else f"#{i + 1}"
-            if not isinstance(item, dict):
-                raise RegistryError(f"{origin}: entry {label}: expected a mapping of fields")
-            try:
-                out.append(ModelArch.model_validate(item))
-            except ValidationError as exc:
-                problems = "; ".join(
-                    f"field {'.'.join(str(p) for p in err['loc']) or '?'!r}: {err['msg']}"
-                    for err in exc.errors())
-                raise RegistryError(f"{origin}: entry {label}: {problems}") from None
-        return cls(out, origin)
+        return cls(entries(raw, ModelArch, RegistryError, origin, "name"), origin)
 
 
 @functools.cache

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.core.catalog import GpuSpec, normalize
+from app.core.datafile import entries
 from app.core.units import parse_param_count
 from app.core.workload import Precision, WorkloadSpec
 
@@ -115,23 +116,7 @@ class ProfileBook:
         raw = data.get("profiles") if isinstance(data, dict) else data
         if not isinstance(raw, list):
             raise ProfileError(f"{origin}: expected a 'profiles' list of entries")
-        out = []
-        for i, item in enumerate(raw):
-            label = f"#{i + 1}"
-            if isinstance(item, dict) and isinstance(item.get("model"), str):
-                label += f" ({item['model'].strip()})"
-            if not isinstance(item, dict):
-                raise ProfileError(f"{origin}: entry {label}: expected a mapping of fields")
-            try:
-                out.append(Profile.model_validate(item))
-            except ValidationError as exc:
-                problems = "; ".join(
-                    f"field {'.'.join(str(p) for p in err['loc']) or '?'!r}: {err['msg']}"
-                    for err in exc.errors()
-                )
-                raise ProfileError(f"{origin}: entry {label}: {problems}") from None
-            except ValueError as exc:  # parse_param_count's own message
-                raise ProfileError(f"{origin}: entry {label}: {exc}") from None
+        out = entries(raw, Profile, ProfileError, origin, "model")
         return cls(out, origin)
 
     def match(self, spec: WorkloadSpec, gpu: GpuSpec, precision: Precision) -> Profile | None:
