@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from app.core.policy import (
     FeasibilityPolicy,
@@ -71,8 +71,10 @@ class Settings(BaseSettings):
 
     # Frozen: components take their policies once (``policies()``); a setting changed afterwards
     # would silently reach some of them and not others.
+    # No inf or NaN anywhere: an infinite weight or time limit makes every node tie or nothing
+    # schedule, silently.
     model_config = SettingsConfigDict(
-        env_prefix="LLMP_", env_nested_delimiter="__", extra="forbid", frozen=True
+        env_prefix="LLMP_", env_nested_delimiter="__", extra="forbid", frozen=True, allow_inf_nan=False
     )
 
     host: str = "127.0.0.1"
@@ -85,7 +87,7 @@ class Settings(BaseSettings):
     # "kubernetes": list+watch the API server; "none": serve only from request bodies (non-cache mode).
     cluster_source: Literal["kubernetes", "none"] = "kubernetes"
     scheduler_name: str = "llm-placement"
-    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, le=1 << 30)
     # Connection limits of the verbs' and the metrics' HTTP servers (docs/extender-protocol.md,
     # "Connection limits"): a connection with no request under way is closed after the idle
     # timeout, a request must arrive whole within the request timeout of its first byte, and a
@@ -272,6 +274,9 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     data.update(overrides)
     try:
         return Settings(**data)
+    except SettingsError as exc:
+        # A structured LLMP_* variable that is not valid JSON: one line naming it, no traceback.
+        raise ConfigError(f"invalid configuration: {exc}") from None
     except ValidationError as exc:
         parts = []
         for err in exc.errors():

@@ -24,7 +24,7 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 class StageWeights(BaseModel):
     """Weights of the prioritize terms for one stage. Terms absent from a stage weigh 0."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     memory_fit: float = Field(1.0, ge=0)
     bandwidth: float = Field(0.0, ge=0)
@@ -40,7 +40,7 @@ class StageWeights(BaseModel):
 class NodeLabelKeys(BaseModel):
     """Where node facts come from; first hit wins (docs/node-facts.md). Every key is configurable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     gpu_product: tuple[str, ...] = (
         "nvidia.com/gpu.product",
@@ -48,7 +48,8 @@ class NodeLabelKeys(BaseModel):
         "node.koordinator.sh/gpu-model",
     )
     gpu_memory_mib: tuple[str, ...] = ("nvidia.com/gpu.memory",)
-    gpu_resource: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
+    # At least one: a node's GPUs could not be counted at all without it.
+    gpu_resource: tuple[str, ...] = Field(("nvidia.com/gpu", "amd.com/gpu"), min_length=1)
     nvlink_domain: tuple[str, ...] = (
         "nvidia.com/gpu.clique",
         "accelerator.topograph.run/domain",
@@ -74,7 +75,7 @@ class NodeLabelKeys(BaseModel):
 class TierBandwidth(BaseModel):
     """GB/s assumed between a producer and a consumer at each distance (data gravity)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     same_node: float = Field(20.0, gt=0)
     same_nvlink_domain: float = Field(50.0, gt=0)

@@ -31,6 +31,13 @@ def test_yaml_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ("stranded_idle_share: 1.5\n", "stranded_idle_share"),
     ("stranded_idle_share: -0.1\n", "stranded_idle_share"),
     ("stranded_idle_share: half\n", "stranded_idle_share"),
+    # Infinite or NaN figures would make every node tie or nothing schedule: refused by name.
+    ("weights:\n  serving: {cost: .inf}\n", "weights.serving.cost"),
+    ("solver_time_limit_seconds: .inf\n", "solver_time_limit_seconds"),
+    ("gang_reservation_ttl_seconds: .nan\n", "gang_reservation_ttl_seconds"),
+    ("default_interactive_ms_per_token: .inf\n", "default_interactive_ms_per_token"),
+    ("labels:\n  gpu_resource: []\n", "labels.gpu_resource"),
+    ("max_body_bytes: 100000000000000000000\n", "max_body_bytes"),
 ])
 def test_invalid_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:
     f = tmp_path / "c.yaml"
@@ -47,3 +54,10 @@ def test_unreadable_file(tmp_path: Path) -> None:
     bad.write_text("- 1\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_settings(bad)
+
+
+def test_malformed_json_in_a_structured_environment_setting_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMP_WEIGHTS", "[1,2")
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None)
+    assert "weights" in str(exc.value) and "\n" not in str(exc.value).strip()
