@@ -47,6 +47,7 @@ class _Regroup:
     token: int
     parked: set[str] = field(default_factory=set)
     timer: Cancellable | None = None
+    all_back: bool = False  # the wake for "every member is back" is armed
 
 
 class Regrouper:
@@ -87,8 +88,11 @@ class Regrouper:
         waiting = {m.uid for m in current.unbound} if current else set()
         group.parked.add(uid)
         back = len(waiting & group.parked)
-        if waiting <= group.parked:
-            self._schedule(key, group, self.delay)
+        if waiting <= group.parked and not group.all_back:
+            # Armed once: members retrying every few seconds must not push the replan back (or
+            # cancel the cap of ``longest``), or a gang whose members are all back waits forever.
+            group.all_back = True
+            self._schedule(key, group, min(self.delay, self.longest))
         return (MESSAGE_PREFIX + f"gang {key} regrouping after an incomplete bind: "
                 f"{back}/{len(waiting)} members back")
 

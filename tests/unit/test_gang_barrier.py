@@ -111,6 +111,10 @@ def test_timeout_fails_every_waiting_member_and_binds_none() -> None:
     # them together (the annotation write is the pod update that requeues them).
     [wake] = c.wake_timers.pending()
     assert wake.delay == SCHEDULER_MAX_BACKOFF + 1
+    # Members kube-scheduler retries meanwhile (every few seconds) do not push the replan back.
+    for p in pods * 3:
+        c.filter(p)
+    assert c.wake_timers.pending() == [wake]
     epoch = c.gangs.ledger.plans["ml/g"].epoch
     assert c.wake_timers.fire() == 1
     assert c.gangs.ledger.plans["ml/g"].epoch == epoch + 1
