@@ -12,9 +12,18 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
+from app.core.live_profiles import LearnPolicy, LiveProfileBook
 from app.core.policy import (
     FeasibilityPolicy,
     GangPolicy,
@@ -64,6 +73,30 @@ def _default_weights() -> dict[str, StageWeights]:
             memory_fit=1.5, bandwidth=1.5, cost=3, separation=1, packing=0.5, node_class=0, gravity=1
         ),
     }
+
+
+class LiveProfileSettings(BaseModel):
+    """Where the serving engines' latency histograms are, and when a measurement counts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    prometheus_url: str = Field(min_length=1, pattern=r"^https?://")
+    interval_seconds: float = Field(60.0, ge=1, le=3600)
+    window_seconds: float = Field(600.0, ge=30, le=86400)
+    timeout_seconds: float = Field(2.0, gt=0, le=30)
+    # Requests (first tokens) a key needs in the window before its figures may become a profile.
+    min_requests: int = Field(100, ge=1)
+    # Two consecutive polls must agree within this share before a learnt profile applies.
+    steady_tolerance: float = Field(0.25, gt=0, le=1)
+    stale_after_seconds: float = Field(1800.0, gt=0, le=7 * 86400)
+    # The labels the scrape configuration puts the pod's namespace and name in.
+    namespace_label: str = Field("namespace", min_length=1)
+    pod_label: str = Field("pod", min_length=1)
+    engines: tuple[Literal["vllm", "sglang", "tgi"], ...] = Field(("vllm", "sglang", "tgi"), min_length=1)
+
+    def learn_policy(self) -> LearnPolicy:
+        return LearnPolicy(min_requests=self.min_requests, steady_tolerance=self.steady_tolerance,
+                           stale_after_seconds=self.stale_after_seconds, window_seconds=self.window_seconds)
 
 
 class Settings(BaseSettings):
@@ -142,6 +175,9 @@ class Settings(BaseSettings):
     # Measured serving profiles (YAML or JSON) that replace the estimates for the pods they match:
     # docs/stage-policy.md, "Measured profiles". Read and validated once, at start.
     profiles_file: str | None = None
+    # Learn serving profiles from the engines' own latency metrics in Prometheus (opt-in):
+    # docs/stage-policy.md, "Learnt profiles".
+    live_profiles: LiveProfileSettings | None = None
     cpu_stages_may_use_gpu_nodes: bool = False
     default_cpu_hourly_cost: float = Field(0.05, ge=0)
     # Per GPU-hour for GPUs missing from the catalog (conservative: priced like a large GPU).
@@ -192,7 +228,8 @@ class Settings(BaseSettings):
                 default_interactive_ms_per_token=self.default_interactive_ms_per_token,
                 default_target_filter=self.default_target_filter,
                 serving=self._calibration,
-                profiles=self._profiles,
+                profiles=self._profiles if self.live_profiles is None
+                else LiveProfileBook(self.live_profiles.learn_policy(), file=self._profiles),
             )
             scoring = ScoringPolicy(
                 weights=MappingProxyType(dict(self.weights)),

@@ -11,6 +11,7 @@ from typing import Any
 from app.binding import AGREEMENT_TEXT
 from app.core.feasibility import NodeFit
 from app.core.gravity import GravityModel
+from app.core.live_profiles import LIVE_SOURCE_PREFIX
 from app.core.placer import UNKNOWN
 from app.core.reasons import problem_key
 from app.core.scoring import GRAVITY_OPENS_AT_MOST
@@ -194,7 +195,7 @@ def _serving_note(service: ExtenderService, spec: WorkloadSpec, fit: NodeFit) ->
     assert fit.estimate is not None
     policy = service.placer.policy.feasibility
     group = error_group(spec, fit.sizing.precision, policy.default_concurrency)
-    learnt = fit.profile is not None and fit.profile.source.startswith("live:")
+    learnt = fit.profile is not None and fit.profile.source.startswith(LIVE_SOURCE_PREFIX)
     decided = ("estimate" if fit.profile is None
                else "learnt profile (live serving metrics)" if learnt else "measured profile")
     return {
@@ -203,5 +204,9 @@ def _serving_note(service: ExtenderService, spec: WorkloadSpec, fit: NodeFit) ->
         "parts_ms": {k: round(v, 3) for k, v in fit.estimate.parts},
         "error_band": error_band(policy.serving, group),
         "decided_by": decided,
+        # Which pods, engine and window a learnt profile came from; a measured one's own source.
+        "profile_source": None if fit.profile is None else fit.profile.source,
+        "measured_ms_per_token": None if fit.profile is None else fit.profile.ms_per_token,
+        "measured_ttft_ms": None if fit.profile is None else fit.profile.ttft_ms,
     }
 

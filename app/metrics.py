@@ -108,6 +108,20 @@ class Metrics:
             "Predicted ms/token / max-ms-per-token (below 1 meets the SLO).",
             ["stage"], buckets=RATIO_BUCKETS, registry=r,
         )
+        self.estimate_ratio = Histogram(
+            "llm_placement_serving_estimate_ratio",
+            "Serving model estimate / what the engines measured, per learnt profile and poll "
+            "(docs/stage-policy.md, \"Learnt profiles\"); 1 is exact, above 1 pessimistic.",
+            ["group", "metric"], buckets=RATIO_BUCKETS, registry=r,
+        )
+        self.live_profile_polls = Counter(
+            "llm_placement_live_profile_polls",
+            "Polls of Prometheus for the serving engines' latency metrics, by result (ok, error).",
+            ["result"], registry=r,
+        )
+        self.live_profiles = Gauge(
+            "llm_placement_live_profiles", "Learnt serving profiles in effect.", registry=r,
+        )
         self.hourly_cost = Counter(
             "llm_placement_bound_hourly_cost_dollars_total",
             "Sum of the $/hour of every pod bound, by stage and GPU model.", ["stage", "gpu"], registry=r,

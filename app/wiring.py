@@ -6,6 +6,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from kubernetes import client
@@ -16,9 +17,11 @@ from app.cluster.binder import Binder
 from app.cluster.cache import ClusterCache
 from app.cluster.client import api_client, raw
 from app.cluster.dra import DraWatcher
+from app.cluster.serving_metrics import LiveProfilePoller, PrometheusReader, Source
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import GravityModel
+from app.core.live_profiles import LiveProfileBook, ServingPod
 from app.core.snapshot import ClusterSnapshot
 from app.decisions import DecisionMemory
 from app.gang.book import GangBook
@@ -106,6 +109,7 @@ def build_live(
         service = build_core(settings, catalog, metrics)
         service.ready.set()
         start_quality_refresher(service)
+        start_live_profiles(service)
         return service, None
     api = api_client(settings.kubeconfig)
     rest = ProcessRest(settings.kubeconfig) if settings.api_calls == "process" else None
@@ -160,6 +164,7 @@ def build_live(
     # GPUs through Dynamic Resource Allocation, when the cluster serves resource.k8s.io (docs/dra.md).
     DraWatcher(api, cache).start()
     start_quality_refresher(service)
+    start_live_profiles(service)
     return service, cache
 
 
@@ -178,3 +183,37 @@ def start_quality_refresher(
     return refresher
 
 
+
+
+def serving_pods(service: ExtenderService) -> Callable[[str], ServingPod | None]:
+    """namespace/name -> the running GPU serving pod's workload and GPU, from the snapshot."""
+
+    def find(key: str) -> ServingPod | None:
+        with service.lock:
+            snap = service.snapshot
+            uid = snap.by_key.get(key)
+            pod = snap.pods.get(uid) if uid is not None else None
+            if pod is None or pod.serving is None:
+                return None
+            node = snap.nodes.get(pod.node)
+            if node is None or node.gpu is None:
+                return None
+            return ServingPod(pod.serving, pod.precision or pod.serving.precision, node.gpu)
+
+    return find
+
+
+def start_live_profiles(service: ExtenderService) -> LiveProfilePoller | None:
+    """Learn serving profiles from Prometheus when the settings ask for it (docs/stage-policy.md,
+    "Learnt profiles"); a daemon thread that never blocks a verb."""
+    live = service.settings.live_profiles
+    book = service.placer.policy.feasibility.profiles
+    if live is None or not isinstance(book, LiveProfileBook):
+        return None
+    source = Source(live.prometheus_url, live.timeout_seconds, live.window_seconds,
+                    live.namespace_label, live.pod_label, live.engines)
+    poller = LiveProfilePoller(PrometheusReader(source), book, serving_pods(service),
+                               service.placer.policy.feasibility, service.metrics, live.interval_seconds)
+    poller.start()
+    log.info("learning serving profiles from %s every %gs", live.prometheus_url, live.interval_seconds)
+    return poller

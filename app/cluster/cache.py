@@ -24,9 +24,16 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import SHARE_ANNOTATION
 from app.core.nodes import facts_for
-from app.core.snapshot import TERMINAL_PHASES, ClusterSnapshot, PlacedPod
+from app.core.snapshot import TERMINAL_PHASES, ClusterSnapshot, PlacedPod, serving_spec
 from app.core.units import quote
-from app.core.workload import PREFIX, WorkloadError, parse_workload, pod_resources, unknown_keys
+from app.core.workload import (
+    PREFIX,
+    Precision,
+    WorkloadError,
+    parse_workload,
+    pod_resources,
+    unknown_keys,
+)
 from app.gang.takeover import PlannedPods
 from app.metrics import Metrics
 from app.ratelog import RateLimitedLog
@@ -125,7 +132,8 @@ def apply_pod(
         placed = PlacedPod(uid=uid, key=key, node=node, gpus=spec.gpus, cpu_millis=spec.cpu_millis,
                            memory_bytes=spec.memory_bytes, stage=spec.stage,
                            latency_class=spec.effective_latency_class,
-                           gang=spec.gang.key if spec.gang else None, priority=spec.priority)
+                           gang=spec.gang.key if spec.gang else None, priority=spec.priority,
+                           serving=serving_spec(spec), precision=_assigned_precision(meta))
     else:
         # Bad annotations must never hide real GPU usage: count resources regardless.
         try:
@@ -135,6 +143,14 @@ def apply_pod(
         placed = PlacedPod(uid=uid, key=key, node=node, gpus=gpus, cpu_millis=cpu, memory_bytes=mem,
                            stage=None, latency_class=None, gang=None)
     snapshot.place(placed)
+
+
+def _assigned_precision(meta: dict[str, Any]) -> Precision | None:
+    raw = (meta.get("annotations") or {}).get(PREFIX + "assigned-precision")
+    try:
+        return Precision(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
 
 
 def watch_events(

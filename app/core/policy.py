@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.core.profiles import ProfileBook
+from app.core.live_profiles import ProfileSource
 from app.core.ranking import ScoreMapping
 from app.core.serving_model import ServingCalibration, default_calibration
 
@@ -100,8 +100,9 @@ class FeasibilityPolicy:
     # The serving model's fitted parameters (docs/stage-policy.md, "The serving model").
     serving: ServingCalibration = field(default_factory=default_calibration)
     # Measured ms/token, TTFT and max concurrency that replace the estimates where a pod matches
-    # (settings profiles_file, docs/stage-policy.md "Measured profiles").
-    profiles: ProfileBook | None = None
+    # (settings profiles_file, docs/stage-policy.md "Measured profiles"), and those learnt from live
+    # serving metrics when live_profiles is set ("Learnt profiles").
+    profiles: ProfileSource | None = None
 
 
 @dataclass(frozen=True, slots=True)

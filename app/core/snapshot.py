@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from app.core.dra import DraIndex
 from app.core.node_table import NodeTable
 from app.core.nodes import NodeFacts
-from app.core.workload import TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
+from app.core.workload import TRAINING_STAGES, LatencyClass, Precision, Stage, WorkloadSpec
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -35,6 +35,10 @@ class PlacedPod:
     priority: int = 0
     assumed: bool = False  # bound by us, not yet confirmed by the watch
     finished_at: float | None = None  # producers that finished still count for data gravity
+    # GPU serving pods only: their workload and the precision they were bound at, so measured
+    # latency can be attributed to a model on a GPU (app.core.live_profiles).
+    serving: WorkloadSpec | None = None
+    precision: Precision | None = None
 
 
 @dataclass(slots=True)
@@ -107,6 +111,7 @@ class ClusterSnapshot:
             # truth; an assumption never overrides it.
             if old.node == pod.node and (pod.assumed or _same_resources(old, pod)):
                 old.assumed = old.assumed and pod.assumed
+                old.precision = pod.precision or old.precision
                 return
             self._release(old)
         self.pods[pod.uid] = pod
@@ -254,4 +259,11 @@ def placed_from_spec(spec: WorkloadSpec, node: str, *, assumed: bool = False) ->
         gang=spec.gang.key if spec.gang else None,
         priority=spec.priority,
         assumed=assumed,
+        serving=serving_spec(spec),
     )
+
+
+def serving_spec(spec: WorkloadSpec) -> WorkloadSpec | None:
+    """The spec worth keeping on a placed pod for learnt profiles: GPU serving with a model size."""
+    ok = spec.stage is Stage.SERVING and spec.gpus > 0 and spec.model_params is not None
+    return spec if ok else None
