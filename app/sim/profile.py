@@ -34,6 +34,7 @@ DEFAULT_SCORE_WEIGHTS: dict[str, int] = {
     "NodeResourcesBalancedAllocation": 1,
     "ImageLocality": 1,
     "VolumeBinding": 1,
+    "DynamicResources": 2,
 }
 FIT, BALANCED = "NodeResourcesFit", "NodeResourcesBalancedAllocation"
 MODELLED_PLUGINS = (FIT, BALANCED)
@@ -45,6 +46,7 @@ CONSTANT_PLUGINS: dict[str, str] = {
     "InterPodAffinity": "no pod (anti-)affinity on the pods or on bound pods: skips",
     "ImageLocality": "the nodes report no images: 0 everywhere",
     "VolumeBinding": "no PersistentVolumeClaims: skips",
+    "DynamicResources": "no ResourceClaims with firstAvailable subrequests: skips",
 }
 STRATEGIES = ("LeastAllocated", "MostAllocated")
 MAX_NODE_SCORE = 100
@@ -66,7 +68,7 @@ SHIPPED_FALLBACK: dict[str, Any] = {
         "plugins": {"score": {"disabled": [{"name": FIT}, {"name": BALANCED}, {"name": "ImageLocality"}]}},
     }],
     "extenders": [{"urlPrefix": "http://127.0.0.1:8888/scheduler", "filterVerb": "filter",
-                   "prioritizeVerb": "prioritize", "bindVerb": "bind", "weight": 100}],
+                   "prioritizeVerb": "prioritize", "bindVerb": "bind", "weight": 130}],
 }
 
 

@@ -16,6 +16,8 @@ import yaml
 
 from app.config import Settings, load_settings
 from app.core.profiles import ProfileBook
+from app.sim.profile import DEFAULT_SCORE_WEIGHTS, EXTENDER_SCALE, MAX_NODE_SCORE
+from tests.integration.harness import find_binaries
 
 from .conftest import CHART, NAMESPACE, RELEASE, Rendered, run_helm, template_args
 
@@ -115,14 +117,56 @@ def test_scheduler_config_has_the_extender_as_designed(default: Rendered) -> Non
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
     assert ext["nodeCacheCapable"] is True
     assert ext["ignorable"] is False
-    # One band (weight x 10 points) must exceed the 900 in-tree points that still vary (TaintToleration
-    # x3, NodeAffinity, PodTopologySpread, InterPodAffinity x2, each 0..100).
-    assert isinstance(ext["weight"], int) and ext["weight"] * 10 > 900
+    assert isinstance(ext["weight"], int) and ext["weight"] > 0
     # The secondary scheduler must send every pod (CPU-only stages too) to the extender (docs/extender-protocol.md).
     assert "managedResources" not in ext
     le = cfg["leaderElection"]
     assert le["leaderElect"] is True
     assert (le["resourceName"], le["resourceNamespace"]) == ("llm-placement", NAMESPACE)
+
+
+def in_tree_score_weights(cfg: dict[str, Any], tmp_path: Path) -> dict[str, int]:
+    """The score plugins kube-scheduler itself runs for the profile, with its own default weights:
+    the real binary writes the configuration with every default applied (--write-config-to)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "unused"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    cfg = {**cfg, "leaderElection": {"leaderElect": False},
+           "clientConnection": {**cfg.get("clientConnection", {}), "kubeconfig": str(kubeconfig)}}
+    (tmp_path / "in.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "out.yaml"
+    scheduler = find_binaries(build=False).kube_scheduler
+    proc = subprocess.run([str(scheduler), f"--config={tmp_path / 'in.yaml'}", f"--write-config-to={out}"],
+                          capture_output=True, text=True, timeout=60)
+    assert out.exists(), proc.stderr[-2000:]
+    [profile] = yaml.safe_load(out.read_text())["profiles"]
+    plugins = profile["plugins"]
+    disabled = {p["name"] for p in (plugins.get("score") or {}).get("disabled") or ()}
+    weights = {p["name"]: p.get("weight") or 0 for p in plugins["multiPoint"]["enabled"]}
+    weights.update({p["name"]: p.get("weight") or 0 for p in (plugins.get("score") or {}).get("enabled") or ()})
+    # A multiPoint plugin written with weight 0 either has no Score (filter-only) or scores at weight
+    # 1 once its feature gate is on: VolumeBinding under StorageCapacityScoring. Count it, to be safe.
+    weights["VolumeBinding"] = max(weights.get("VolumeBinding", 0), 1)
+    return {n: w for n, w in weights.items() if w > 0 and n not in disabled}
+
+
+def test_one_band_outweighs_every_in_tree_scorer_kube_scheduler_enables(default: Rendered, tmp_path: Path) -> None:
+    cfg = sched_config(default)
+    weights = in_tree_score_weights(cfg, tmp_path)
+    # What 1.36 enables by default for this profile; DynamicResources is the one a comment once missed.
+    assert {"TaintToleration", "NodeAffinity", "PodTopologySpread", "InterPodAffinity",
+            "DynamicResources"} <= set(weights)
+    in_tree_max = sum(weights.values()) * MAX_NODE_SCORE
+    [ext] = cfg["extenders"]
+    band = ext["weight"] * EXTENDER_SCALE
+    assert band > in_tree_max, f"one band is {band} points, the in-tree scorers {weights} add {in_tree_max}"
+    # The simulator adds the same weights kube-scheduler does.
+    for name, w in weights.items():
+        assert DEFAULT_SCORE_WEIGHTS.get(name) == w, name
 
 
 def test_scheduler_config_is_the_chart_file_with_only_the_documented_overrides(default: Rendered) -> None:
