@@ -7,6 +7,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
@@ -45,3 +46,33 @@ def entries(raw: list[Any], model: type[M], error: type[ValueError], origin: str
         except ValueError as exc:  # a field parser's own message
             raise error(f"{origin}: entry {label}: {exc}") from None
     return out
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases: a few hundred bytes of nested anchors expand to gigabytes
+    once the document is turned into Python objects (a "billion laughs" file)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not accepted; write the value out",
+                event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_user_yaml(path: Path | str, error: type[ValueError], max_bytes: int) -> Any:
+    """A file a user hands a command: at most ``max_bytes``, no aliases, one line per problem."""
+    try:
+        size = Path(path).stat().st_size
+        if size > max_bytes:
+            raise error(f"{path}: {size} bytes; at most {max_bytes} are read")
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc

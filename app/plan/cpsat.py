@@ -48,13 +48,14 @@ class _Model:
         self.p = p
         m = self.m = cp_model.CpModel()
         horizon = sum(max(d.values()) for d in p.duration.values())
-        horizon += sum(max(p.transfer(u, a, b) for a in p.duration[u] for b in p.duration[v])
+        horizon += sum(max(p.transfer(u, a, b, v) for a in p.duration[u] for b in p.duration[v])
                        for u, v in p.edges())
         self.horizon = horizon
         self.start = {t.name: m.new_int_var(0, horizon, f"s[{t.name}]") for t in p.tasks}
         self.end = {t.name: m.new_int_var(0, horizon, f"e[{t.name}]") for t in p.tasks}
         self.x: dict[tuple[str, str], cp_model.IntVar] = {}
         self.iv: dict[tuple[str, str], cp_model.IntervalVar] = {}
+        self.alt: dict[tuple[str, str], tuple[cp_model.IntVar, cp_model.IntVar]] = {}
         for t in p.tasks:
             for n, d in p.duration[t.name].items():
                 x = self.x[(t.name, n)] = m.new_bool_var(f"x[{t.name},{n}]")
@@ -63,6 +64,7 @@ class _Model:
                 # proved a 6-step makespan optimal where 3 was feasible (tests/unit/test_plan_solver.py).
                 s_alt = m.new_int_var(0, horizon, f"s[{t.name},{n}]")
                 e_alt = m.new_int_var(0, horizon, f"e[{t.name},{n}]")
+                self.alt[(t.name, n)] = (s_alt, e_alt)
                 self.iv[(t.name, n)] = m.new_optional_interval_var(s_alt, d, e_alt, x, f"iv[{t.name},{n}]")
                 m.add(self.start[t.name] == s_alt).only_enforce_if(x)
                 m.add(self.end[t.name] == e_alt).only_enforce_if(x)
@@ -70,7 +72,10 @@ class _Model:
             m.add(self.end[t.name] >= self.start[t.name] + min(p.duration[t.name].values()))
         for node in p.nodes:
             here = [t for t in p.tasks if node.name in p.duration[t.name]]
-            for demand, cap in ((lambda t: t.gpus, node.gpus), (lambda t: t.cpu_millis, node.cpu_millis)):
+            resources = [(lambda t: t.gpus, node.gpus), (lambda t: t.cpu_millis, node.cpu_millis)]
+            if node.memory_mib:
+                resources.append((lambda t: t.memory_mib, node.memory_mib))
+            for demand, cap in resources:
                 users = [t for t in here if demand(t) > 0]
                 if sum(demand(t) for t in users) > cap:
                     m.add_cumulative([self.iv[(t.name, node.name)] for t in users],
@@ -83,7 +88,7 @@ class _Model:
         for u, v in p.edges():
             targets = p.duration[v]
             for a in p.duration[u]:
-                lags = {b: p.transfer(u, a, b) for b in targets}
+                lags = {b: p.transfer(u, a, b, v) for b in targets}
                 low = min(lags.values())
                 expr = sum((lag - low) * self.x[(v, b)] for b, lag in lags.items() if lag > low)
                 m.add(self.start[v] >= self.end[u] + low + expr).only_enforce_if(self.x[(u, a)])
@@ -96,8 +101,13 @@ class _Model:
             s = schedule.slots[t.name]
             self.m.add_hint(self.start[t.name], s.start)
             self.m.add_hint(self.end[t.name], s.end)
-            for n in self.p.duration[t.name]:
+            for n, d in self.p.duration[t.name].items():
                 self.m.add_hint(self.x[(t.name, n)], n == s.node)
+                # Every variable hinted: an incomplete hint is only a suggestion CP-SAT may drop,
+                # and then the plan could come out worse than the baseline it started from.
+                s_alt, e_alt = self.alt[(t.name, n)]
+                self.m.add_hint(s_alt, s.start if n == s.node else 0)
+                self.m.add_hint(e_alt, s.end if n == s.node else d)
         self.m.add_hint(self.makespan, schedule.makespan)
 
     def read(self, solver: cp_model.CpSolver, method: str) -> Schedule:
@@ -114,7 +124,7 @@ class _Model:
             return sum(round(p.cost[t][n] * 1000) * x for (t, n), x in self.x.items())
         same = []
         for u, v in p.edges():
-            mb = round(p.task[u].output_gb * 1000)
+            mb = round(p.edge_gb(u, v) * 1000)
             if mb <= 0:
                 continue
             for n in set(p.duration[u]) & set(p.duration[v]):
@@ -135,19 +145,24 @@ def _solver(limit: float, workers: int, seed: int) -> cp_model.CpSolver:
 
 def solve(
     problem: PlanProblem, *, time_limit: float = 10.0, secondary: Secondary = "cost",
-    hint: Schedule | None = None, workers: int = 2, seed: int = 0,
+    hint: Schedule | None = None, workers: int = 2, seed: int = 0, started: float | None = None,
 ) -> SolveResult:
-    """Minimise the makespan within ``time_limit`` seconds in all (70% for it, the rest and whatever
-    it left over for the secondary objective)."""
-    t0 = time.perf_counter()
+    """Minimise the makespan within ``time_limit`` seconds in all, counted from ``started`` (default:
+    now) so building the model is inside the budget: 70% up to the end of the makespan phase, the
+    rest and whatever it left over for the secondary objective."""
+    t0 = time.perf_counter() if started is None else started
     model = _Model(problem)
+    proto = model.m.proto
+    size = (len(proto.variables), len(proto.constraints))
+    first_phase = time_limit * (0.7 if secondary != "none" else 1.0) - (time.perf_counter() - t0)
+    if first_phase < 0.05:
+        return SolveResult(None, "timeout (building the model took the budget)", None, 0, None, secondary,
+                           "skipped", time.perf_counter() - t0, *size)
     if hint is not None:
         model.hint(hint)
     model.m.minimize(model.makespan)
-    solver = _solver(time_limit * (0.7 if secondary != "none" else 1.0), workers, seed)
+    solver = _solver(first_phase, workers, seed)
     status = solver.solve(model.m)
-    proto = model.m.proto
-    size = (len(proto.variables), len(proto.constraints))
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SolveResult(None, _STATUS.get(status, "unknown"), None, int(solver.best_objective_bound),
                            None, secondary, "skipped", time.perf_counter() - t0, *size)

@@ -18,6 +18,8 @@ from app.core.workload import TRAINING_STAGES, Stage, WorkloadSpec
 # Share of peak dense BF16 FLOPS that large training jobs sustain (model FLOPs utilisation); 35-45%
 # is what well-tuned FSDP/Megatron runs report on Hopper-class GPUs.
 TRAIN_MFU = 0.4
+# An estimate beyond this is a mistake in the inputs (a token count off by 1000x), not a plan.
+MAX_ESTIMATE_SECONDS = 365 * 86400
 
 
 class EstimateError(ValueError):
@@ -40,9 +42,16 @@ def task_seconds(
         if spec.gpus <= 0 or node.gpu is None:
             raise EstimateError(f"task {name}: training from tokens needs GPUs of a catalogued product")
         flops = 6.0 * spec.model_params * tokens
-        return max(1, math.ceil(flops / (spec.gpus * node.gpu.bf16_tflops * 1e12 * TRAIN_MFU)))
+        return _capped(name, node, flops / (spec.gpus * node.gpu.bf16_tflops * 1e12 * TRAIN_MFU))
     if spec.stage is Stage.SERVING and fit.ms_per_token is not None:
         streams = spec.concurrency or default_concurrency
-        return max(1, math.ceil(tokens * fit.ms_per_token / 1000.0 / streams))
+        return _capped(name, node, tokens * fit.ms_per_token / 1000.0 / streams)
     raise EstimateError(f"task {name}: tokens estimate durations only for training and serving-class "
                         "stages; give duration")
+
+
+def _capped(name: str, node: NodeFacts, seconds: float) -> int:
+    if not seconds <= MAX_ESTIMATE_SECONDS:
+        raise EstimateError(f"task {name}: estimated {seconds / 86400 / 365:.3g} years on {node.name}; "
+                            "check tokens and model_params, or give duration")
+    return max(1, math.ceil(seconds))

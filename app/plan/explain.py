@@ -24,11 +24,11 @@ def critical_path(problem: PlanProblem, schedule: Schedule) -> list[str]:
         s = slots[cur]
         line = f"{cur} on {s.node} {hms(s.start)}-{hms(s.end)}"
         binding = [d for d in problem.task[cur].deps
-                   if slots[d].end + problem.transfer(d, slots[d].node, s.node) == s.start]
+                   if slots[d].end + problem.transfer(d, slots[d].node, s.node, cur) == s.start]
         if binding:
             d = binding[0]
-            lag = problem.transfer(d, slots[d].node, s.node)
-            gb = problem.task[d].output_gb
+            lag = problem.transfer(d, slots[d].node, s.node, cur)
+            gb = problem.edge_gb(d, cur)
             where = "locally" if slots[d].node == s.node else (
                 f"from {slots[d].node} ({problem.distance.get((slots[d].node, s.node), 'remote')})")
             chain.append(f"{line}: starts when {d}'s {gb:g} GB has been read {where} in {lag} s")
@@ -51,10 +51,10 @@ def colocations(problem: PlanProblem, schedule: Schedule) -> list[str]:
     slots = schedule.slots
     for u, v in problem.edges():
         node = slots[u].node
-        if slots[v].node != node or problem.task[u].output_gb <= 0:
+        if slots[v].node != node or problem.edge_gb(u, v) <= 0:
             continue
-        here = problem.transfer(u, node, node)
-        others = [(problem.transfer(u, node, m), m) for m in problem.duration[v] if m != node]
+        here = problem.transfer(u, node, node, v)
+        others = [(problem.transfer(u, node, m, v), m) for m in problem.duration[v] if m != node]
         alt = ""
         if others:
             lag, m = min(others)

@@ -1,7 +1,8 @@
 """HEFT (Topcuoglu, Hariri and Wu, 2002): the standard list-scheduling heuristic for DAGs on
 heterogeneous machines, here with multi-GPU nodes as the machines.
 
-Upward rank = mean duration over eligible nodes + the largest (mean transfer + rank) among its
+Upward rank = mean duration over eligible nodes + the largest (mean transfer between distinct
+nodes + rank) among its
 consumers; tasks are taken in decreasing rank and each goes to the node where it finishes earliest,
 inserted into a gap when one is long enough.
 """
@@ -20,8 +21,11 @@ def upward_ranks(problem: PlanProblem) -> dict[str, float]:
         w = fmean(problem.duration[name].values())
         tail = 0.0
         for s in problem.succ[name]:
-            comm = fmean(problem.transfer(name, a, b)
-                         for a in problem.duration[name] for b in problem.duration[s])
+            # The mean over pairs of distinct nodes: the paper's average communication cost; a local
+            # read costs nothing and is not part of the average.
+            pairs = [problem.transfer(name, a, b, s)
+                     for a in problem.duration[name] for b in problem.duration[s] if a != b]
+            comm = fmean(pairs) if pairs else 0.0
             tail = max(tail, comm + ranks[s])
         ranks[name] = w + tail
     return ranks

@@ -53,6 +53,7 @@ class PlanTask:
     # Interactive serving may not run beside training on one node (a hard rule): "serve" and "train"
     # tasks on the same node must not overlap in time.
     kind: str = OTHER
+    memory_mib: int = 0  # host memory the pod requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,7 @@ class PlanNode:
     gpus: int
     cpu_millis: int
     hardware: str = ""
+    memory_mib: int = 0  # allocatable host memory; 0: not stated, not limited
 
 
 @dataclass(slots=True)
@@ -79,6 +81,8 @@ class PlanProblem:
     facts: dict[str, NodeFacts] = field(default_factory=dict)
     name: str = "workflow"
     namespace: str = "default"
+    # (producer, consumer) -> GB that consumer reads, where it is not the producer's whole output.
+    edge_data: dict[tuple[str, str], float] = field(default_factory=dict)
     task: dict[str, PlanTask] = field(init=False)
     node: dict[str, PlanNode] = field(init=False)
     succ: dict[str, list[str]] = field(init=False)  # producer -> consumers
@@ -94,9 +98,14 @@ class PlanProblem:
     def eligible(self, task: str) -> list[str]:
         return list(self.duration[task])
 
-    def transfer(self, producer: str, src: str, dst: str) -> int:
-        """Whole seconds for ``producer``'s output to reach a consumer on ``dst`` from ``src``."""
-        gb = self.task[producer].output_gb
+    def edge_gb(self, producer: str, consumer: str) -> float:
+        """GB ``consumer`` reads from ``producer``: the edge's own size, else the producer's output."""
+        return self.edge_data.get((producer, consumer), self.task[producer].output_gb)
+
+    def transfer(self, producer: str, src: str, dst: str, consumer: str | None = None) -> int:
+        """Whole seconds for what ``consumer`` reads of ``producer``'s output (all of it when no
+        consumer is named) to reach ``dst`` from ``src``."""
+        gb = self.task[producer].output_gb if consumer is None else self.edge_gb(producer, consumer)
         return math.ceil(gb * self.s_per_gb[(src, dst)] - 1e-9) if gb > 0 else 0
 
     def edges(self) -> list[tuple[str, str]]:
@@ -130,6 +139,10 @@ def task_pod(task: Task, wf: Workflow, outputs: dict[str, float]) -> dict[str, A
             ann[ANN + "input-data-gb"] = f"{gb:g}"
     return pod_object(task.name, namespace=wf.namespace, stage=task.stage, gpus=task.gpus, cpu=task.cpu,
                       memory=task.memory, annotations=ann, uid=f"plan-{wf.name}-{task.name}")
+
+
+def _mib(memory_bytes: float) -> int:
+    return max(0, math.ceil(memory_bytes / (1 << 20)))
 
 
 def _kind(spec: WorkloadSpec) -> str:
@@ -170,7 +183,8 @@ def build_problem(
         snap.upsert_node(f)
     gravity = GravityModel(snap, policies.gravity)
     used = used_gpus or {}
-    nodes = [PlanNode(f.name, max(0, f.gpu_count - used.get(f.name, 0)), int(f.cpu_millis), _hardware(f))
+    nodes = [PlanNode(f.name, max(0, f.gpu_count - used.get(f.name, 0)), int(f.cpu_millis), _hardware(f),
+                      _mib(f.memory_bytes))
              for f in facts]
     s_per_gb: dict[tuple[str, str], float] = {}
     distance: dict[tuple[str, str], str] = {}
@@ -203,6 +217,9 @@ def build_problem(
             if spec.cpu_millis > f.cpu_millis:
                 excluded[t.name][f.name] = "not enough CPU"
                 continue
+            if f.memory_bytes > 0 and spec.memory_bytes > f.memory_bytes:
+                excluded[t.name][f.name] = "not enough host memory"
+                continue
             assert isinstance(verdict, NodeFit)
             try:
                 secs = task_seconds(t.name, spec, verdict, f, duration=t.duration, tokens=t.tokens,
@@ -215,6 +232,7 @@ def build_problem(
             reasons = sorted(set(excluded[t.name].values()))
             raise ProblemError(f"task {t.name} fits no node: " + "; ".join(reasons[:3]))
         tasks.append(PlanTask(t.name, spec.stage.value if spec.stage else t.stage, spec.gpus,
-                              int(spec.cpu_millis), t.after, t.output_gb, _kind(spec)))
+                              int(spec.cpu_millis), t.after, t.output_gb, _kind(spec),
+                              _mib(spec.memory_bytes)))
     return PlanProblem(tasks, nodes, duration, cost, s_per_gb, distance, excluded, pods, specs,
                        {f.name: f for f in facts}, wf.name, wf.namespace)

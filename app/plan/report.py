@@ -16,7 +16,8 @@ def as_json(run: PlanRun) -> dict[str, Any]:
     p = run.problem
     return {
         "workflow": p.name,
-        "solver": {"status": r.status, "makespan_s": r.makespan, "bound_s": r.bound, "gap": r.gap,
+        "solver": {"status": r.status, "makespan_s": r.makespan, "bound_s": run.lower_bound,
+                   "solver_bound_s": r.bound, "gap": _gap(run),
                    "seconds": round(r.seconds, 3), "secondary": r.secondary,
                    "secondary_status": r.secondary_status, "variables": r.variables,
                    "constraints": r.constraints},
@@ -32,6 +33,14 @@ def as_json(run: PlanRun) -> dict[str, Any]:
     }
 
 
+def _gap(run: PlanRun) -> float:
+    """(plan - lower bound) / plan: 0 when the plan is proven optimal."""
+    if run.result.status == "optimal" and run.plan.method == "cp-sat":
+        return 0.0
+    span = run.plan.makespan
+    return (span - run.lower_bound) / span if span else 0.0
+
+
 def render(run: PlanRun, console: Console) -> None:
     p, r = run.problem, run.result
     table = Table(title=f"plan for {p.name}: {len(p.tasks)} tasks on {len(p.nodes)} nodes")
@@ -42,12 +51,14 @@ def render(run: PlanRun, console: Console) -> None:
                           for d in p.task[t].deps)
         table.add_row(t, p.task[t].stage, s.node, p.node[s.node].hardware, hms(s.start), hms(s.end), reads)
     console.print(table)
-    if r.status == "optimal":
+    gap = _gap(run)
+    if r.status == "optimal" and run.plan.method == "cp-sat":
         proof = "proven optimal (gap 0%)"
-    elif r.gap is not None:
-        proof = f"{r.status}, within {r.gap:.1%} of the bound {hms(r.bound)}"
+    elif run.plan.method != "cp-sat":
+        proof = f"solver {r.status}: showing {run.plan.method}, within {gap:.1%} of the lower bound " \
+                f"{hms(run.lower_bound)}"
     else:
-        proof = f"solver {r.status}: showing HEFT's plan"
+        proof = f"{r.status}, within {gap:.1%} of the lower bound {hms(run.lower_bound)}"
     console.print(f"makespan {hms(run.plan.makespan)}: {proof}; solved in {r.seconds:.2f} s "
                   f"({r.variables} variables, {r.constraints} constraints); then {r.secondary} "
                   f"minimised at that makespan ({r.secondary_status})")

@@ -34,7 +34,7 @@ class Schedule:
 def ready_time(problem: PlanProblem, slots: dict[str, Slot], task: str, node: str) -> int:
     """Earliest start on ``node`` allowed by the producers' ends and their data's transfer."""
     t = problem.task[task]
-    return max((slots[d].end + problem.transfer(d, slots[d].node, node) for d in t.deps), default=0)
+    return max((slots[d].end + problem.transfer(d, slots[d].node, node, task) for d in t.deps), default=0)
 
 
 def _conflict(problem: PlanProblem, a: str, b: str) -> bool:
@@ -54,7 +54,8 @@ def fits_at(problem: PlanProblem, placed: Sequence[tuple[str, Slot]], task: str,
     for at in {start, *(s.start for _, s in overlapping if s.start > start)}:
         gpus = t.gpus + sum(problem.task[o].gpus for o, s in overlapping if s.start <= at < s.end)
         cpu = t.cpu_millis + sum(problem.task[o].cpu_millis for o, s in overlapping if s.start <= at < s.end)
-        if gpus > n.gpus or cpu > n.cpu_millis:
+        mem = t.memory_mib + sum(problem.task[o].memory_mib for o, s in overlapping if s.start <= at < s.end)
+        if gpus > n.gpus or cpu > n.cpu_millis or (n.memory_mib and mem > n.memory_mib):
             return False
     return True
 
@@ -112,9 +113,9 @@ def metrics(problem: PlanProblem, schedule: Schedule) -> Metrics:
     lag = 0
     for u, v in problem.edges():
         a, b = slots[u].node, slots[v].node
-        lag += problem.transfer(u, a, b)
+        lag += problem.transfer(u, a, b, v)
         if a != b:
-            cross += problem.task[u].output_gb
+            cross += problem.edge_gb(u, v)
     cost = sum(problem.cost[t][s.node] for t, s in slots.items())
     gpu_h = sum(problem.task[t].gpus * (s.end - s.start) for t, s in slots.items()) / 3600.0
     return Metrics(schedule.makespan, cross, lag, cost, gpu_h)

@@ -5,6 +5,7 @@ they write and the tasks they wait for. docs/planner.md describes the format.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from app.core.datafile import load_user_yaml
 from app.core.units import parse_param_count
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
 _UNIT_S = {None: 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_PLAIN_NUMBER = re.compile(r"^\s*\d+(\.\d+)?([eE][+]?\d+)?\s*$")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 MAX_TASKS = 200  # the exact model grows with tasks x nodes; beyond this use the baselines' scale
+MAX_FILE_BYTES = 8 * 1024 * 1024  # a 200-task workflow is a few hundred KB
+MAX_TOKENS = 1e15  # a thousand times the largest published pretraining runs' token counts
 
 
 class WorkflowError(ValueError):
@@ -41,11 +46,18 @@ def parse_duration(value: str | float | int) -> float:
 
 
 def _count(value: str | float | int) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not 0 < value < 1e16:
-            raise ValueError(f"{value!r} must be positive")
-        return float(value)
-    return parse_param_count(str(value))
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a token count")
+    if isinstance(value, int | float) or _PLAIN_NUMBER.match(value):
+        n = float(value)
+    else:
+        try:
+            n = parse_param_count(str(value))
+        except ValueError:
+            raise ValueError(f"{str(value)[:40]!r} is not a token count like 2e12, 500B or 3T") from None
+    if not 0 < n <= MAX_TOKENS:
+        raise ValueError(f"{value!r} tokens: must be positive and at most {MAX_TOKENS:.0e}")
+    return n
 
 
 class Task(BaseModel):
@@ -110,24 +122,29 @@ class Workflow(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = "workflow"
-    namespace: str = "default"
+    name: str = Field("workflow", min_length=1, max_length=253)
+    namespace: str = Field("default", min_length=1, max_length=63)
     tasks: tuple[Task, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _graph(self) -> Workflow:
         names = [t.name for t in self.tasks]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = sorted(n for n, k in Counter(names).items() if k > 1)
         if dup:
-            raise ValueError(f"task names repeat: {dup}")
+            raise ValueError(f"task names repeat: {dup[:10]}")
         known = set(names)
         for t in self.tasks:
             missing = [a for a in t.after if a not in known]
             if missing:
                 raise ValueError(f"task {t.name}: after names unknown task(s) {missing}")
+        total = sum(t.count for t in self.tasks)
+        if total > MAX_TASKS:
+            raise ValueError(f"{total} tasks after expanding counts; at most {MAX_TASKS}")
         expanded = self.expanded()
-        if len(expanded) > MAX_TASKS:
-            raise ValueError(f"{len(expanded)} tasks after expanding counts; at most {MAX_TASKS}")
+        # A sweep's members are name-0, name-1, ...: a task of its own may not take one of those names.
+        clash = sorted(n for n, k in Counter(t.name for t in expanded).items() if k > 1)
+        if clash:
+            raise ValueError(f"task names repeat once sweeps (count) are expanded: {clash[:10]}")
         _check_acyclic(expanded)
         return self
 
@@ -166,23 +183,35 @@ def _check_acyclic(tasks: list[Task]) -> None:
 def load_workflow(path: str | Path | None = None) -> Workflow:
     """The workflow in ``path``, or the bundled pipeline (app/plan/data/pipeline.yaml)."""
     where = str(path) if path else "bundled pipeline.yaml"
-    try:
-        text = Path(path).read_text() if path else (files("app.plan") / "data" / "pipeline.yaml").read_text()
-        data = yaml.safe_load(text)
-    except (OSError, yaml.YAMLError) as exc:
-        raise WorkflowError(f"cannot read workflow {where}: {exc}") from exc
+    if path:
+        data = load_user_yaml(path, WorkflowError, MAX_FILE_BYTES)
+    else:
+        data = yaml.safe_load((files("app.plan") / "data" / "pipeline.yaml").read_text())
     if not isinstance(data, dict):
         raise WorkflowError(f"{where}: expected a mapping with 'tasks'")
+    raw = data.get("tasks")
+    # Limits first: nothing below may cost more than the limits allow.
+    if isinstance(raw, list) and len(raw) > MAX_TASKS:
+        raise WorkflowError(f"{where}: {len(raw)} tasks; at most {MAX_TASKS}")
     try:
         return Workflow.model_validate(data)
     except ValidationError as exc:
-        parts = []
-        for err in exc.errors():
-            loc = list(err["loc"])
-            if len(loc) >= 2 and loc[0] == "tasks" and isinstance(loc[1], int):
-                tasks = data.get("tasks") or []
-                entry = tasks[loc[1]] if loc[1] < len(tasks) else None
-                name = entry.get("name") if isinstance(entry, dict) else None
-                loc[1] = f"{name or loc[1]}"
-            parts.append(f"{'.'.join(str(x) for x in loc) or '<root>'}: {err['msg']}")
-        raise WorkflowError(f"{where}: " + "; ".join(parts)) from exc
+        raise WorkflowError(f"{where}: " + "; ".join(_problems(exc, raw))) from exc
+
+
+def _problems(exc: ValidationError, raw: Any) -> list[str]:
+    """One entry per real problem, the task named; pydantic's echo of a failed tuple as a whole
+    ("tasks: at least 1 item") is left out when a task of it already explains why."""
+    parts = []
+    errors = exc.errors()
+    per_task = any(len(e["loc"]) >= 2 and e["loc"][0] == "tasks" for e in errors)
+    for err in errors:
+        loc = list(err["loc"])
+        if per_task and loc == ["tasks"]:
+            continue
+        if len(loc) >= 2 and loc[0] == "tasks" and isinstance(loc[1], int):
+            entry = raw[loc[1]] if isinstance(raw, list) and loc[1] < len(raw) else None
+            name = entry.get("name") if isinstance(entry, dict) else None
+            loc[1] = f"{str(name)[:64] if name else loc[1]}"
+        parts.append(f"{'.'.join(str(x) for x in loc) or '<root>'}: {err['msg']}")
+    return parts
