@@ -20,6 +20,7 @@ knows about their GPUs comes from the slices.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -453,3 +454,49 @@ def test_dra_gang_is_placed_whole(clean: Dra, unique: Callable[[str], str]) -> N
         assert plan["node"] == placed[pod], plan
         held += devices
     assert len(set(held)) == 12
+
+
+def test_dra_gang_members_reaching_bind_apart_keep_their_claims_reserved(
+        clean: Dra, unique: Callable[[str], str]) -> None:
+    """The last member reaches bind seconds after the others, longer than the bind barrier waits with
+    no new member: the barrier gives up, nobody is bound, the gang regroups, and once the last member
+    comes every member is bound with its claims reserved for it again (docs/gangs.md, "Gangs with DRA
+    claims"). What the kubelet checks at admission: every claim of the pod allocated on the pod's
+    node and reserved for it. (The other late path, a member answered "place held" while others keep
+    arriving, is covered by tests/unit/test_gang_barrier.py: forcing its timing through a real
+    kube-scheduler would make the test depend on retry backoff races.)"""
+    dra, cluster = clean, clean.cluster
+    n = cluster.node_name
+    dra.template("gang-x4", 4)
+    group = unique("late")
+    members: dict[str, str] = {}
+    for i in range(3):
+        pod = dra_pod(f"{group}-{i}", "gang", template="gang-x4", stage="pretraining", model_params="1B",
+                      annotations={"llm-placement.io/gang-size": "3", "llm-placement.io/topology-required-placement":
+                                   TIER0}, labels={"scheduling.x-k8s.io/pod-group": group})
+        if i == 2:
+            # The last member is held back (a quota controller, a slow image pull of an init step):
+            # the first two are planned and reach bind long before it can.
+            pod["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+        name, claim = _templated(dra, pod, "gang-x4")
+        members[name] = claim
+    late = f"{group}-2"
+    # Longer than the barrier waits (gang_bind_timeout_seconds, 3 s) and than one retry backoff.
+    time.sleep(8)
+    cluster.core.patch_namespaced_pod(late, dra.ns, {"spec": {"schedulingGates": None}})
+    placed = {x: wait_for_node_name(cluster.core, dra.ns, x, timeout=120) for x in members}
+    assert Counter(placed.values()) == Counter({n("gang-1"): 2, n("gang-2"): 1}), placed
+    for pod_name, claim_name in members.items():
+        pod = get_pod(cluster.core, dra.ns, pod_name)
+        uid = pod["metadata"]["uid"]
+
+        # Read once, right after the bind: a bound pod is never retried, so nothing would add a
+        # reservation afterwards; what is there now is what the kubelet admits the pod against.
+        claim = dra.api.get_namespaced_custom_object(GROUP, VERSION, dra.ns, "resourceclaims", claim_name)
+        status = claim.get("status") or {}
+        assert status.get("allocation"), (pod_name, status)
+        assert any(r.get("uid") == uid for r in status.get("reservedFor") or ()), (pod_name, status)
+        devices = dra.allocated(claim)
+        assert len(devices) == 4 and {p for p, _ in devices} == {placed[pod_name]}, (pod_name, devices)
+        refs = claim["status"]["reservedFor"]
+        assert [r["name"] for r in refs if r.get("resource") == "pods"] == [pod_name], refs

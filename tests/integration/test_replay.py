@@ -234,3 +234,66 @@ def test_retry_backoff_is_set_for_a_variant_without_touching_the_rest(control_pl
     paced = with_retry_backoff(base, 1)
     assert paced["podInitialBackoffSeconds"] == 1 and paced["podMaxBackoffSeconds"] == 1
     assert "podMaxBackoffSeconds" not in base and paced["profiles"] == base["profiles"]
+
+
+# ----- gangs run together: members start when the last binds, partial gangs hold their GPUs --------
+GANG_NODES = 2
+GANG_GPUS = 4
+
+
+def _gang_trace() -> list[ReplayPod]:
+    """Two gangs of three 2-GPU members, created interleaved, on 8 GPUs: one gang fits at a time."""
+    out = []
+    for i in range(3):
+        for gang, duration in (("ga", 100.0), ("gb", 150.0)):
+            pod = llm_pod(f"{gang}-{i}", stage="pretraining", model_params="1B", gpus=2, cpu="2",
+                          memory="8Gi", annotations={"llm-placement.io/gang-name": gang,
+                                                     "llm-placement.io/gang-size": "3"})
+            out.append(ReplayPod(pod, arrive=0.0, duration=duration + 10.0 * i))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gang_results(control_plane: ControlPlane, cluster: ClusterScope,
+                 kwok: Kwok) -> Iterator[dict[str, ReplayResult]]:
+    cluster.remove_nodes(list(cluster.nodes))
+    # RDMA-capable: a gang that spans nodes needs it (docs/gangs.md).
+    manifests = [gpu_node(cluster.node_name(f"g{i}"), "H100", gpus=GANG_GPUS, cpu="96", rdma=True,
+                          labels=kwok_node_labels(), index=200 + i) for i in range(GANG_NODES)]
+    cluster.add_nodes(manifests)
+    out: dict[str, ReplayResult] = {}
+    try:
+        for variant in ("ours", "mostalloc"):
+            ns = f"{cluster.namespace}-g-{variant}"
+            ensure_namespace(control_plane.core, ns)
+            config = with_retry_backoff(variant_config(control_plane, variant), 1)
+            restart_scheduler_with(control_plane, config, f"replay-gang-{variant}")
+            try:
+                # A gang is planned once all its members are pending: a few retries of its members
+                # before it binds, so the replay must not end on the first quiet second.
+                out[variant] = replay(control_plane, ns, manifests, _gang_trace(), variant=variant, speed=1.0,
+                                      clock="virtual", settle_s=15.0, retry_settle_s=5.0, timeout_s=300.0)
+            finally:
+                delete_all_pods(control_plane.core, ns)
+            kwok.check_alive()
+        yield out
+    finally:
+        control_plane.restart_scheduler()
+
+
+def test_gang_members_start_and_end_together_and_partial_gangs_deadlock(
+        gang_results: dict[str, ReplayResult]) -> None:
+    ours, packed = gang_results["ours"], gang_results["mostalloc"]
+    # Ours binds a gang only whole: both run, one after the other, each member for its gang's
+    # slowest member's time (lockstep), and nothing sat bound waiting for the rest.
+    assert ours.gangs == 2 and ours.gangs_started == 2 and ours.gang_deadlocks == 0
+    assert ours.completed == 6 and ours.overcommits == []
+    for gang, slowest in (("ga", 120.0), ("gb", 170.0)):
+        members = [f"{gang}-{i}" for i in range(3)]
+        assert {ours.started_at[m] for m in members} == {ours.started_at[members[0]]}, gang
+        assert all(ours.ran_s[m] == slowest for m in members), gang
+    assert ours.idle_held_gpu_s == 0.0
+    # MostAllocated binds members one by one as they come: two of each gang fill the 8 GPUs and the
+    # third of each can never bind. No gang ever runs; four members hold their GPUs for nothing.
+    assert packed.gangs == 2 and packed.gangs_started == 0 and packed.gang_deadlocks == 2
+    assert packed.completed == 0 and packed.placed == 4

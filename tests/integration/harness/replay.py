@@ -169,6 +169,49 @@ class ReplayPod:
         return pod_role(self.manifest)
 
 
+def pod_gang(manifest: dict[str, Any]) -> tuple[str, int] | None:
+    """(gang key, size) as the extender reads the pod; None for a pod outside any sized gang."""
+    try:
+        spec = parse_workload(manifest)
+    except WorkloadError:
+        return None
+    if spec.gang is None or not spec.gang.size or spec.gang.size < 2:
+        return None
+    return spec.gang.key, spec.gang.size
+
+
+class Gangs:
+    """Lockstep semantics for the virtual clock: members start together when the last one binds and
+    end together, at the pace of the slowest member on the node it got."""
+
+    def __init__(self, trace: list[ReplayPod]) -> None:
+        self.of: dict[str, str] = {}
+        self.size: dict[str, int] = {}
+        for p in trace:
+            g = pod_gang(p.manifest)
+            if g is not None:
+                self.of[p.name] = g[0]
+                self.size[g[0]] = g[1]
+        self.bound: dict[str, dict[str, float]] = {k: {} for k in self.size}
+        self.started: set[str] = set()
+
+    def bind(self, name: str, vt: float) -> list[str] | None:
+        """Record a member's bind; the members to start now when it completes its gang, else None
+        (a pod outside any gang starts at once: [name])."""
+        key = self.of.get(name)
+        if key is None:
+            return [name]
+        self.bound[key][name] = vt
+        if key in self.started or len(self.bound[key]) < self.size[key]:
+            return None
+        self.started.add(key)
+        return sorted(self.bound[key])
+
+    def waiting(self) -> dict[str, dict[str, float]]:
+        """Gangs with members bound but not all: member -> bind time."""
+        return {k: b for k, b in self.bound.items() if b and k not in self.started}
+
+
 def pod_gpus(manifest: dict[str, Any]) -> int:
     return sum(
         int(((c.get("resources") or {}).get("requests") or {}).get(GPU_RESOURCE, "0"))
@@ -338,6 +381,17 @@ class ReplayResult:
     bound_at: dict[str, float] = field(default_factory=dict)  # virtual clock: pod -> trace time bound
     # Nodes pods were bound to that the replay was not given: its figures would miss those pods.
     unknown_nodes: list[str] = field(default_factory=list)
+    # Virtual clock: when each pod really started running (a gang member: when its last member
+    # bound) and how long it ran there (its runtime on the node it got, a gang's slowest member's).
+    started_at: dict[str, float] = field(default_factory=dict)
+    ran_s: dict[str, float] = field(default_factory=dict)
+    gangs: int = 0
+    gangs_started: int = 0
+    # Gangs some of whose members were bound but that never had all of them at once: the replay
+    # ended with nothing else able to happen (a deadlock), and the GPU-seconds such members held
+    # while waiting for the rest (partial gangs hold their GPUs, as on a real cluster).
+    gang_deadlocks: int = 0
+    idle_held_gpu_s: float = 0.0
 
 
 @dataclass
@@ -440,6 +494,7 @@ def replay(
     quiet_s: float = 0.0,
     retry_settle_s: float = 5.0,
     on_progress: Callable[[int, int], None] | None = None,
+    runtime: Callable[[ReplayPod, str, dict[str, str]], float] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` into ``namespace`` (which must exist and be empty) on ``nodes``.
 
@@ -449,6 +504,11 @@ def replay(
     ``drain=False`` it returns as soon as every pod is bound (or gave up), without waiting for the
     last ones to finish. ``clock`` is ``"wall"`` or ``"virtual"`` (module docstring); ``speed``
     only matters to the wall clock.
+
+    Virtual clock only: ``runtime(pod, node, placements)`` gives how long the pod runs on the node it
+    got (placements: pod -> node of every pod bound so far, for the data it reads); without it, its
+    trace ``duration``. Gang members (a sized gang the extender reads) start together when the last
+    one binds and run as long as the slowest of them; bound members hold their GPUs meanwhile.
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
@@ -491,6 +551,9 @@ def replay(
     # Virtual clock: when each pod was bound (trace time), the ends still to come, the pods kwok
     # was told to finish and has not yet, and the next created-count to sample at.
     bound_at: dict[str, float] = {}
+    gangs = Gangs(trace)
+    result.gangs = len(gangs.size)
+    where: dict[str, str] = {}  # pod -> node, as bound
     ends: list[tuple[float, int, str]] = []
     finishing: set[str] = set()
     next_sample = every
@@ -548,8 +611,11 @@ def replay(
                     if virtual:
                         if st.node and n not in bound_at:
                             bound_at[n] = vt
-                            if n in timed:
-                                heapq.heappush(ends, (vt + (by_name[n].duration or 0.0), order[n], n))
+                            where[n] = st.node
+                            start = gangs.bind(n, vt)
+                            if start is not None:
+                                _start_together(start, vt, by_name, where, bound_at, runtime, timed, result,
+                                                lambda end, m: heapq.heappush(ends, (end, order[m], m)))
                         if st.phase in TERMINAL or st.deleted:
                             finishing.discard(n)
                 running_timed = len(running)
@@ -575,6 +641,13 @@ def replay(
                     events = [t for t in (ready[0][0] if ready else None, ends[0][0] if ends else None)
                               if t is not None]
                     events += [d for n in open_ if (d := by_name[n].deadline) is not None]
+                    stuck = gangs.waiting()
+                    if not events and stuck and not ready and not waiting \
+                            and len(created) == len(trace) and not ends:
+                        # Nothing can happen any more: members hold GPUs waiting for members that
+                        # can never bind. A real cluster would hold them so forever.
+                        result.gang_deadlocks = len(stuck)
+                        break
                     if events:
                         nxt = max(vt, min(events))
                         if nxt > vt:
@@ -643,6 +716,11 @@ def replay(
     if virtual:
         result.time_weighted = weighted.figures()
         result.bound_at = bound_at
+        result.gangs_started = len(gangs.started)
+        # Members of gangs that never started held their GPUs from their bind to the end.
+        for members in gangs.waiting().values():
+            for m, at in members.items():
+                result.idle_held_gpu_s += pod_gpus(by_name[m].manifest) * (vt - at)
     for p in trace:
         s = states.get(p.name)
         g = pod_gpus(p.manifest)
@@ -667,6 +745,30 @@ def replay(
         if after is not None:
             result.agreement = {k: after[k] - (before or {}).get(k, 0.0) for k in after}
     return result
+
+
+def _start_together(
+    members: list[str], vt: float, by_name: dict[str, ReplayPod], where: dict[str, str],
+    bound_at: dict[str, float],
+    runtime: Callable[[ReplayPod, str, dict[str, str]], float] | None, timed: set[str],
+    result: ReplayResult, push: Callable[[float, str], None],
+) -> None:
+    """Start ``members`` (one pod, or a whole gang) at ``vt``: each runs as long as the slowest of
+    them on the nodes they got (lockstep), and members bound earlier held their GPUs idle until now."""
+    runs = [m for m in members if m in timed]
+    if not runs:
+        return
+
+    def seconds(m: str) -> float:
+        p = by_name[m]
+        return runtime(p, where[m], where) if runtime is not None else (p.duration or 0.0)
+
+    span = max(seconds(m) for m in runs)
+    for m in runs:
+        result.started_at[m] = vt
+        result.ran_s[m] = span
+        result.idle_held_gpu_s += pod_gpus(by_name[m].manifest) * (vt - bound_at.get(m, vt))
+        push(vt + span, m)
 
 
 PARKED_QUIET_S = 0.3
