@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from app.cluster.rest import JsonRest, RestLike
+from app.core.units import escape_controls
 
 log = logging.getLogger(__name__)
 COMPONENT = "llm-placement"
@@ -117,7 +118,7 @@ class Binder:
             "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace,
                                **({"uid": uid} if uid else {})},
             "reason": reason,
-            "message": message[:1024],
+            "message": (message if message.isprintable() else escape_controls(message))[:1024],
             "type": "Warning" if warning else "Normal",
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,

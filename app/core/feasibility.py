@@ -74,6 +74,7 @@ SELECTOR_PRODUCT = reject(ReasonCode.DEVICE_SELECTOR,
                           "GPU model not accepted by the claim's productName selector")
 SELECTOR_MEMORY = reject(ReasonCode.DEVICE_SELECTOR, "GPU memory below the claim's memory selector")
 NO_MIG = reject(ReasonCode.NO_GPUS, "node has no MIG slices")
+TOO_FEW_GPUS = reject(ReasonCode.NO_GPUS, "node has fewer GPUs than the pod requests")
 MIG_PROFILE = reject(ReasonCode.DEVICE_SELECTOR, "no MIG slice of the claimed profile or memory")
 MIG_BUSY = reject(ReasonCode.GPUS_BUSY, "not enough free MIG slices of the claimed profile",
                   unresolvable=False)
@@ -166,6 +167,9 @@ def evaluate(
             return SELECTOR_PRODUCT
         if spec.gpu_min_memory_gb and node.gpu_memory_gb + 1e-9 < spec.gpu_min_memory_gb:
             return SELECTOR_MEMORY
+    if spec.gpus > node.gpu_count:
+        # No eviction can make room the node does not have: unresolvable, so preemption skips it.
+        return TOO_FEW_GPUS
     if spec.gpus > 0 and free_gpus < spec.gpus:
         return reject(ReasonCode.GPUS_BUSY, "not enough free GPUs (in use or reserved for a gang)",
                       unresolvable=False)

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.core.catalog import GpuSpec, normalize
+from app.core.catalog import GpuCatalog, GpuSpec
 from app.core.datafile import entries
 from app.core.units import parse_param_count
 from app.core.workload import Precision, WorkloadSpec
@@ -94,10 +94,37 @@ def _close(a: float | None, b: float | None) -> bool:
 class ProfileBook:
     """Validated profiles with lookup by (pod, GPU product, precision)."""
 
-    def __init__(self, entries: Iterable[Profile], origin: str = "<profiles>") -> None:
+    def __init__(self, entries: Iterable[Profile], origin: str = "<profiles>",
+                 catalog: GpuCatalog | None = None) -> None:
         self.entries = tuple(entries)
         self.origin = origin
-        self._gpu_keys = [normalize(p.gpu) for p in self.entries]
+        # Indexed by (catalog GPU, GPU count, precision): a lookup per node per filter stays O(1)
+        # however many entries the file has (model sizes are then matched with a tolerance).
+        self._index: dict[tuple[str, int, Precision, int], list[Profile]] = {}
+        catalog = catalog or GpuCatalog.load()
+        for i, p in enumerate(self.entries):
+            spec = catalog.lookup(p.gpu)
+            if spec is None:
+                raise ProfileError(f"{origin}: entry #{i + 1} ({p.model}): GPU {p.gpu!r} is not in the "
+                                   "catalog; use its catalog name or an alias (llm-placement catalog)")
+            twin = self._find(spec.name, p.gpus, p.precision, p.model_params, p.active_params)
+            if twin is not None and _figures(twin) != _figures(p):
+                raise ProfileError(
+                    f"{origin}: entry #{i + 1} ({p.model}) measures the same model, GPU {spec.name} x "
+                    f"{p.gpus} and precision {p.precision.value} as an earlier entry ({twin.model}) "
+                    "with other figures; keep one")
+            if twin is None:
+                key = (spec.name, p.gpus, p.precision, _bucket(p.model_params))
+                self._index.setdefault(key, []).append(p)
+
+    def _find(self, gpu: str, gpus: int, precision: Precision, params: float,
+              active: float | None) -> Profile | None:
+        b = _bucket(params)
+        for near in (b, b - 1, b + 1):  # within the tolerance means at most one bucket away
+            for p in self._index.get((gpu, gpus, precision, near), ()):
+                if _close(p.model_params, params) and _close(p.active_params, active):
+                    return p
+        return None
 
     @classmethod
     def load(cls, path: str | Path) -> ProfileBook:
@@ -120,13 +147,16 @@ class ProfileBook:
         return cls(out, origin)
 
     def match(self, spec: WorkloadSpec, gpu: GpuSpec, precision: Precision) -> Profile | None:
-        """The first entry measured for this model, on this GPU product and count, at ``precision``."""
+        """The entry measured for this model, on this GPU product and count, at ``precision``."""
         if spec.model_params is None:
             return None
-        names = {normalize(gpu.name), *(normalize(a) for a in gpu.aliases)}
-        for p, key in zip(self.entries, self._gpu_keys, strict=True):
-            if (p.precision is precision and p.gpus == spec.gpus and key in names
-                    and _close(p.model_params, spec.model_params)
-                    and _close(p.active_params, spec.active_params)):
-                return p
-        return None
+        return self._find(gpu.name, spec.gpus, precision, spec.model_params, spec.active_params)
+
+
+def _bucket(params: float) -> int:
+    """Buckets one tolerance wide on a log scale, so close model sizes are neighbours."""
+    return math.floor(math.log(params) / -math.log1p(-PARAMS_REL_TOLERANCE))
+
+
+def _figures(p: Profile) -> tuple[object, ...]:
+    return (p.ms_per_token, p.ttft_ms, p.prompt_tokens, p.max_concurrency)

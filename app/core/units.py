@@ -9,10 +9,14 @@ from __future__ import annotations
 import math
 import re
 
-_PARAMS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT])\s*$")
+# re.ASCII: \d would otherwise take any script's digits (a full-width 7 in "70B"), which nothing else reads.
+_PARAMS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT])\s*$", re.ASCII)
+# The one grammar of a plain number in an annotation: ASCII digits, an optional fraction and exponent
+# (no "1_000", no "inf", no other scripts' digits), as every numeric annotation reads it.
+_NUMBER = re.compile(r"^\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?\s*$", re.ASCII)
 _PARAM_SCALE = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
-_QTY = re.compile(r"^\s*([+]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*$")
+_QTY = re.compile(r"^\s*([+]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 _QTY_SCALE = {
     "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
     "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
@@ -32,9 +36,16 @@ MAX_TEXT = 64  # characters of a bad value quoted back in a message
 
 
 def quote(text: object) -> str:
-    """A value quoted back to the user, cut short: a 250 KB value must not become a 250 KB event."""
+    """A value quoted back to the user, cut short (a 250 KB value must not become a 250 KB event) and
+    with control characters escaped (a newline or NUL in a message would forge or cut lines)."""
     s = str(text) if isinstance(text, str | int | float) else type(text).__name__
-    return s if len(s) <= MAX_TEXT else s[:MAX_TEXT] + f"...({len(s)} chars)"
+    s = s if len(s) <= MAX_TEXT else s[:MAX_TEXT] + f"...({len(s)} chars)"
+    return s if s.isprintable() else escape_controls(s)
+
+
+def escape_controls(text: str) -> str:
+    """Every non-printable character as a \\uXXXX escape; printable text unchanged."""
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
 
 
 def parse_param_count(text: str) -> float:
@@ -70,10 +81,13 @@ def parse_quantity(text: str | int | float) -> float:
 
 def parse_positive_number(key: str, text: str, *, allow_zero: bool = False) -> float:
     """A plain number from an annotation, finite and > 0 (or >= 0 with ``allow_zero``)."""
-    try:
-        value = float(text) if isinstance(text, str | int | float) else math.nan
-    except (TypeError, ValueError, OverflowError):
+    if isinstance(text, str) and not _NUMBER.match(text):
         value = math.nan
+    else:
+        try:
+            value = float(text) if isinstance(text, str | int | float) else math.nan
+        except (TypeError, ValueError, OverflowError):
+            value = math.nan
     if not math.isfinite(value):  # not a number, "inf", "nan", or 400 digits
         raise ValueError(f'{key} "{quote(text)}" is not a finite number')
     if value < 0 or (value == 0 and not allow_zero):

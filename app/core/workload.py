@@ -558,6 +558,11 @@ def parse_workload(
         problems.append(AnnotationProblem(
             "gang-name", f'gang name "{quote(gang.name)}" is longer than {MAX_NAME_CHARS} characters'))
         gang = None
+    elif gang is not None and not gang.name.isprintable():
+        # The name goes into events and scheduling messages: a newline or NUL there forges lines.
+        problems.append(AnnotationProblem(
+            "gang-name", f'gang name "{quote(gang.name)}" contains control characters'))
+        gang = None
     fields["gang"] = gang
     try:
         fields["gpus"], fields["cpu_millis"], fields["memory_bytes"] = pod_resources(pod, gpu_resources)
