@@ -45,6 +45,9 @@ VLLM_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.
 
 
 def histogram(name: str, labels: str, count: float, mean: float, buckets: tuple[float, ...]) -> list[str]:
+    # Whole requests, and a sum that is exactly their number x the mean: any window's rate(sum) /
+    # rate(count) is then the mean itself, however the scrapes fall.
+    count = float(int(count))
     sep = "," if labels else ""
     lines = [f"# HELP {name} Histogram.", f"# TYPE {name} histogram"]
     for le in buckets:
