@@ -22,6 +22,9 @@ from app.cluster.rest import RestLike
 
 log = logging.getLogger(__name__)
 DECISION_TTL_SECONDS = 30.0
+# A rejected token is remembered briefly too: a thousand calls with a bad token must not become a
+# thousand TokenReviews (docs/extender-protocol.md, "Explain and who may read it").
+REJECTED_TTL_SECONDS = 10.0
 MAX_CACHED = 10_000
 
 
@@ -44,6 +47,7 @@ class KubernetesAccess:
         self.ttl = ttl
         self._lock = threading.Lock()
         self._decisions: dict[tuple[str, str, str], tuple[float, int, str]] = {}
+        self._rejected: dict[str, tuple[float, str]] = {}  # token digest -> (when, why)
 
     def check(self, authorization: str | None, namespace: str, name: str) -> tuple[int, str]:
         scheme, _, token = (authorization or "").partition(" ")
@@ -51,15 +55,24 @@ class KubernetesAccess:
             return 401, ("explain needs a bearer token of someone allowed to get the pod "
                          "(e.g. `llm-placement explain --token \"$(kubectl create token NAME)\"`)")
         # The token itself is never kept: only a digest keys the cached decision.
-        key = (hashlib.sha256(token.strip().encode()).hexdigest(), namespace, name)
+        digest = hashlib.sha256(token.strip().encode()).hexdigest()
+        key = (digest, namespace, name)
         now = time.monotonic()
         with self._lock:
+            rejected = self._rejected.get(digest)
             hit = self._decisions.get(key)
+        if rejected is not None and now - rejected[0] < REJECTED_TTL_SECONDS:
+            return 401, rejected[1]
         if hit is not None and now - hit[0] < self.ttl:
             return hit[1], hit[2]
         status, reason = self._ask(token.strip(), namespace, name)
-        if status in (200, 403):  # API failures are not cached: the next call asks again
-            with self._lock:
+        # API failures (503) are not cached: the next call asks again.
+        with self._lock:
+            if status == 401:
+                if len(self._rejected) >= MAX_CACHED:
+                    self._rejected.clear()
+                self._rejected[digest] = (now, reason)
+            elif status in (200, 403):
                 if len(self._decisions) >= MAX_CACHED:
                     self._decisions.clear()
                 self._decisions[key] = (now, status, reason)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -12,6 +13,8 @@ from app.api.access import ExplainAccess, OpenAccess
 from app.api.fastpath import VerbFastPath
 from app.api.routes import extender_router, ops_router
 from app.service import ExtenderService
+
+EXPLAIN_CONCURRENCY = 4
 
 
 def create_fastapi(service: ExtenderService, access: ExplainAccess | None = None) -> FastAPI:
@@ -26,6 +29,8 @@ def create_fastapi(service: ExtenderService, access: ExplainAccess | None = None
                   lifespan=lifespan)
     app.state.service = service
     app.state.access = access or OpenAccess()
+    # Explains in flight at once (each takes a worker thread and the service lock in turns).
+    app.state.explain_slots = asyncio.Semaphore(EXPLAIN_CONCURRENCY)
     app.include_router(extender_router(), prefix=service.settings.url_prefix)
     app.include_router(ops_router())
     return app

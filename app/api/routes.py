@@ -93,11 +93,18 @@ def ops_router() -> APIRouter:
         from app.explain import explain_pod
 
         access: ExplainAccess = request.app.state.access
-        status, reason = await asyncio.to_thread(
-            access.check, request.headers.get("authorization"), namespace, name)
-        if status != 200:
-            raise HTTPException(status_code=status, detail=reason)
-        result = explain_pod(service, namespace, name)
+        gate: asyncio.Semaphore = request.app.state.explain_slots
+        if gate.locked():
+            # Explain is for people and dashboards; the four verbs kube-scheduler waits on come first.
+            raise HTTPException(status_code=429, detail="too many explain requests at once; retry shortly",
+                                headers={"Retry-After": "1"})
+        async with gate:
+            status, reason = await asyncio.to_thread(
+                access.check, request.headers.get("authorization"), namespace, name)
+            if status != 200:
+                raise HTTPException(status_code=status, detail=reason)
+            # Off the event loop: an explain scores every node, and the verbs share this loop.
+            result = await asyncio.to_thread(explain_pod, service, namespace, name)
         if result is None:
             raise HTTPException(status_code=404, detail=f"pod {namespace}/{name} not found")
         return result
