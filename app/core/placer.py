@@ -43,6 +43,10 @@ class GangHook(Protocol):
         node_names: Sequence[str],
     ) -> tuple[Mapping[str, NodeFit], dict[str, Rejection]]: ...
 
+    def undecidable(self, spec: WorkloadSpec) -> Rejection | None:
+        """The reason no node can take this gang member yet (gang incomplete or unsized), if any."""
+        ...
+
 
 class GravityHook(Protocol):
     """What the placer needs from data gravity (implemented in app.core.gravity)."""
@@ -246,6 +250,15 @@ class Placer:
                 spec=None, unresolvable=dict.fromkeys(node_names, msg), invalid=exc.problems
             )
         if spec.gang is not None and self.gangs is not None:
+            waiting = self.gangs.undecidable(spec)
+            if waiting is not None:
+                # Same answer for every node: no node is looked at (an incomplete gang's members
+                # are retried by kube-scheduler as often as any pending pod).
+                same = dict.fromkeys(node_names, waiting.message)
+                decision = (FilterDecision(spec=spec, fits={}, unresolvable=same) if waiting.unresolvable
+                            else FilterDecision(spec=spec, fits={}, failed=same))
+                decision.codes[waiting.message] = waiting.code
+                return decision
             fits, rejections = self.evaluate_nodes(spec, node_names)
             return _decision(spec, node_names, fits, rejections)
         c = self.classify(spec, node_names)

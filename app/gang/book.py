@@ -55,6 +55,12 @@ class GangBook:
                 members.append(spec)  # the watch may not have delivered the pod being filtered yet
         return members
 
+    def count_members(self, key: str, spec: WorkloadSpec) -> int:
+        """How many members exist, the pod being filtered included: ``len(members())`` without
+        building the list (an incomplete gang's members are counted at every retry)."""
+        live = self.snapshot.gang_index.get(key, ())
+        return len(live) + ((spec.uid or spec.key) not in live)
+
     def pending(self, key: str) -> tuple[list[WorkloadSpec], list[WorkloadSpec]]:
         """(all members, the unbound ones)."""
         members = self.snapshot.gang_members(key)

@@ -140,6 +140,35 @@ class GangCoordinator:
         return self.book.ledger.reserved_map(exclude_gang)
 
     # --- GangHook: filter ---------------------------------------------------------------------
+    def undecidable(self, spec: WorkloadSpec) -> Rejection | None:
+        """Why no node can take this member yet, whatever the nodes: its gang has no size, or not
+        all its members exist. Answered before any node is looked at, so the retries of thousands
+        of incomplete gangs' members cost next to nothing (docs/gangs.md, "Waiting members")."""
+        gang = spec.gang
+        if gang is None:
+            return None
+        key, book = gang.key, self.book
+        with self.lock:
+            now = self.clock()
+            self.lifecycle.locked_sweep(now)
+            book.state(key, now, spec.priority)
+            if book.not_a_gang(spec):
+                return None
+            size = book.size(key, spec)
+            if size is None and gang.native:
+                # kube-scheduler holds these pods too until the PodGroup exists (docs/gangs.md).
+                return reject(ReasonCode.GANG,
+                              f"gang {key} waits for PodGroup {gang.name} (scheduling.k8s.io)")
+            if size is None:
+                return reject(ReasonCode.GANG,
+                              f"gang {key} has no size: set {PREFIX}gang-size or create PodGroup "
+                              f"{gang.name} with minMember")
+            members = book.count_members(key, spec)
+            if members < size:
+                self._recheck_members(key, size, MEMBER_RECHECK_SECONDS)
+                return reject(ReasonCode.GANG, f"waiting for gang members {members}/{size}")
+        return None
+
     def filter_member(
         self, spec: WorkloadSpec, fits: Mapping[str, NodeFit], rejections: dict[str, Rejection],
         node_names: Sequence[str],
@@ -149,25 +178,18 @@ class GangCoordinator:
             return fits, rejections
         key, uid = gang.key, spec.uid or spec.key
         book = self.book
+        waiting = self.undecidable(spec)
+        if waiting is not None:
+            return _reject_all(node_names, waiting)
         with self.lock:
             now = self.clock()
             self.lifecycle.locked_sweep(now, force=True)
             state = book.state(key, now, spec.priority)
             if book.not_a_gang(spec):
                 return fits, rejections
-            size = book.size(key, spec)
-            if size is None and gang.native:
-                # kube-scheduler holds these pods too until the PodGroup exists (docs/gangs.md).
-                return _reject_all(node_names, reject(
-                    ReasonCode.GANG, f"gang {key} waits for PodGroup {gang.name} (scheduling.k8s.io)"))
-            if size is None:
-                return _reject_all(node_names, reject(
-                    ReasonCode.GANG,
-                    f"gang {key} has no size: set {PREFIX}gang-size or create PodGroup {gang.name} "
-                    "with minMember"))
             members = book.members(key, spec)
+            size = book.size(key, spec) or len(members)
             if len(members) < size:
-                self._recheck_members(key, size, MEMBER_RECHECK_SECONDS)
                 return _reject_all(node_names, reject(
                     ReasonCode.GANG, f"waiting for gang members {len(members)}/{size}"))
             if book.planning(key):

@@ -409,3 +409,17 @@ def test_members_turned_away_before_the_watch_saw_them_all_are_requeued_once_all
     assert {k: v.get("llm-placement.io/gang-members") for k, v in c.binder.annotations.items()} == {
         "ml/g-0": "2/2", "ml/g-1": "2/2"}
     assert not c.member_timers.pending()
+
+
+def test_an_incomplete_gang_is_answered_without_looking_at_any_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = Cluster()
+    c.nodes("n", 8, "leaf-1")
+    pods = c.gang("g", 8, create=3)
+
+    def no(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an incomplete gang's member must not be evaluated node by node")
+
+    monkeypatch.setattr(c.service.placer, "classify", no)
+    d = c.filter(pods[0])
+    assert d.passed == [] and set(d.unresolvable.values()) == {"llm-placement: waiting for gang members 3/8"}
+    assert len(d.unresolvable) == 8
