@@ -68,6 +68,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,7 @@ from tests.integration.harness.replay import (  # noqa: E402
     variant_config,
     with_retry_backoff,
 )
+from tests.integration.harness.runtime import TrainingSpeed, node_gpus  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023"
 RESULTS = REPO / "bench" / "results"
@@ -240,6 +242,12 @@ def variant_pods(variant: str, pods: list[ReplayPod]) -> list[ReplayPod]:
     if variant == "mostalloc-sep":
         return with_separation(pods)
     return pods
+
+
+def measured_runtime(nodes: list[dict[str, Any]]) -> Callable[[ReplayPod, str, dict[str, str]], float]:
+    """Training pods run for their work at the measured speed of the GPU they got (virtual clock)."""
+    speed, gpus = TrainingSpeed.load(), node_gpus(nodes)
+    return lambda pod, node, _where: speed.seconds(pod.manifest, pod.duration or 0.0, gpus.get(node))
 
 
 def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: ReplayResult) -> dict[str, Any]:
@@ -386,8 +394,9 @@ class Bench:
         columns = (TextColumn(f"{label} {variant}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("pods", total=len(pods))
+            runtime = measured_runtime(nodes) if clock == "virtual" else None
             r = replay(self.cp, ns, nodes, pods, variant=variant, speed=speed, window=window,
-                       timeout_s=timeout, clock=clock,
+                       timeout_s=timeout, clock=clock, runtime=runtime,
                        on_progress=lambda done, _t: progress.update(task, completed=done))
         t0 = time.monotonic()
         self.clear(ns)
