@@ -6,6 +6,7 @@ Pure over the service's snapshot and placer (no HTTP), so the API, the CLI and t
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from app.binding import AGREEMENT_TEXT
@@ -152,8 +153,34 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         "scheduler_agreement": agreed.value if agreed is not None else None,
         "summary": summary,
         "free_gpus_by_domain": dict(free_by_domain),
-        "gravity": None if pull is None else {k: v for k, v in pull.items() if k != "nodes"},
+        "gravity": None if pull is None else {
+            **{k: v for k, v in pull.items() if k != "nodes"},
+            "tradeoff": _gravity_tradeoff(pull, fits, ranked[0]["node"] if ranked else None),
+        },
         "nodes": nodes,
+    }
+
+
+def _gravity_tradeoff(pull: dict[str, Any], fits: Mapping[str, NodeFit], chosen: str | None
+                      ) -> dict[str, Any] | None:
+    """When the chosen node is not the one its inputs reach fastest: what reading them from there
+    costs in seconds, and what the chosen node saves (or costs) per hour, so a placement away from
+    the data can be judged in seconds and dollars (docs/data-gravity.md)."""
+    at = {n: d["seconds"] for n, d in pull["nodes"].items() if n in fits}
+    if chosen is None or chosen not in at or not at:
+        return None
+    closest = min(at, key=lambda n: (at[n], fits[n].pod_hourly_cost, n))
+    if closest == chosen or at[closest] >= at[chosen]:
+        return {"chosen_is_closest": True}
+    extra_s = at[chosen] - at[closest]
+    saved = fits[closest].pod_hourly_cost - fits[chosen].pod_hourly_cost
+    return {
+        "chosen_is_closest": False, "closest": closest,
+        "extra_transfer_seconds": round(extra_s, 3),
+        "hourly_cost_saved": round(saved, 4),
+        "summary": (f"{chosen} reads the inputs {extra_s:.1f} s slower than {closest}, and costs "
+                    + (f"${saved:.2f}/h less" if saved >= 0 else f"${-saved:.2f}/h more")
+                    + "; the other terms (packing, price, hardware fit) outweighed the transfer"),
     }
 
 

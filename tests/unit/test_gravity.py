@@ -655,3 +655,20 @@ def test_default_scheduler_ties_are_random_but_seeded() -> None:
 
     assert pick(7) == pick(7)
     assert len({tuple(pick(s)) for s in range(6)}) > 1
+
+
+def test_explain_shows_the_tradeoff_when_the_chosen_node_is_not_the_closest() -> None:
+    svc, _ = service_with(topology())
+    run(svc.snapshot, spec("p", gpus=1), "n1")
+    run(svc.snapshot, spec("other", gpus=7), "n4")
+    # A small input: moving it costs a few seconds, so packing the nearly full n4 wins.
+    out = explain_spec(svc, spec("c", gpus=1, depends="p", gb=0.5))
+    t = out["gravity"]["tradeoff"]
+    assert out["chosen"] == "n4" and t["chosen_is_closest"] is False and t["closest"] == "n1"
+    per_node = {e["node"]: e for e in out["nodes"]}
+    extra = per_node["n4"]["gravity"]["seconds"] - per_node["n1"]["gravity"]["seconds"]
+    assert t["extra_transfer_seconds"] == pytest.approx(extra, abs=1e-3) and extra > 0
+    assert "reads the inputs" in t["summary"] and "n1" in t["summary"]
+    # Where the data decides, the chosen node is the closest and nothing is traded.
+    near = explain_spec(svc, spec("big", gpus=1, depends="p", gb=2000))
+    assert near["gravity"]["tradeoff"] == {"chosen_is_closest": True}
