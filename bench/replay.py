@@ -263,6 +263,7 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
         if g:
             gangs[g].append(p.name)
     cost: dict[str, float] = defaultdict(float)
+    spent: dict[str, float] = defaultdict(float)
     edges: dict[str, list[dict[str, Any]]] = defaultdict(list)
     feasibility = settings.policies().placement.feasibility
     interactive = 0
@@ -274,6 +275,9 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
         if node is None:
             continue
         cost[stage] += pod_hourly_cost(spec, facts[node]) * (p.duration or 0.0) / 3600
+        # What was really paid: the hours the pod ran on the node it got (its measured run time
+        # there; a gang member, its gang's), not the trace's duration.
+        spent[stage] += pod_hourly_cost(spec, facts[node]) * r.ran_s.get(p.name, p.duration or 0.0) / 3600
         if spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE:
             interactive += 1
             ms = _ms_per_token(spec, facts[node], feasibility)
@@ -316,6 +320,8 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
                          "cross_node_gb": sum(e["cross_node_gb"] for e in v)} for k, v in edges.items()},
         "cost_by_stage": dict(cost),
         "cost_total": sum(cost.values()),
+        "spent_by_stage": dict(spent),
+        "spent_total": sum(spent.values()),
         "mean_stranded_usd_per_hour": statistics.mean(stranded_usd) if stranded_usd else 0.0,
         "interactive_pods": interactive,
         "interactive_off_target": len(off_target),
@@ -433,9 +439,37 @@ def summarize(r: ReplayResult) -> dict[str, Any]:
         "final": asdict(s[-1]) if s else None,
         "wall_s": r.wall_s, "clock": r.clock, "time_weighted": r.time_weighted,
         "agreement": agree, "agreement_top_share": agree_share,
+        **outcomes(r),
         # For reading a run afterwards: where each pod was bound, and the state at every sample.
         "placements": dict(sorted(r.placements.items())),
         "samples": [asdict(x) for x in s],
+    }
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
+def outcomes(r: ReplayResult) -> dict[str, Any]:
+    """Virtual clock: gangs that ran together or deadlocked, GPU time held idle by partial gangs,
+    queueing (creation to start, a gang member's start being its gang's) and pipeline completion
+    (first creation to last end of the pods sharing a name prefix ``p<i>-``)."""
+    if r.clock != "virtual":
+        return {}
+    waits = [r.started_at[n] - r.created_at[n] for n in r.started_at if n in r.created_at]
+    pipes: dict[str, list[str]] = defaultdict(list)
+    for n in r.created_at:
+        pipes[n.split("-", 1)[0]].append(n)
+    done = [max(r.started_at[n] + r.ran_s[n] for n in ns) - min(r.created_at[n] for n in ns)
+            for ns in pipes.values() if all(n in r.started_at for n in ns)]
+    return {
+        "trace_span_s": r.trace_span_s, "gangs": r.gangs, "gangs_started": r.gangs_started,
+        "gang_deadlocks": r.gang_deadlocks, "idle_held_gpu_h": r.idle_held_gpu_s / 3600,
+        "queue_p50_s": _pct(waits, 0.5), "queue_p95_s": _pct(waits, 0.95),
+        "pipelines_done": len(done), "pipelines": len(pipes),
+        "completion_p50_s": _pct(done, 0.5), "completion_p95_s": _pct(done, 0.95),
+        "completion_mean_s": statistics.mean(done) if done else None,
     }
 
 

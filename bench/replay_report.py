@@ -53,7 +53,43 @@ HEADER = ("| run | mix | variant | stranded / free GPUs, time-weighted | same, s
           "est. cost $ | co-located, all edges | over-commits | agreement (top or tied) |")
 
 
-def main(files: list[Path]) -> None:
+OUTCOME_HEADER = ("| run | mix | variant | gangs run whole / all | gang deadlocks | GPU-h held idle by "
+                  "partial gangs | queueing p50 / p95, s | pipelines done | completion p50 / p95, s | "
+                  "dollars spent (hours really run) | dollars at trace durations |")
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def outcome_rows(path: Path) -> list[str]:
+    """Virtual-clock outcomes: what the work cost and how long it waited, per variant."""
+    label = path.stem.removeprefix("replay-gravity-").removeprefix("replay-gravity")
+    out = []
+    for mix, doc in json.loads(path.read_text()).items():
+        for variant, v in doc["variants"].items():
+            if "gangs" not in v:
+                continue
+            out.append(" | ".join([
+                "", label or "-", mix, variant, f"{v['gangs_started']} / {v['gangs']}",
+                str(v["gang_deadlocks"]),
+                f"{v['idle_held_gpu_h']:.2f}", f"{_s(v['queue_p50_s'])} / {_s(v['queue_p95_s'])}",
+                f"{v['pipelines_done']} / {v['pipelines']}",
+                f"{_s(v['completion_p50_s'])} / {_s(v['completion_p95_s'])}",
+                f"{v.get('spent_total', 0.0):,.0f}", f"{v['cost_total']:,.0f}", "",
+            ]).strip())
+    return out
+
+
+def main(files: list[Path], outcomes: bool = False) -> None:
+    """--outcomes: the virtual-clock outcome table (gangs, queueing, completion, dollars spent)."""
+    if outcomes:
+        print(OUTCOME_HEADER)
+        print("|" + "---|" * 3 + "---:|" * 8)
+        for f in files:
+            for r in outcome_rows(f):
+                print(r)
+        return
     print(HEADER)
     print("|" + "---|" * 3 + "---:|" * 10 + "---|")
     for f in files:

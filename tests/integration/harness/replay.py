@@ -385,6 +385,7 @@ class ReplayResult:
     # bound) and how long it ran there (its runtime on the node it got, a gang's slowest member's).
     started_at: dict[str, float] = field(default_factory=dict)
     ran_s: dict[str, float] = field(default_factory=dict)
+    created_at: dict[str, float] = field(default_factory=dict)  # trace time each pod was created
     gangs: int = 0
     gangs_started: int = 0
     # Gangs some of whose members were bound but that never had all of them at once: the replay
@@ -716,6 +717,7 @@ def replay(
     if virtual:
         result.time_weighted = weighted.figures()
         result.bound_at = bound_at
+        result.created_at = dict(created)
         result.gangs_started = len(gangs.started)
         # Members of gangs that never started held their GPUs from their bind to the end.
         for members in gangs.waiting().values():
