@@ -32,6 +32,7 @@ from app.core.scoring import (
     _preference,
     _weights_for,
     consolidates,
+    work_cost,
 )
 from app.core.workload import TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
 
@@ -165,9 +166,7 @@ def score_batch(
     present = sorted(set(class_of.tolist()))
 
     def unit_cost(f: NodeFit) -> float:
-        if spec.stage is Stage.SERVING and not interactive_pod and f.ms_per_token:
-            return f.pod_hourly_cost * f.ms_per_token
-        return f.pod_hourly_cost
+        return work_cost(spec, f, interactive_pod)
 
     reps = list({(class_fits[c].node.shape_id, class_fits[c].sizing.precision): class_fits[c]
                  for c in present}.values())

@@ -139,6 +139,24 @@ def _precision(spec: WorkloadSpec, fit: NodeFit) -> float:
     return 1.0 / (1 + order.index(fit.sizing.precision))
 
 
+def work_cost(spec: WorkloadSpec, f: NodeFit, interactive: bool) -> float:
+    """What the pod's work costs on this fit's node, in units comparable across its candidates.
+
+    Interactive serving has a fixed demand (its users), so any node that meets the latency target
+    serves it equally well and the cheapest hour wins; extra speed earns nothing. Batch serving is
+    elastic throughput, so it is priced per token (hourly share x time per token). Training is a
+    fixed amount of work done at the GPUs' speed, so it is priced per unit of work: hourly share /
+    dense BF16 peak. An hour of a GPU three times slower is not a third of the price of the work
+    (docs/scoring.md, "Cost").
+    """
+    if spec.stage is Stage.SERVING and not interactive and f.ms_per_token:
+        return f.pod_hourly_cost * f.ms_per_token
+    gpu = f.node.gpu
+    if spec.stage in TRAINING_STAGES and spec.gpus > 0 and gpu is not None and gpu.bf16_tflops > 0:
+        return f.pod_hourly_cost / gpu.bf16_tflops
+    return f.pod_hourly_cost
+
+
 def score_nodes(
     spec: WorkloadSpec,
     fits: Sequence[NodeFit],
@@ -151,16 +169,11 @@ def score_nodes(
         return []
     w = _weights_for(spec, policy).model_dump()
 
-    # Interactive serving has a fixed demand (its users), so any node that meets the latency target
-    # serves it equally well and the cheapest hour wins; extra speed earns nothing. Batch serving is
-    # elastic throughput, so it is priced per token (hourly share x time per token).
     interactive = spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE
     target_ms = spec.max_ms_per_token or policy.default_interactive_ms_per_token
 
     def unit_cost(f: NodeFit) -> float:
-        if spec.stage is Stage.SERVING and not interactive and f.ms_per_token:
-            return f.pod_hourly_cost * f.ms_per_token
-        return f.pod_hourly_cost
+        return work_cost(spec, f, interactive)
 
     # Relative terms need the best candidate; nodes of one shape and precision are all alike, so
     # look at one representative of each instead of every node.

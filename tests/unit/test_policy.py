@@ -210,3 +210,26 @@ def test_gpu_pod_packing_penalises_leaving_gpus_without_cpu(service: ExtenderSer
     d = service.placer.filter(pod, ["starved", "roomy"])
     scores = {s.node: s for s in service.placer.score(d.spec, [d.fits[n] for n in d.passed])}
     assert scores["roomy"].terms["packing"] > scores["starved"].terms["packing"]
+
+
+def test_training_is_priced_per_unit_of_work_not_per_hour() -> None:
+    from app.core.scoring import work_cost
+
+    svc = mixed_service()
+    pod = pod_object("ft", stage="alignment", gpus=1, annotations={"llm-placement.io/model-params": "1B"})
+    d = svc.placer.filter(pod, NAMES)
+    assert d.spec is not None and {"h100-0", "a100-0"} <= set(d.passed)
+    h100, a100 = d.fits["h100-0"], d.fits["a100-0"]
+    # An A100 hour is cheaper than an H100 hour, but the same work takes its lower BF16 peak longer.
+    assert a100.pod_hourly_cost < h100.pod_hourly_cost
+    assert h100.node.gpu is not None and a100.node.gpu is not None
+    per_work = {n: d.fits[n].pod_hourly_cost / d.fits[n].node.gpu.bf16_tflops  # type: ignore[union-attr]
+                for n in ("h100-0", "a100-0")}
+    assert work_cost(d.spec, h100, False) == per_work["h100-0"] < work_cost(d.spec, a100, False)
+    scores = {s.node: s for s in svc.placer.score(d.spec, [d.fits[n] for n in d.passed])}
+    assert scores["h100-0"].terms["cost"] > scores["a100-0"].terms["cost"]
+    # Interactive serving keeps the cheapest hour.
+    chat = pod_object("chat", stage="serving", gpus=1, annotations={"llm-placement.io/model-params": "1B"})
+    c = svc.placer.filter(chat, NAMES)
+    assert c.spec is not None
+    assert work_cost(c.spec, c.fits["a100-0"], True) == c.fits["a100-0"].pod_hourly_cost
