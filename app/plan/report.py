@@ -17,7 +17,7 @@ def as_json(run: PlanRun) -> dict[str, Any]:
     return {
         "workflow": p.name,
         "solver": {"status": r.status, "makespan_s": r.makespan, "bound_s": run.lower_bound,
-                   "solver_bound_s": r.bound, "gap": _gap(run),
+                   "solver_bound_s": r.bound, "gap": _gap(run), "narrowed_to": run.narrowed_to,
                    "seconds": round(r.seconds, 3), "secondary": r.secondary,
                    "secondary_status": r.secondary_status, "variables": r.variables,
                    "constraints": r.constraints},
@@ -59,6 +59,9 @@ def render(run: PlanRun, console: Console) -> None:
                 f"{hms(run.lower_bound)}"
     else:
         proof = f"{r.status}, within {gap:.1%} of the lower bound {hms(run.lower_bound)}"
+    if run.narrowed_to is not None:
+        proof += (f" (the exact model over each task's {run.narrowed_to} best candidate nodes and the "
+                  "incumbent's: the whole would not build within the time limit)")
     console.print(f"makespan {hms(run.plan.makespan)}: {proof}; solved in {r.seconds:.2f} s "
                   f"({r.variables} variables, {r.constraints} constraints); then {r.secondary} "
                   f"minimised at that makespan ({r.secondary_status})")

@@ -113,3 +113,25 @@ def test_bad_cluster_files_are_refused_with_one_clear_line(case: str, tmp_path: 
     out = " ".join(res.output.split())
     assert res.exit_code == 2, out
     assert expected in out and "Traceback" not in out
+
+
+def test_a_model_too_large_is_narrowed_around_the_incumbent_and_still_never_worse() -> None:
+    from app.plan.run import MAX_MODEL_TERMS, model_terms, narrowed
+
+    nodes = [PlanNode(f"n{i}", 8, 64000) for i in range(300)]
+    tasks = [PlanTask(f"t{i}", "x", 8, 1000, (f"t{i - 1}",) if i else (), 20.0, OTHER) for i in range(10)]
+    duration = {t.name: {n.name: 100 + (i * 37 + j * 11) % 500 for j, n in enumerate(nodes)}
+                for i, t in enumerate(tasks)}
+    cost = {t: dict.fromkeys(d, 1.0) for t, d in duration.items()}
+    s_per_gb = {(a.name, b.name): 0.0 if a is b else 3.0 for a in nodes for b in nodes}
+    problem = PlanProblem(tasks, nodes, duration, cost, s_per_gb)
+    assert model_terms(problem) > MAX_MODEL_TERMS
+    h = heft(problem)
+    small = narrowed(problem, h, MAX_MODEL_TERMS)
+    assert small is not None and model_terms(small) <= MAX_MODEL_TERMS
+    # Every task keeps the node the incumbent gave it: the incumbent stays a solution of the narrowed model.
+    assert all(h.slots[t].node in small.duration[t] for t in small.duration)
+    run = plan_problem(problem, None, time_limit=2.0, secondary="none", workers=1)
+    assert run.narrowed_to is not None and run.result.schedule is not None
+    assert verify(problem, run.plan) == [] and run.plan.makespan <= h.makespan
+    assert run.lower_bound <= run.plan.makespan
