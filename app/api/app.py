@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from app import __version__
 from app.api.access import ExplainAccess, OpenAccess
 from app.api.fastpath import VerbFastPath
-from app.api.routes import extender_router, ops_router
+from app.api.routes import ExplainGate, extender_router, ops_router
 from app.service import ExtenderService
 
 
@@ -19,6 +19,7 @@ def create_fastapi(service: ExtenderService, access: ExplainAccess | None = None
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        app.state.explain_gate.close()
         if service.gang_binder is not None:
             service.gang_binder.close()  # the gang planner's and binder's thread pools
 
@@ -26,6 +27,7 @@ def create_fastapi(service: ExtenderService, access: ExplainAccess | None = None
                   lifespan=lifespan)
     app.state.service = service
     app.state.access = access or OpenAccess()
+    app.state.explain_gate = ExplainGate()
     app.include_router(extender_router(), prefix=service.settings.url_prefix)
     app.include_router(ops_router())
     return app
