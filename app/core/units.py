@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import re
 
+from app.core.reasons import shown
+
 _PARAMS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT])\s*$")
 _PARAM_SCALE = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
@@ -32,9 +34,9 @@ MAX_TEXT = 64  # characters of a bad value quoted back in a message
 
 
 def quote(text: object) -> str:
-    """A value quoted back to the user, cut short: a 250 KB value must not become a 250 KB event."""
-    s = str(text) if isinstance(text, str | int | float) else type(text).__name__
-    return s if len(s) <= MAX_TEXT else s[:MAX_TEXT] + f"...({len(s)} chars)"
+    """A value quoted back to the user, cut short (a 250 KB value must not become a 250 KB event) and
+    escaped (a newline or NUL in an annotation must not become a second line of the event)."""
+    return shown(text, MAX_TEXT)
 
 
 def parse_param_count(text: str) -> float:
