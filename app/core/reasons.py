@@ -30,6 +30,7 @@ class ReasonCode(StrEnum):
     NO_GPUS = "no_gpus"  # the pod requests GPUs, the node has none
     CPU_STAGE_ON_GPU = "cpu_stage_on_gpu"  # data-prep/deployment pods stay off GPU nodes
     GPUS_BUSY = "gpus_busy"  # not enough free GPUs (used, or reserved for a gang)
+    GPU_CAPACITY = "gpu_capacity"  # the pod needs more GPUs (or MIG slices) than the node has at all
     UNKNOWN_GPU = "unknown_gpu"  # a sized LLM workload on a GPU product missing from the catalog
     SEPARATION = "separation"  # interactive serving kept off nodes running training
     PRECISION = "precision"  # the GPU lacks the precision asked for (fp8)
