@@ -508,13 +508,8 @@ def parse_workload(
         except ValueError:
             raise ValueError(f'finetune-method "{quote(raw)}" is not full, lora or qlora') from None
 
-    def params_of(key: str) -> Any:
-        def parse(raw: str) -> float:
-            try:
-                return parse_param_count(raw)
-            except ValueError as exc:  # the shared parser names model-params; name this key
-                raise ValueError(str(exc).replace("model-params", key, 1)) from None
-        return parse
+    def params_of(key: str) -> Callable[[str], float]:
+        return lambda raw: parse_param_count(raw, key)
 
     attempt("finetune-method", finetune)
 
