@@ -14,7 +14,7 @@ from app.core.feasibility import UNCHECKED, NodeFit, evaluate
 from app.core.gravity import MISSING, GravityModel
 from app.core.policy import FeasibilityPolicy
 from app.core.ranking import Agreement
-from app.core.reasons import MESSAGE_PREFIX
+from app.core.reasons import MESSAGE_PREFIX, shown
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import PREFIX, WorkloadSpec
 from app.decisions import DecisionMemory, Remembered
@@ -129,8 +129,9 @@ class PodBinding:
         missing = [e.producer for e in edges if e.distance == MISSING]
         if missing and self.binder is not None:
             # Not fatal (the pod is placed without their pull), but the user should know why.
+            names = ", ".join(map(shown, missing))
             self.binder.event(spec.namespace, spec.name, spec.uid, "ProducerNotFound",
-                              MESSAGE_PREFIX + f"depends-on producer {', '.join(missing)} not found "
+                              MESSAGE_PREFIX + f"depends-on producer {names} not found "
                               "(not running, bound, planned or recently finished); placed without data "
                               "gravity for it",
                               warning=True)

@@ -28,7 +28,9 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
     try:
         return load_settings(config, **{k: v for k, v in overrides.items() if v is not None})
     except ConfigError as exc:
-        console.print(f"[red]{exc}[/red]")
+        # One line whatever the terminal width (soft_wrap), and a message quoting a value such as
+        # "[serving]" is printed as it is, not read as console markup.
+        console.print(f"[red]{escape(' '.join(str(exc).split()))}[/red]", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
 
 

@@ -43,6 +43,7 @@ from app.core.serving_model import ServingCalibration, default_calibration
 
 __all__ = ["ConfigError", "NodeLabelKeys", "Settings", "StageWeights", "TierBandwidth", "load_settings"]
 
+MAX_HOURLY_COST = 1000.0  # dollars per hour for one GPU or one CPU node
 STAGES = ("data-prep", "pretraining", "alignment", "deployment", "serving")
 
 
@@ -157,14 +158,19 @@ class Settings(BaseSettings):
     tier_bandwidth_gbps: TierBandwidth = TierBandwidth()
 
     # Fraction of GPU memory kept free (fragmentation, CUDA context, allocator slack).
-    memory_headroom: float = Field(0.1, ge=0, lt=1)
+    # At most half: above that no GPU holds what its own memory says it holds.
+    memory_headroom: float = Field(0.1, ge=0, le=0.5)
     # Alignment batches vary; keep more headroom than the estimate.
-    alignment_extra_headroom: float = Field(0.15, ge=0, lt=1)
-    default_context_tokens: int = Field(4096, gt=0)
-    default_concurrency: int = Field(8, gt=0)
+    alignment_extra_headroom: float = Field(0.15, ge=0, le=1)
+    # Defaults for pods that leave these out: past the longest context any model serves (10M tokens)
+    # or 65,536 sequences at once the KV-cache estimate outgrows every GPU, and no un-annotated
+    # serving pod could be placed.
+    default_context_tokens: int = Field(4096, gt=0, le=10_000_000)
+    default_concurrency: int = Field(8, gt=0, le=65_536)
     # Latency an interactive (chat) service should reach when the pod sets no max-ms-per-token:
     # ~20 tokens/s, faster than people read. A soft target: slower nodes score lower, not zero.
-    default_interactive_ms_per_token: float = Field(50.0, gt=0)
+    # 1 ms (faster than any GPU decodes) to 10 s per token; outside that the target means nothing.
+    default_interactive_ms_per_token: float = Field(50.0, ge=1, le=10_000)
     # Hold such a pod to that target in filter too, but only when some candidate node meets it
     # (otherwise the fastest available still serves it, scored lower): docs/stage-policy.md.
     default_target_filter: bool = True
@@ -179,26 +185,41 @@ class Settings(BaseSettings):
     # docs/stage-policy.md, "Learnt profiles".
     live_profiles: LiveProfileSettings | None = None
     cpu_stages_may_use_gpu_nodes: bool = False
-    default_cpu_hourly_cost: float = Field(0.05, ge=0)
+    # Prices per hour up to $1,000: more overflows nothing, but is a unit mistake (cents, per month).
+    default_cpu_hourly_cost: float = Field(0.05, ge=0, le=MAX_HOURLY_COST)
     # Per GPU-hour for GPUs missing from the catalog (conservative: priced like a large GPU).
-    unknown_gpu_hourly_cost: float = Field(4.0, ge=0)
+    unknown_gpu_hourly_cost: float = Field(4.0, ge=0, le=MAX_HOURLY_COST)
 
-    gang_reservation_ttl_seconds: float = Field(120.0, gt=0)
-    gang_bind_timeout_seconds: float = Field(3.0, gt=0)
+    # Must outlast the bind barrier (checked below), else a gang's GPUs are released while its
+    # members still wait to bind. At most a day: a dead gang holds its GPUs that long.
+    gang_reservation_ttl_seconds: float = Field(120.0, gt=0, le=86_400)
+    # Below kube-scheduler's bind timeout in practice (httpTimeout, 5 s in our manifests).
+    gang_bind_timeout_seconds: float = Field(3.0, gt=0, le=600)
     # A filter after this long without one first adopts the gang plans persisted on pending members:
     # a standby replica taking over from a dead leader (docs/gangs.md, "Two replicas").
-    gang_takeover_idle_seconds: float = Field(10.0, gt=0)
-    solver_time_limit_seconds: float = Field(0.5, gt=0)
-    producer_memory_seconds: float = Field(3600.0, ge=0)
+    gang_takeover_idle_seconds: float = Field(10.0, gt=0, le=86_400)
+    # The solve runs beside filter calls; a minute is already far past any useful improvement.
+    solver_time_limit_seconds: float = Field(0.5, gt=0, le=60)
+    producer_memory_seconds: float = Field(3600.0, ge=0, le=30 * 86_400)
     # Data gravity: a transfer of about this many seconds is hardly worth anything, so reading 14 GB
     # locally instead of over the leaf (a second either way) does not outweigh packing or price,
     # while a cross-zone read of the same data (~15 s) still does (docs/data-gravity.md). 0: the
     # pure ratio, where any speed-up counts fully.
-    gravity_negligible_seconds: float = Field(10.0, ge=0)
+    gravity_negligible_seconds: float = Field(10.0, ge=0, le=86_400)
 
     _policies: Policies | None = PrivateAttr(default=None)
     _profiles: ProfileBook | None = PrivateAttr(default=None)
     _calibration: ServingCalibration = PrivateAttr(default_factory=default_calibration)
+
+    @model_validator(mode="after")
+    def _gang_reservation_outlasts_bind(self) -> Settings:
+        # A reservation expiring before the bind barrier gives up frees a gang's GPUs to other pods
+        # while its first members wait for the rest: the gang could never bind whole.
+        if self.gang_reservation_ttl_seconds <= self.gang_bind_timeout_seconds:
+            raise ValueError(
+                f"gang_reservation_ttl_seconds ({self.gang_reservation_ttl_seconds:g}) must be longer "
+                f"than gang_bind_timeout_seconds ({self.gang_bind_timeout_seconds:g})")
+        return self
 
     @model_validator(mode="after")
     def _load_profiles(self) -> Settings:
@@ -317,6 +338,8 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     except ValidationError as exc:
         parts = []
         for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "<root>"
-            parts.append(f"{key}: {err['msg']}")
+            # A check across settings (no location) names its keys in its own message.
+            key = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"{key}: {msg}" if key else msg)
         raise ConfigError("invalid configuration: " + "; ".join(parts)) from exc

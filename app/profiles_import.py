@@ -29,8 +29,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.core.catalog import GpuCatalog, normalize
-from app.core.profiles import Profile, ProfileBook, ProfileError
+from app.core.catalog import GpuCatalog
+from app.core.profiles import Profile, ProfileBook, ProfileError, same_slot
 from app.core.workload import Precision
 
 
@@ -186,17 +186,13 @@ def build_profile(
         raise BenchmarkImportError(str(exc)) from None
 
 
-def _key(p: Profile) -> tuple[Any, ...]:
-    return (round(p.model_params), p.active_params and round(p.active_params), normalize(p.gpu),
-            p.gpus, p.precision)
-
-
 def merge(existing: Iterable[Profile], new: Profile) -> list[Profile]:
-    """``existing`` with ``new`` in place of an entry for the same model, GPU, count and precision
-    (the matcher would only ever use the first of two), else appended."""
+    """``existing`` with ``new`` in place of every entry for the same model size, GPU, count and
+    precision (a file holding both would be refused at load: a pod would match either), else
+    appended."""
     out, replaced = [], False
     for p in existing:
-        if _key(p) == _key(new):
+        if same_slot(p, new):
             if not replaced:
                 out.append(new)
                 replaced = True

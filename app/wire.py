@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from app.core.reasons import EVENT_MESSAGE_CHARS, one_line
+
 MAX_NAME = 1024  # longer than any Kubernetes name: refused rather than carried into logs and events
 
 
@@ -164,7 +166,7 @@ def filter_result(
         "Nodes": None,
         "FailedNodes": failed,
         "FailedAndUnresolvableNodes": unresolvable,
-        "Error": error,
+        "Error": one_line(error, EVENT_MESSAGE_CHARS) if error else "",
     }
     if args is None or args.cache_mode:
         result["NodeNames"] = passed
@@ -190,7 +192,8 @@ def priority_pairs(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
 
 
 def binding_result(error: str = "") -> bytes:
-    return orjson.dumps({"Error": error})
+    # kube-scheduler writes this error into a FailedScheduling event: one escaped, bounded line.
+    return orjson.dumps({"Error": one_line(error, EVENT_MESSAGE_CHARS) if error else ""})
 
 
 def preemption_result(victims: dict[str, list[str]], pdb: dict[str, int]) -> bytes:

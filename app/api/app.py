@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,10 +10,8 @@ from fastapi import FastAPI
 from app import __version__
 from app.api.access import ExplainAccess, OpenAccess
 from app.api.fastpath import VerbFastPath
-from app.api.routes import extender_router, ops_router
+from app.api.routes import ExplainGate, extender_router, ops_router
 from app.service import ExtenderService
-
-EXPLAIN_CONCURRENCY = 4
 
 
 def create_fastapi(service: ExtenderService, access: ExplainAccess | None = None) -> FastAPI:
@@ -22,6 +19,7 @@ def create_fastapi(service: ExtenderService, access: ExplainAccess | None = None
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        app.state.explain_gate.close()
         if service.gang_binder is not None:
             service.gang_binder.close()  # the gang planner's and binder's thread pools
 
@@ -29,8 +27,7 @@ def create_fastapi(service: ExtenderService, access: ExplainAccess | None = None
                   lifespan=lifespan)
     app.state.service = service
     app.state.access = access or OpenAccess()
-    # Explains in flight at once (each takes a worker thread and the service lock in turns).
-    app.state.explain_slots = asyncio.Semaphore(EXPLAIN_CONCURRENCY)
+    app.state.explain_gate = ExplainGate()
     app.include_router(extender_router(), prefix=service.settings.url_prefix)
     app.include_router(ops_router())
     return app

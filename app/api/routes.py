@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
 from app import wire
-from app.api.access import ExplainAccess
+from app.api.access import RETRY_AFTER_SECONDS, ExplainAccess
 from app.core.reasons import MESSAGE_PREFIX
 from app.service import ExtenderService
 
 JSON = "application/json"
+# Explains at once: each scores every node under the service lock the verbs also take, so more would
+# only queue there; two keeps a person and a dashboard served on the 2-core nodes we measure on.
+EXPLAIN_CONCURRENCY = 2
 
 
 def get_service(request: Request) -> ExtenderService:
@@ -90,23 +95,60 @@ def ops_router() -> APIRouter:
     @router.get("/explain/{namespace}/{name}")
     async def explain(namespace: str, name: str, request: Request,
                       service: ExtenderService = Depends(get_service)) -> Any:
-        from app.explain import explain_pod
-
-        access: ExplainAccess = request.app.state.access
-        gate: asyncio.Semaphore = request.app.state.explain_slots
-        if gate.locked():
+        gate: ExplainGate = request.app.state.explain_gate
+        if gate.full():
             # Explain is for people and dashboards; the four verbs kube-scheduler waits on come first.
             raise HTTPException(status_code=429, detail="too many explain requests at once; retry shortly",
                                 headers={"Retry-After": "1"})
         async with gate:
-            status, reason = await asyncio.to_thread(
-                access.check, request.headers.get("authorization"), namespace, name)
-            if status != 200:
-                raise HTTPException(status_code=status, detail=reason)
-            # Off the event loop: an explain scores every node, and the verbs share this loop.
-            result = await asyncio.to_thread(explain_pod, service, namespace, name)
-        if result is None:
-            raise HTTPException(status_code=404, detail=f"pod {namespace}/{name} not found")
-        return result
+            return await gate.run(_explain, service, request.app.state.access,
+                                  request.headers.get("authorization"), namespace, name)
 
     return router
+
+
+def _explain(service: ExtenderService, access: ExplainAccess, authorization: str | None,
+             namespace: str, name: str) -> Any:
+    """Authorize, then explain: on a gate thread, never the event loop (an explain scores every node,
+    and a TokenReview is a round trip to the API server)."""
+    from app.explain import explain_pod
+
+    status, reason = access.check(authorization, namespace, name)
+    if status != 200:
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 429 else None
+        raise HTTPException(status_code=status, detail=reason, headers=headers)
+    result = explain_pod(service, namespace, name)
+    if result is None:
+        raise HTTPException(status_code=404, detail=f"pod {namespace}/{name} not found")
+    return result
+
+
+class ExplainGate:
+    """At most ``limit`` explains at once, each on one of ``limit`` threads of its own.
+
+    Its own threads: binds run on the event loop's default executor (a handful of threads on a small
+    node), which explain must never fill. A full gate answers 429 at once instead of queueing, so a
+    burst of explain calls costs the verbs nothing but the 429s.
+    """
+
+    def __init__(self, limit: int = EXPLAIN_CONCURRENCY) -> None:
+        self.limit = limit
+        self.running = 0
+        self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="explain")
+
+    def full(self) -> bool:
+        return self.running >= self.limit
+
+    async def __aenter__(self) -> ExplainGate:
+        # No await between full() and here: on one event loop the check and the count are atomic.
+        self.running += 1
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.running -= 1
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

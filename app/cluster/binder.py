@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from app.cluster.rest import JsonRest, RestLike
-from app.core.units import escape_controls
+from app.core.reasons import EVENT_MESSAGE_CHARS, one_line
 
 log = logging.getLogger(__name__)
 COMPONENT = "llm-placement"
@@ -118,7 +118,8 @@ class Binder:
             "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace,
                                **({"uid": uid} if uid else {})},
             "reason": reason,
-            "message": (message if message.isprintable() else escape_controls(message))[:1024],
+            # Escaped and bounded here too, whatever the caller quoted: events are read in terminals.
+            "message": one_line(message, EVENT_MESSAGE_CHARS),
             "type": "Warning" if warning else "Normal",
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,

@@ -74,7 +74,6 @@ SELECTOR_PRODUCT = reject(ReasonCode.DEVICE_SELECTOR,
                           "GPU model not accepted by the claim's productName selector")
 SELECTOR_MEMORY = reject(ReasonCode.DEVICE_SELECTOR, "GPU memory below the claim's memory selector")
 NO_MIG = reject(ReasonCode.NO_GPUS, "node has no MIG slices")
-TOO_FEW_GPUS = reject(ReasonCode.NO_GPUS, "node has fewer GPUs than the pod requests")
 MIG_PROFILE = reject(ReasonCode.DEVICE_SELECTOR, "no MIG slice of the claimed profile or memory")
 MIG_BUSY = reject(ReasonCode.GPUS_BUSY, "not enough free MIG slices of the claimed profile",
                   unresolvable=False)
@@ -103,6 +102,10 @@ def _evaluate_mig(
     if not cands:
         return MIG_PROFILE
     unchecked = free_gpus >= UNCHECKED
+    if not unchecked and sum(m[2] for m in cands) < spec.mig_slices:
+        # More slices than the node has of that profile, free or not: preemption cannot help.
+        return reject(ReasonCode.GPU_CAPACITY, f"pod needs {spec.mig_slices} MIG slices of the claimed "
+                      "profile, more than the node has")
     if not unchecked and sum(m[3] for m in cands) < spec.mig_slices:
         return MIG_BUSY
     mem = min(m[1] for m in cands if m[3] > 0 or unchecked)
@@ -167,9 +170,11 @@ def evaluate(
             return SELECTOR_PRODUCT
         if spec.gpu_min_memory_gb and node.gpu_memory_gb + 1e-9 < spec.gpu_min_memory_gb:
             return SELECTOR_MEMORY
-    if spec.gpus > node.gpu_count:
-        # No eviction can make room the node does not have: unresolvable, so preemption skips it.
-        return TOO_FEW_GPUS
+    if spec.gpus > node.gpu_count and free_gpus < UNCHECKED:
+        # Unresolvable: evicting every pod on the node would not make room, so kube-scheduler must
+        # not try preemption here (it would evict pods for nothing). No node size in the text: one
+        # reason for every too-small node keeps kube-scheduler's "0/N nodes" line short.
+        return reject(ReasonCode.GPU_CAPACITY, f"pod needs {spec.gpus} GPUs, more than the node has")
     if spec.gpus > 0 and free_gpus < spec.gpus:
         return reject(ReasonCode.GPUS_BUSY, "not enough free GPUs (in use or reserved for a gang)",
                       unresolvable=False)

@@ -19,7 +19,7 @@ from app.core.distance import LEVEL_WORDS, LEVELS, MAX_RUNG, MISSING, Distance, 
 from app.core.nodes import NodeFacts
 from app.core.policy import GravityPolicy
 from app.core.producers import DEFAULT_INPUT_GB, SERVING_GROUP, SHARE_ANNOTATION, Edge, ProducerResolver, Site
-from app.core.reasons import ReasonCode, Rejection, reject
+from app.core.reasons import ReasonCode, Rejection, reject, shown
 from app.core.scoring import GravityFn
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import WorkloadSpec
@@ -155,7 +155,7 @@ class GravityModel:
         missing = [e.producer for e in edges if not e.found]
         if missing:
             # Resolvable: the producer may appear (be created, bound or planned) and the pod retried.
-            who = missing[0] + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            who = shown(missing[0]) + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
             r = reject(ReasonCode.GRAVITY, f"producer {who} not found; colocation required",
                        unresolvable=False)
             return dict.fromkeys(nodes, r)

@@ -5,11 +5,12 @@ Computed once per watch event (not per request) so filter/prioritize only do ari
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.catalog import GpuCatalog, GpuSpec
 from app.core.policy import NodeFactsPolicy, NodeLabelKeys
@@ -18,6 +19,14 @@ from app.core.units import parse_bandwidth_tbs, parse_money, parse_quantity
 ANN = "llm-placement.io/"
 # A CPU socket's DRAM bandwidth, used for CPU-served small models; deliberately modest.
 CPU_MEMORY_BANDWIDTH_TBS = 0.2
+# What one GPU (or MIG slice) may report as its memory: a MIG 1g slice has 5 GB, the largest GPUs a
+# few hundred. Outside this a figure is a typo or a forged label (a GPU reading 0, or 10^12 GB that
+# every model fits in) and is ignored with a warning, never believed.
+MIN_GPU_MEMORY_GB = 0.25
+MAX_GPU_MEMORY_GB = 16_384.0
+# GPUs one node may advertise: the largest servers have 16; a count of 10^18 is not a node.
+MAX_NODE_GPUS = 1024
+MigSlices = tuple[tuple[str, float, int, int], ...]
 
 
 class NodeClass(StrEnum):
@@ -29,23 +38,25 @@ class NodeClass(StrEnum):
 class NodeFacts(BaseModel):
     """Static capabilities of one node (capacity, hardware, topology). Usage lives elsewhere."""
 
-    model_config = ConfigDict(frozen=True)
+    # No negative or non-finite capacity, ever: node_facts ignores such figures with a warning, and
+    # this is the invariant behind it (a negative GiB per GPU would turn every memory check around).
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     name: str
     node_class: NodeClass
     gpu_product: str | None = None  # the raw label value
     gpu: GpuSpec | None = None  # catalog entry; None with gpu_count>0 means "unknown product"
-    gpu_count: int = 0
-    gpu_memory_gb: float = 0.0
-    gpu_bandwidth_tbs: float = 0.0
-    cpu_millis: float = 0.0
-    memory_bytes: float = 0.0
-    pods: int = 110
+    gpu_count: int = Field(0, ge=0)
+    gpu_memory_gb: float = Field(0.0, ge=0)
+    gpu_bandwidth_tbs: float = Field(0.0, ge=0)
+    cpu_millis: float = Field(0.0, ge=0)
+    memory_bytes: float = Field(0.0, ge=0)
+    pods: int = Field(110, ge=0)
     nvlink_domain: str
     fabric: tuple[str, ...] = ()  # domain ids inner -> outer, "" where the tier is unlabelled
     zone: str = ""
     rdma: bool = False
-    hourly_cost: float = 0.0
+    hourly_cost: float = Field(0.0, ge=0)
     unschedulable: bool = False
     # A PreferNoSchedule taint: kube-scheduler's TaintToleration scores it, so filter_to_best
     # leaves the choice among equal-best nodes to kube-scheduler (app/core/narrowing.py).
@@ -55,7 +66,7 @@ class NodeFacts(BaseModel):
     # MIG slices published through DRA ResourceSlices (docs/dra.md, "MIG"): per profile
     # (profile, memory GB, slices, free slices); free ones are those no allocated claim holds.
     mig: tuple[tuple[str, float, int, int], ...] = ()
-    mig_gpus: int = 0  # physical GPUs partitioned into those slices (not in gpu_count)
+    mig_gpus: int = Field(0, ge=0)  # physical GPUs partitioned into those slices (not in gpu_count)
     # Everything the hard rules read except the name: nodes with equal shapes get equal verdicts,
     # so a 5,000-node request evaluates each shape once (thousands of nodes, a dozen shapes).
     shape: tuple[object, ...] = ()
@@ -95,7 +106,7 @@ def node_facts(
     keys: NodeLabelKeys,
     cpu_hourly_cost: float = 0.05,
     unknown_gpu_hourly_cost: float = 4.0,
-    mig: tuple[tuple[str, float, int, int], ...] = (),
+    mig: MigSlices = (),
     mig_gpus: int = 0,
 ) -> NodeFacts:
     """Build NodeFacts from a Node dict. Never raises on odd labels: problems become ``warnings``."""
@@ -118,40 +129,13 @@ def node_facts(
             return 0.0
 
     gpu_count = int(sum(qty(k) for k in keys.gpu_resource))
-    product = _first(labels, keys.gpu_product)
-    gpu = catalog.lookup(product) if product else None
-    if gpu_count and product is None:
-        warnings.append("node advertises GPUs but carries no GPU product label")
-    elif gpu_count and gpu is None:
-        warnings.append(f'GPU product "{product}" is not in the catalog')
-
-    mem_gb = 0.0
-    if gpu is not None:
-        # What the driver reports, when the catalog has it: weights are decimal GB, and an H100
-        # "80GB" offers more than 80 of them (docs/node-facts.md).
-        mem_gb = gpu.memory_mib * 1.048576 / 1000.0 if gpu.memory_mib else gpu.memory_gb
-    if (raw_mem := _first(labels, keys.gpu_memory_mib)) is not None:
-        try:
-            mem_gb = parse_quantity(raw_mem) * 1.048576 / 1000.0  # MiB -> GB
-        except ValueError:
-            warnings.append(f"gpu memory label {raw_mem!r} unreadable")
-    bw = gpu.hbm_bandwidth_tbs if gpu else 0.0
-    if (raw_bw := ann.get(ANN + "gpu-memory-bandwidth")) is not None:
-        try:
-            bw = parse_bandwidth_tbs(raw_bw)
-        except ValueError as exc:
-            warnings.append(str(exc))
-
-    cls_raw = ann.get(ANN + "node-class") or labels.get(ANN + "node-class")
-    node_class = NodeClass.GPU if gpu_count or mig else NodeClass.CPU
-    if cls_raw:
-        try:
-            node_class = NodeClass(cls_raw.lower())
-        except ValueError:
-            warnings.append(f'node-class "{cls_raw}" is not storage, cpu or gpu')
-    if node_class is not NodeClass.GPU and (gpu_count or mig):
-        node_class = NodeClass.GPU  # GPUs present outrank a stale annotation
-
+    if gpu_count > MAX_NODE_GPUS:
+        warnings.append(f"{gpu_count} GPUs is more than a node has (at most {MAX_NODE_GPUS}); ignored")
+        gpu_count = 0
+    mig = _valid_mig(mig, warnings)
+    mig_gpus = mig_gpus if mig and 0 <= mig_gpus <= MAX_NODE_GPUS else 0
+    product, gpu, mem_gb, bw = _gpu_hardware(labels, ann, catalog, keys, gpu_count, warnings)
+    node_class = _node_class(labels, ann, bool(gpu_count or mig), warnings)
     # An unknown GPU is priced like a big one: pricing it like a CPU node would make it the cheapest
     # node in the cluster and pull every CPU pod onto it, stranding its GPUs.
     per_gpu = gpu.hourly_cost_usd if gpu else unknown_gpu_hourly_cost
@@ -193,8 +177,80 @@ def node_facts(
         labels=labels,
         warnings=tuple(warnings),
         mig=mig,
-        mig_gpus=mig_gpus if mig else 0,
+        mig_gpus=mig_gpus,
     )
+
+
+def _gpu_hardware(
+    labels: dict[str, str], ann: dict[str, str], catalog: GpuCatalog, keys: NodeLabelKeys, gpu_count: int,
+    warnings: list[str],
+) -> tuple[str | None, GpuSpec | None, float, float]:
+    """The GPU product label, its catalog entry, memory per GPU (GB) and bandwidth (TB/s)."""
+    product = _first(labels, keys.gpu_product)
+    gpu = catalog.lookup(product) if product else None
+    if gpu_count and product is None:
+        warnings.append("node advertises GPUs but carries no GPU product label")
+    elif gpu_count and gpu is None:
+        warnings.append(f'GPU product "{product}" is not in the catalog')
+    mem_gb = 0.0
+    if gpu is not None:
+        # What the driver reports, when the catalog has it: weights are decimal GB, and an H100
+        # "80GB" offers more than 80 of them (docs/node-facts.md).
+        mem_gb = gpu.memory_mib * 1.048576 / 1000.0 if gpu.memory_mib else gpu.memory_gb
+    if (raw_mem := _first(labels, keys.gpu_memory_mib)) is not None:
+        mem_gb = _label_memory_gb(raw_mem, mem_gb, warnings)
+    bw = gpu.hbm_bandwidth_tbs if gpu else 0.0
+    if (raw_bw := ann.get(ANN + "gpu-memory-bandwidth")) is not None:
+        try:
+            bw = parse_bandwidth_tbs(raw_bw)
+        except ValueError as exc:
+            warnings.append(str(exc))
+    return product, gpu, mem_gb, bw
+
+
+def _node_class(labels: dict[str, str], ann: dict[str, str], gpus: bool, warnings: list[str]) -> NodeClass:
+    cls_raw = ann.get(ANN + "node-class") or labels.get(ANN + "node-class")
+    node_class = NodeClass.GPU if gpus else NodeClass.CPU
+    if cls_raw:
+        try:
+            node_class = NodeClass(cls_raw.lower())
+        except ValueError:
+            warnings.append(f'node-class "{cls_raw}" is not storage, cpu or gpu')
+    # GPUs present outrank a stale annotation.
+    return NodeClass.GPU if gpus else node_class
+
+
+def _gpu_memory_ok(gb: object) -> bool:
+    return isinstance(gb, int | float) and math.isfinite(gb) and MIN_GPU_MEMORY_GB <= gb <= MAX_GPU_MEMORY_GB
+
+
+def _label_memory_gb(raw: str, fallback: float, warnings: list[str]) -> float:
+    """The GPU memory label (MiB, GFD's or the DRA overlay's) in GB; ``fallback`` (the catalog's
+    figure, or 0) when it is unreadable or out of range, with a warning saying which."""
+    try:
+        gb = parse_quantity(raw) * 1.048576 / 1000.0  # MiB -> GB
+    except ValueError:
+        warnings.append(f"gpu memory label {raw!r} unreadable")
+        return fallback
+    if not _gpu_memory_ok(gb):
+        warnings.append(f"gpu memory label {raw!r} MiB is not a GPU's memory "
+                        f"({MIN_GPU_MEMORY_GB:g} to {MAX_GPU_MEMORY_GB:g} GB); ignored")
+        return fallback
+    return gb
+
+
+def _valid_mig(mig: MigSlices, warnings: list[str]) -> MigSlices:
+    """MIG slices as published (docs/dra.md), less any profile whose memory or counts are not real
+    numbers: one device with a negative or missing memory capacity must not make the node offer
+    slices of 0 or -80 GB. Free counts are clipped into 0..slices."""
+    out = []
+    for profile, gb, slices, free in mig:
+        if not _gpu_memory_ok(gb) or not isinstance(slices, int) or not 0 < slices <= MAX_NODE_GPUS * 8:
+            warnings.append(f"MIG profile {profile!r}: {gb!r} GB x {slices!r} slices is not a real "
+                            "capacity; ignored")
+            continue
+        out.append((profile, float(gb), slices, min(max(int(free), 0), slices)))
+    return tuple(out)
 
 
 def _prefer_no_schedule(node: dict[str, Any]) -> bool:
@@ -205,7 +261,7 @@ def _prefer_no_schedule(node: dict[str, Any]) -> bool:
 
 def facts_for(
     node: dict[str, Any], catalog: GpuCatalog, policy: NodeFactsPolicy,
-    mig: tuple[tuple[str, float, int, int], ...] = (), mig_gpus: int = 0,
+    mig: MigSlices = (), mig_gpus: int = 0,
 ) -> NodeFacts:
     """node_facts with every knob taken from the policy (the one call site shape everyone uses)."""
     return node_facts(node, catalog, policy.labels, policy.default_cpu_hourly_cost,

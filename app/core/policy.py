@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.core.live_profiles import ProfileSource
 from app.core.ranking import ScoreMapping
@@ -21,20 +21,42 @@ from app.core.serving_model import ServingCalibration, default_calibration
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
+# A weight is a share of one stage's weighted mean, so only ratios matter. Bounds keep the mean finite
+# and meaningful: above MAX_WEIGHT the sum of nine terms can overflow to inf (inf/inf: every total
+# NaN), and a positive weight under MIN_WEIGHT is lost in float rounding (docs/scoring.md).
+MIN_WEIGHT = 0.001
+MAX_WEIGHT = 1000.0
+
+
 class StageWeights(BaseModel):
     """Weights of the prioritize terms for one stage. Terms absent from a stage weigh 0."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    memory_fit: float = Field(1.0, ge=0)
-    bandwidth: float = Field(0.0, ge=0)
-    cost: float = Field(1.0, ge=0)
-    separation: float = Field(1.0, ge=0)
-    packing: float = Field(1.0, ge=0)
-    preference: float = Field(1.0, ge=0)
-    node_class: float = Field(1.0, ge=0)
-    gravity: float = Field(1.0, ge=0)
-    precision: float = Field(0.5, ge=0)
+    memory_fit: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    bandwidth: float = Field(0.0, ge=0, le=MAX_WEIGHT)
+    cost: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    separation: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    packing: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    preference: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    node_class: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    gravity: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    precision: float = Field(0.5, ge=0, le=MAX_WEIGHT)
+
+    @field_validator("*")
+    @classmethod
+    def _zero_or_meaningful(cls, v: float) -> float:
+        if 0 < v < MIN_WEIGHT:
+            raise ValueError(f"a weight is 0 (term off) or at least {MIN_WEIGHT:g}, not {v:g}")
+        return v
+
+    @model_validator(mode="after")
+    def _some_term_counts(self) -> StageWeights:
+        # Every term at 0: every node totals 0, so the stage's pods land wherever in-tree scores say
+        # and explain shows a ranking that does not exist.
+        if not any(getattr(self, t) > 0 for t in type(self).model_fields):
+            raise ValueError("every term is 0: nodes could not be ranked; give at least one term a weight")
+        return self
 
 
 class NodeLabelKeys(BaseModel):
@@ -72,16 +94,21 @@ class NodeLabelKeys(BaseModel):
     rdma_resources: tuple[str, ...] = ("rdma/ib", "rdma/hca", "nvidia.com/hostdev")
 
 
+MIN_GBPS = 0.001
+MAX_GBPS = 100_000.0
+
+
 class TierBandwidth(BaseModel):
     """GB/s assumed between a producer and a consumer at each distance (data gravity)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    same_node: float = Field(20.0, gt=0)
-    same_nvlink_domain: float = Field(50.0, gt=0)
-    same_fabric_tier: float = Field(25.0, gt=0)
-    same_zone: float = Field(5.0, gt=0)
-    cross_zone: float = Field(1.0, gt=0)
+    # 1 MB/s to 100 TB/s: outside that a transfer time is 0 or overflows the gravity ratio.
+    same_node: float = Field(20.0, ge=MIN_GBPS, le=MAX_GBPS)
+    same_nvlink_domain: float = Field(50.0, ge=MIN_GBPS, le=MAX_GBPS)
+    same_fabric_tier: float = Field(25.0, ge=MIN_GBPS, le=MAX_GBPS)
+    same_zone: float = Field(5.0, ge=MIN_GBPS, le=MAX_GBPS)
+    cross_zone: float = Field(1.0, ge=MIN_GBPS, le=MAX_GBPS)
 
 
 @dataclass(frozen=True, slots=True)

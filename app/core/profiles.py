@@ -18,10 +18,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
+import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.core.catalog import GpuCatalog, GpuSpec
+from app.core.catalog import GpuCatalog, GpuSpec, default_catalog
 from app.core.datafile import entries
 from app.core.units import parse_param_count
 from app.core.workload import Precision, WorkloadSpec
@@ -91,51 +92,107 @@ def _close(a: float | None, b: float | None) -> bool:
     return math.isclose(a, b, rel_tol=PARAMS_REL_TOLERANCE)
 
 
+# Sizes are indexed by band: log(params) in steps of log(1 + tolerance), so a pod's size and every
+# entry it may match are at most one band apart, and a lookup reads three bands (nine with
+# active_params) instead of scanning every entry.
+_BAND = math.log1p(PARAMS_REL_TOLERANCE)
+# The widest log-distance _close accepts (|a - b| <= tol x max(a, b)), a hair over one band: a
+# match reads two bands either side.
+_MATCH = -math.log1p(-PARAMS_REL_TOLERANCE)
+_MATCH_BANDS = 2
+# Two entries one pod could both match (sizes up to twice _MATCH apart, so at most three bands) are
+# a conflict unless they measured the same figures: which one a pod got would depend on file order.
+_CONFLICT_BANDS = 3
+FIGURES = ("ms_per_token", "ttft_ms", "prompt_tokens", "max_concurrency")
+Slot = tuple[str, int, Precision]  # catalog GPU name, GPU count, precision
+
+
+def _band(params: float) -> int:
+    return math.floor(math.log(params) / _BAND)
+
+
+def _overlap(a: float | None, b: float | None) -> bool:
+    """Some pod's size is close (``_close``) to both: a is None and b is None, or within 2 x _MATCH."""
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(math.log(a / b)) <= 2 * _MATCH
+
+
+def same_slot(a: Profile, b: Profile, catalog: GpuCatalog | None = None) -> bool:
+    """Whether one pod could match both entries: same GPU product (any alias), count and precision,
+    sizes close enough (the rule the profiles file is checked by)."""
+    catalog = catalog or default_catalog()
+    gpu_a, gpu_b = catalog.lookup(a.gpu), catalog.lookup(b.gpu)
+    return (gpu_a is not None and gpu_b is not None and gpu_a.name == gpu_b.name and a.gpus == b.gpus
+            and a.precision is b.precision and _overlap(a.model_params, b.model_params)
+            and _overlap(a.active_params, b.active_params))
+
+
+def _label(i: int, p: Profile) -> str:
+    return f"entry #{i + 1} ({p.model})"
+
+
 class ProfileBook:
-    """Validated profiles with lookup by (pod, GPU product, precision)."""
+    """Validated profiles, indexed by (GPU, count, precision, size band) for O(1) matching.
+
+    Every entry names a GPU of the catalog (an unknown one could never match a node, so it is a
+    typo), and no two entries a pod could both match disagree: both refused at load, naming the entry.
+    """
 
     def __init__(self, entries: Iterable[Profile], origin: str = "<profiles>",
                  catalog: GpuCatalog | None = None) -> None:
         self.entries = tuple(entries)
         self.origin = origin
-        # Indexed by (catalog GPU, GPU count, precision): a lookup per node per filter stays O(1)
-        # however many entries the file has (model sizes are then matched with a tolerance).
-        self._index: dict[tuple[str, int, Precision, int], list[Profile]] = {}
-        catalog = catalog or GpuCatalog.load()
+        catalog = catalog or default_catalog()
+        # slot -> (size band, active-size band) -> entries, in file order
+        self._index: dict[Slot, dict[tuple[int, int | None], list[tuple[int, Profile]]]] = {}
+        gpu_names: dict[str, str | None] = {}  # a file repeats a handful of GPU spellings
         for i, p in enumerate(self.entries):
-            spec = catalog.lookup(p.gpu)
-            if spec is None:
-                raise ProfileError(f"{origin}: entry #{i + 1} ({p.model}): GPU {p.gpu!r} is not in the "
-                                   "catalog; use its catalog name or an alias (llm-placement catalog)")
-            twin = self._find(spec.name, p.gpus, p.precision, p.model_params, p.active_params)
-            if twin is not None and _figures(twin) != _figures(p):
-                raise ProfileError(
-                    f"{origin}: entry #{i + 1} ({p.model}) measures the same model, GPU {spec.name} x "
-                    f"{p.gpus} and precision {p.precision.value} as an earlier entry ({twin.model}) "
-                    "with other figures; keep one")
-            if twin is None:
-                key = (spec.name, p.gpus, p.precision, _bucket(p.model_params))
-                self._index.setdefault(key, []).append(p)
+            if p.gpu not in gpu_names:
+                gpu = catalog.lookup(p.gpu)
+                gpu_names[p.gpu] = gpu.name if gpu is not None else None
+            name = gpu_names[p.gpu]
+            if name is None:
+                raise ProfileError(f"{origin}: {_label(i, p)}: gpu {p.gpu!r} is not in the GPU catalog "
+                                   "(llm-placement catalog lists them)")
+            self._add((name, p.gpus, p.precision), i, p)
 
-    def _find(self, gpu: str, gpus: int, precision: Precision, params: float,
-              active: float | None) -> Profile | None:
-        b = _bucket(params)
-        for near in (b, b - 1, b + 1):  # within the tolerance means at most one bucket away
-            for p in self._index.get((gpu, gpus, precision, near), ()):
-                if _close(p.model_params, params) and _close(p.active_params, active):
-                    return p
-        return None
+    def _add(self, slot: Slot, i: int, p: Profile) -> None:
+        for j, other in self._candidates(slot, p.model_params, p.active_params, _CONFLICT_BANDS):
+            same_size = (_overlap(other.model_params, p.model_params)
+                         and _overlap(other.active_params, p.active_params))
+            if same_size and any(getattr(other, f) != getattr(p, f) for f in FIGURES):
+                raise ProfileError(
+                    f"{self.origin}: {_label(i, p)}: same GPU ({p.gpu} x{p.gpus}), precision and size "
+                    f"(within {2 * PARAMS_REL_TOLERANCE:.0%}) as {_label(j, other)} with other figures; "
+                    "a pod would match both: keep one")
+        bands = (_band(p.model_params), None if p.active_params is None else _band(p.active_params))
+        self._index.setdefault(slot, {}).setdefault(bands, []).append((i, p))
+
+    def _candidates(self, slot: Slot, params: float, active: float | None, reach: int
+                    ) -> list[tuple[int, Profile]]:
+        """Entries of ``slot`` within ``reach`` bands of the sizes: a fixed number of dict reads."""
+        by_band = self._index.get(slot)
+        if not by_band:
+            return []
+        base = _band(params)
+        act = None if active is None else _band(active)
+        actives = (None,) if act is None else range(act - reach, act + reach + 1)
+        out: list[tuple[int, Profile]] = []
+        for b in range(base - reach, base + reach + 1):
+            for a in actives:
+                if (hit := by_band.get((b, a))) is not None:
+                    out.extend(hit)
+        return out
 
     @classmethod
     def load(cls, path: str | Path) -> ProfileBook:
         origin = str(path)
         try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ProfileError(f"{origin}: cannot read: {exc}") from exc
-        except yaml.YAMLError as exc:
-            raise ProfileError(f"{origin}: not valid YAML or JSON: {exc}") from exc
-        return cls.from_data(data, origin)
+        return cls.from_data(_parse(text, origin), origin)
 
     @classmethod
     def from_data(cls, data: Any, origin: str = "<profiles>") -> ProfileBook:
@@ -148,15 +205,23 @@ class ProfileBook:
 
     def match(self, spec: WorkloadSpec, gpu: GpuSpec, precision: Precision) -> Profile | None:
         """The entry measured for this model, on this GPU product and count, at ``precision``."""
-        if spec.model_params is None:
+        if spec.model_params is None or spec.model_params <= 0:
             return None
-        return self._find(gpu.name, spec.gpus, precision, spec.model_params, spec.active_params)
+        found = [(i, p) for i, p in self._candidates((gpu.name, spec.gpus, precision), spec.model_params,
+                                                    spec.active_params, _MATCH_BANDS)
+                 if _close(p.model_params, spec.model_params) and _close(p.active_params, spec.active_params)]
+        return min(found, key=lambda ip: ip[0])[1] if found else None  # the file's first, as before
 
 
-def _bucket(params: float) -> int:
-    """Buckets one tolerance wide on a log scale, so close model sizes are neighbours."""
-    return math.floor(math.log(params) / -math.log1p(-PARAMS_REL_TOLERANCE))
-
-
-def _figures(p: Profile) -> tuple[object, ...]:
-    return (p.ms_per_token, p.ttft_ms, p.prompt_tokens, p.max_concurrency)
+def _parse(text: str, origin: str) -> Any:
+    """JSON through orjson (200,000 entries in a second, where a YAML parser takes minutes), anything
+    else (or JSON orjson refuses) as YAML, with the C parser when PyYAML has it."""
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass  # maybe YAML flow style: the YAML parser says what is wrong
+    try:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{origin}: not valid YAML or JSON: {exc}") from exc

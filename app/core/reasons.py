@@ -20,6 +20,8 @@ MESSAGE_PREFIX = "llm-placement: "
 # event kube-scheduler writes from it is truncated at 1 KB by the events API anyway.
 MESSAGE_CHARS = 320
 ELLIPSIS = "..."
+# The events API truncates a message at 1 KB; ours stop there, escaped, rather than mid-character.
+EVENT_MESSAGE_CHARS = 1024
 
 
 class ReasonCode(StrEnum):
@@ -28,6 +30,7 @@ class ReasonCode(StrEnum):
     NO_GPUS = "no_gpus"  # the pod requests GPUs, the node has none
     CPU_STAGE_ON_GPU = "cpu_stage_on_gpu"  # data-prep/deployment pods stay off GPU nodes
     GPUS_BUSY = "gpus_busy"  # not enough free GPUs (used, or reserved for a gang)
+    GPU_CAPACITY = "gpu_capacity"  # the pod needs more GPUs (or MIG slices) than the node has at all
     UNKNOWN_GPU = "unknown_gpu"  # a sized LLM workload on a GPU product missing from the catalog
     SEPARATION = "separation"  # interactive serving kept off nodes running training
     PRECISION = "precision"  # the GPU lacks the precision asked for (fp8)
@@ -51,8 +54,9 @@ class Rejection:
     unresolvable: bool = True  # True: evicting other pods would not make the node fit
 
     def __post_init__(self) -> None:
-        if len(self.message) > MESSAGE_CHARS:
-            object.__setattr__(self, "message", clip(self.message, MESSAGE_CHARS))
+        # The last line of defence: whatever a message quotes, kube-scheduler's event gets one line.
+        if len(self.message) > MESSAGE_CHARS or not self.message.isprintable():
+            object.__setattr__(self, "message", one_line(self.message, MESSAGE_CHARS))
 
 
 def reject(code: ReasonCode, text: str, unresolvable: bool = True) -> Rejection:
@@ -65,6 +69,53 @@ def clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[: max(0, limit - len(ELLIPSIS))] + ELLIPSIS
+
+
+# A user-chosen name quoted in a message (a gang, a producer; a namespace/name pair fits): short
+# enough that a message naming a few of them stays under MESSAGE_CHARS.
+SHOWN_CHARS = 128
+
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(ch: str) -> str:
+    if ch in _NAMED:
+        return _NAMED[ch]
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def one_line(text: str, limit: int) -> str:
+    """A message as it may leave the process: every unprintable character (newline, NUL, escape
+    sequences, bidi overrides, zero-width marks) escaped, then clipped to ``limit``.
+
+    Events and filter reasons are read in terminals and dashboards: a raw newline forges a second
+    line ("Successfully assigned ..."), ESC sequences rewrite the screen, U+202E reverses the text.
+    """
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+    return clip(text, limit)
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """A user-chosen value quoted in a message: printable (repr-style escapes, backslash doubled so
+    an escape cannot be faked), at most ``limit`` characters, and its length said when cut."""
+    text = value if isinstance(value, str) else str(value) if isinstance(value, int | float) \
+        else type(value).__name__
+    if text.isprintable() and "\\" not in text and len(text) <= limit:
+        return text  # the usual case: a plain DNS-style name
+    out: list[str] = []
+    used = 0
+    for ch in text:
+        piece = "\\\\" if ch == "\\" else ch if ch.isprintable() else _escape(ch)
+        if used + len(piece) > limit:
+            return "".join(out) + f"...({len(text)} chars)"
+        out.append(piece)
+        used += len(piece)
+    return "".join(out)
 
 
 class AnnotationProblem(str):

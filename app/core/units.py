@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 
-# re.ASCII: \d would otherwise take any script's digits (a full-width 7 in "70B"), which nothing else reads.
-_PARAMS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT])\s*$", re.ASCII)
-# The one grammar of a plain number in an annotation: ASCII digits, an optional fraction and exponent
-# (no "1_000", no "inf", no other scripts' digits), as every numeric annotation reads it.
-_NUMBER = re.compile(r"^\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?\s*$", re.ASCII)
-_PARAM_SCALE = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+from app.core.reasons import shown
 
-_QTY = re.compile(r"^\s*([+]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
+# One number grammar for every annotation (docs/annotations.md, "Numbers"): an optional sign, ASCII
+# digits, then where the value means it a decimal part and an exponent, then where the value has
+# units a suffix (one space allowed before it). [0-9], never \d or float() alone: both take
+# full-width and other Unicode digits (U+FF17 U+FF10 read as 70), and float() takes "1_000".
+_NUMBER = re.compile(
+    r"(?P<sign>[+-]?)(?P<whole>[0-9]+)(?P<frac>\.[0-9]+)?(?P<exp>[eE][+-]?[0-9]+)?"
+    r"(?: ?(?P<unit>[A-Za-z/]+))?")
+_PARAM_SCALE = {k: v for s, v in (("k", 1e3), ("m", 1e6), ("b", 1e9), ("t", 1e12)) for k in (s, s.upper())}
+_BW_SCALE = {"": 1.0, **{u: f for us, f in (("TB/s", 1.0), ("TBps", 1.0), ("T", 1.0), ("GB/s", 1e-3),
+                                         ("GBps", 1e-3), ("G", 1e-3)) for u in (us, us.lower(), us.upper())}}
+
+_QTY = re.compile(r"^\s*([+]?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 _QTY_SCALE = {
     "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
     "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
 }
-
-_BW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(TB/s|GB/s|TBps|GBps|T|G)?\s*$", re.IGNORECASE)
 
 # Upper bounds on what a pod or node may declare (docs/annotations.md, "Invalid values"). The API
 # server stores quantities such as "1e400" verbatim; as floats they are infinite, and one infinite or
@@ -37,28 +42,44 @@ MAX_TEXT = 64  # characters of a bad value quoted back in a message
 
 def quote(text: object) -> str:
     """A value quoted back to the user, cut short (a 250 KB value must not become a 250 KB event) and
-    with control characters escaped (a newline or NUL in a message would forge or cut lines)."""
-    s = str(text) if isinstance(text, str | int | float) else type(text).__name__
-    s = s if len(s) <= MAX_TEXT else s[:MAX_TEXT] + f"...({len(s)} chars)"
-    return s if s.isprintable() else escape_controls(s)
+    escaped (a newline or NUL in an annotation must not become a second line of the event)."""
+    return shown(text, MAX_TEXT)
 
 
-def escape_controls(text: str) -> str:
-    """Every non-printable character as a \\uXXXX escape; printable text unchanged."""
-    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+def parse_number(
+    key: str, text: object, *, what: str = "a number like 50 or 2.5", whole: bool = False,
+    units: Mapping[str, float] | None = None, allow_zero: bool = False, maximum: float = MAX_NUMBER,
+) -> float:
+    """The one parser behind every numeric annotation: ``text`` read by the grammar above.
+
+    ``whole``: digits only; ``units``: the suffixes allowed and their scale ("" present: the suffix
+    may be left out). An exponent is meaningful only for a plain decimal (``1.5e3`` ms), never for a
+    whole count or beside a unit (``1e3B``). Raises ValueError naming ``key`` and quoting the value,
+    worded for a pod event.
+    """
+    raw = text.strip() if isinstance(text, str) else str(text) \
+        if isinstance(text, int | float) and not isinstance(text, bool) else ""
+    m = _NUMBER.fullmatch(raw)  # linear in the length; the API server bounds annotations anyway
+    unit = (m.group("unit") or "") if m else ""
+    if (m is None or (whole and (m.group("frac") or m.group("exp")))
+            or (m.group("exp") and units is not None)
+            or (unit not in units if units is not None else unit != "")):
+        raise ValueError(f'{key} "{quote(text)}" is not {what}')
+    number = m.group("sign") + m.group("whole") + (m.group("frac") or "") + (m.group("exp") or "")
+    value = float(number) * (units[unit] if units is not None else 1.0)  # 400 digits: inf, not slow
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = "zero or more" if allow_zero else "greater than zero"
+        raise ValueError(f'{key} "{quote(text)}" must be {bound}')
+    if not value <= maximum:
+        limit = f"{maximum:.0f}" if maximum == int(maximum) and maximum < 1e10 else f"{maximum:g}"
+        raise ValueError(f'{key} "{quote(text)}" is larger than {limit}')
+    return abs(value)  # "-0" is 0
 
 
-def parse_param_count(text: str) -> float:
+def parse_param_count(text: str, key: str = "model-params") -> float:
     """``"7B"`` -> 7e9. Accepts K, M, B and T suffixes (any case), decimals such as ``1.8T``."""
-    m = _PARAMS.match(text) if isinstance(text, str) else None
-    if not m:
-        raise ValueError(f'model-params "{quote(text)}" is not a parameter count like 7B or 1.5T')
-    value = float(m.group(1)) * _PARAM_SCALE[m.group(2).lower()]
-    if value <= 0:
-        raise ValueError(f'model-params "{quote(text)}" must be positive')
-    if not value <= MAX_PARAMS:
-        raise ValueError(f'model-params "{quote(text)}" is larger than {MAX_PARAMS:g} parameters')
-    return value
+    return parse_number(key, text, what="a parameter count like 7B or 1.5T",
+                        units=_PARAM_SCALE, maximum=MAX_PARAMS)
 
 
 def parse_quantity(text: str | int | float) -> float:
@@ -81,53 +102,18 @@ def parse_quantity(text: str | int | float) -> float:
 
 def parse_positive_number(key: str, text: str, *, allow_zero: bool = False) -> float:
     """A plain number from an annotation, finite and > 0 (or >= 0 with ``allow_zero``)."""
-    if isinstance(text, str) and not _NUMBER.match(text):
-        value = math.nan
-    else:
-        try:
-            value = float(text) if isinstance(text, str | int | float) else math.nan
-        except (TypeError, ValueError, OverflowError):
-            value = math.nan
-    if not math.isfinite(value):  # not a number, "inf", "nan", or 400 digits
-        raise ValueError(f'{key} "{quote(text)}" is not a finite number')
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = "zero or more" if allow_zero else "greater than zero"
-        raise ValueError(f'{key} "{quote(text)}" must be {bound}')
-    if value > MAX_NUMBER:
-        raise ValueError(f'{key} "{quote(text)}" is larger than {MAX_NUMBER:g}')
-    return value
+    return parse_number(key, text, allow_zero=allow_zero)
 
 
 def parse_positive_int(key: str, text: str) -> int:
     """A whole number > 0 from an annotation."""
-    raw = str(text).strip() if isinstance(text, str | int) and not isinstance(text, bool) else ""
-    # Digits only (int() would also take "1_000" and 5,000-digit strings cost quadratic time).
-    if not raw.lstrip("+-").isdigit() or not raw.isascii() or len(raw) > 12:
-        if raw.lstrip("+-").isdigit() and raw.isascii():
-            raise ValueError(f'{key} "{quote(text)}" is larger than {MAX_INT}')
-        raise ValueError(f'{key} "{quote(text)}" is not a whole number')
-    value = int(raw)
-    if value <= 0:
-        raise ValueError(f'{key} "{quote(text)}" must be greater than zero')
-    if value > MAX_INT:
-        raise ValueError(f'{key} "{quote(text)}" is larger than {MAX_INT}')
-    return value
+    return int(parse_number(key, text, what="a whole number", whole=True, maximum=MAX_INT))
 
 
 def parse_bandwidth_tbs(text: str) -> float:
     """``"4.1TB/s"`` or ``"900GB/s"`` -> TB/s. A bare number is read as TB/s."""
-    m = _BW.match(text) if isinstance(text, str) else None
-    if not m:
-        raise ValueError(f'bandwidth "{quote(text)}" is not like 3.35TB/s or 900GB/s')
-    value = float(m.group(1))
-    unit = (m.group(2) or "TB/s").upper()
-    if unit.startswith("G"):
-        value /= 1000.0
-    if value <= 0:
-        raise ValueError(f'bandwidth "{quote(text)}" must be positive')
-    if not value <= MAX_BANDWIDTH_TBS:
-        raise ValueError(f'bandwidth "{quote(text)}" is larger than {MAX_BANDWIDTH_TBS:g} TB/s')
-    return value
+    return parse_number("bandwidth", text, what="like 3.35TB/s or 900GB/s", units=_BW_SCALE,
+                        maximum=MAX_BANDWIDTH_TBS)
 
 
 def parse_money(text: str) -> float:

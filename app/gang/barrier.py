@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from app.core.reasons import MESSAGE_PREFIX
+from app.core.reasons import MESSAGE_PREFIX, shown
 from app.core.workload import WorkloadSpec
 from app.gang.book import GangBook
 from app.gang.ledger import GangPlan
@@ -107,23 +107,25 @@ class BindBarrier:
             current = self.book.ledger.get(key)
             mp = current.members.get(uid) if current else None
             if current is None or mp is None:
-                return MESSAGE_PREFIX + f"no gang plan holds this pod (gang {key}); it will be replanned"
+                return (MESSAGE_PREFIX
+                        + f"no gang plan holds this pod (gang {shown(key)}); it will be replanned")
             if mp.node != node:
-                return MESSAGE_PREFIX + f"gang {key} plans this pod on another node; retrying"
+                return MESSAGE_PREFIX + f"gang {shown(key)} plans this pod on another node; retrying"
         if committed:
             return await self._bind_committed(spec, key, uid, node)
         with self.lock:
             current = self.book.ledger.get(key)
             if current is None or uid not in current.members:
-                return MESSAGE_PREFIX + f"no gang plan holds this pod (gang {key}); it will be replanned"
+                return (MESSAGE_PREFIX
+                        + f"no gang plan holds this pod (gang {shown(key)}); it will be replanned")
             if self.regrouping(key):
                 # Filtered before the last attempt failed: join the regroup instead of starting a
                 # barrier of one that would only time out and reset it.
-                return MESSAGE_PREFIX + f"gang {key} is regrouping after an incomplete bind; retrying"
+                return MESSAGE_PREFIX + f"gang {shown(key)} is regrouping after an incomplete bind; retrying"
             barrier = self.barriers.get(key)
             if barrier is None or barrier.epoch != current.epoch:
                 if barrier is not None:
-                    self.fail(key, MESSAGE_PREFIX + f"gang {key} was replanned; retrying")
+                    self.fail(key, MESSAGE_PREFIX + f"gang {shown(key)} was replanned; retrying")
                 barrier = self.barriers[key] = Barrier(key, current.epoch)
                 epoch = current.epoch
                 barrier.timer = self.timers(self.timeout, lambda: self._on_timeout(key, epoch))
@@ -227,7 +229,7 @@ class BindBarrier:
         return facts is not None and not facts.unschedulable
 
     def _abort(self, key: str, current: GangPlan, barrier: Barrier, gone: list[str]) -> None:
-        msg = (MESSAGE_PREFIX + f"gang {key}: planned node {gone[0]} became unschedulable before bind"
+        msg = (MESSAGE_PREFIX + f"gang {shown(key)}: planned node {gone[0]} became unschedulable before bind"
                + (f" (and {len(gone) - 1} more)" if len(gone) > 1 else "") + "; none bound, replanning")
         state = self.book.states.get(key)
         if state is not None:
@@ -250,7 +252,7 @@ class BindBarrier:
             current.stale = True
         bound = len(waiters) - len(failed)
         first_uid, first = next(iter(failed.items()))
-        msg = (MESSAGE_PREFIX + f"gang {key} partially bound: {bound}/{len(waiters)} members bound; "
+        msg = (MESSAGE_PREFIX + f"gang {shown(key)} partially bound: {bound}/{len(waiters)} members bound; "
                f"{first.spec.key} failed on {first.node} ({errors[first_uid].removeprefix(MESSAGE_PREFIX)})"
                + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
                + "; replanning the rest without that node")
@@ -270,15 +272,15 @@ class BindBarrier:
                 # Still arriving: answer the calls before kube-scheduler's httpTimeout cuts them,
                 # keep every seat, and look again one timeout later.
                 barrier.arrived = 0
-                held = (MESSAGE_PREFIX + f"gang {key}: {len(barrier.waiters)}/{needed} members reached "
-                        "bind; this member's place is held until the rest arrive, retrying")
+                held = (MESSAGE_PREFIX + f"gang {shown(key)}: {len(barrier.waiters)}/{needed} members "
+                        "reached bind; this member's place is held until the rest arrive, retrying")
                 for w in barrier.waiters.values():
                     if not w.future.done():
                         w.future.set_result(held)
                 barrier.timer = self.timers(self.timeout, lambda: self._on_timeout(key, epoch))
                 return
-            msg = (MESSAGE_PREFIX + f"gang {key}: only {len(barrier.waiters)}/{needed} members reached "
-                   f"bind, none new within {self.timeout:g}s; none bound (all-or-nothing), retrying")
+            msg = (MESSAGE_PREFIX + f"gang {shown(key)}: only {len(barrier.waiters)}/{needed} members "
+                   f"reached bind, none new within {self.timeout:g}s; none bound (all-or-nothing), retrying")
             self.reporter.metrics.outcome("failed")
             self.fail(key, msg)
             for uid, w in barrier.waiters.items():

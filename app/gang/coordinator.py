@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from app.core.feasibility import NodeFit
 from app.core.placer import NOT_CACHED
 from app.core.policy import GangPolicy
-from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject
+from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject, shown
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import PREFIX, WorkloadSpec
 from app.gang.barrier import BindBarrier, BindFn, loop_timers
@@ -116,7 +116,7 @@ class GangCoordinator:
             self.book, lock, policy, rt.solve or cp_sat, self.reporter, store, rt.clock,
             release=self.lifecycle.locked_release,
             replanned=lambda key: self.barrier.fail(
-                key, MESSAGE_PREFIX + f"gang {key} was replanned; retrying"),
+                key, MESSAGE_PREFIX + f"gang {shown(key)} was replanned; retrying"),
             lookahead=lookahead, data_sites=data_sites,
         )
 
@@ -158,11 +158,11 @@ class GangCoordinator:
             if size is None and gang.native:
                 # kube-scheduler holds these pods too until the PodGroup exists (docs/gangs.md).
                 return reject(ReasonCode.GANG,
-                              f"gang {key} waits for PodGroup {gang.name} (scheduling.k8s.io)")
+                              f"gang {shown(key)} waits for PodGroup {shown(gang.name)} (scheduling.k8s.io)")
             if size is None:
                 return reject(ReasonCode.GANG,
-                              f"gang {key} has no size: set {PREFIX}gang-size or create PodGroup "
-                              f"{gang.name} with minMember")
+                              f"gang {shown(key)} has no size: set {PREFIX}gang-size or create PodGroup "
+                              f"{shown(gang.name)} with minMember")
             members = book.count_members(key, spec)
             if members < size:
                 self._recheck_members(key, size, MEMBER_RECHECK_SECONDS)
@@ -274,7 +274,7 @@ MEMBERS_ANNOTATION = PREFIX + "gang-members"
 
 
 def _being_planned(key: str) -> Rejection:
-    return reject(ReasonCode.GANG, f"gang {key} is being planned; retrying", unresolvable=False)
+    return reject(ReasonCode.GANG, f"gang {shown(key)} is being planned; retrying", unresolvable=False)
 
 
 def _reject_all(node_names: Sequence[str], r: Rejection) -> Verdicts:

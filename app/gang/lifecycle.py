@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from app.core.reasons import MESSAGE_PREFIX
+from app.core.reasons import MESSAGE_PREFIX, shown
 from app.gang.book import GangBook, GangState
 from app.gang.ledger import GangPlan, MemberPlan
 from app.gang.persist import FUTURE_SKEW_SECONDS, PlanRecord, PlanStore
@@ -80,7 +80,7 @@ class Lifecycle:
                 self.locked_complete(p, now)
         for p in ledger.expired(now):
             self.reporter.metrics.reservation_expired()
-            self.fail_bind(p.gang, MESSAGE_PREFIX + f"gang {p.gang}: reservation expired; retrying")
+            self.fail_bind(p.gang, MESSAGE_PREFIX + f"gang {shown(p.gang)}: reservation expired; retrying")
             self._clear(p)
             log.info("gang %s: reservation expired after %.0fs", p.gang, ledger.ttl)
         if synced:
@@ -102,7 +102,7 @@ class Lifecycle:
 
     def locked_release(self, p: GangPlan, why: str) -> None:
         self.book.ledger.drop(p.gang)
-        self.fail_bind(p.gang, MESSAGE_PREFIX + f"gang {p.gang}: plan released ({why}); retrying")
+        self.fail_bind(p.gang, MESSAGE_PREFIX + f"gang {shown(p.gang)}: plan released ({why}); retrying")
         self._clear(p)
 
     def restore(self, records: list[PlanRecord], now: float | None = None) -> int:

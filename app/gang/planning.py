@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from app.core.feasibility import NodeFit
 from app.core.policy import GangPolicy
-from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject
+from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject, shown
 from app.core.workload import WorkloadSpec
 from app.gang import diagnose
 from app.gang.book import GangBook, GangState
@@ -290,7 +290,8 @@ class Planner:
         what = f"{len(new.unbound)} pods to bind"
         for m in new.unbound:
             note = input_note(snapshot, brief.inst.inputs.get(m.uid), m.node)
-            self.reporter.event(m.pod, m.uid, "GangPlanned", MESSAGE_PREFIX + f"gang {key} planned ({what}): "
+            self.reporter.event(m.pod, m.uid, "GangPlanned",
+                                MESSAGE_PREFIX + f"gang {shown(key)} planned ({what}): "
                                 f"{summary}; this pod goes to {m.node}{note}")
         if previous is not None:
             self.reporter.metrics.outcome("replanned")

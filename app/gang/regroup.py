@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from app.core.reasons import MESSAGE_PREFIX
+from app.core.reasons import MESSAGE_PREFIX, shown
 from app.gang.book import GangBook
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class Regrouper:
             # cancel the cap of ``longest``), or a gang whose members are all back waits forever.
             group.all_back = True
             self._schedule(key, group, min(self.delay, self.longest))
-        return (MESSAGE_PREFIX + f"gang {key} regrouping after an incomplete bind: "
+        return (MESSAGE_PREFIX + f"gang {shown(key)} regrouping after an incomplete bind: "
                 f"{back}/{len(waiting)} members back")
 
     def forget(self, key: str) -> None:

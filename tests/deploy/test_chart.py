@@ -663,3 +663,15 @@ def test_kube_scheduler_check_is_not_a_rubber_stamp(
     cfg["extenders"][0]["nodeCacheCapabel"] = True  # strict decoding rejects unknown keys
     proc = _kube_scheduler_accepts(kube_scheduler_bin, cfg, tmp_path)
     assert proc.returncode != 0 and "nodeCacheCapabel" in proc.stderr
+
+
+def test_schema_bounds_match_app_settings() -> None:
+    # helm refuses what the extender would refuse at start, not less: each app maximum is the schema's.
+    from annotated_types import Le
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    props = schema["properties"]["extender"]["properties"]["settings"]["properties"]
+    for name, info in Settings.model_fields.items():
+        le = next((m.le for m in info.metadata if isinstance(m, Le)), None)
+        if name in props and le is not None:
+            assert props[name].get("maximum") == le, name

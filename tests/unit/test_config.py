@@ -61,3 +61,66 @@ def test_malformed_json_in_a_structured_environment_setting_is_one_line(monkeypa
     with pytest.raises(ConfigError) as exc:
         load_settings(None)
     assert "weights" in str(exc.value) and "\n" not in str(exc.value).strip()
+
+
+ZERO_SERVING = "weights:\n  serving: {" + ", ".join(
+    f"{t}: 0" for t in ("memory_fit", "bandwidth", "cost", "separation", "packing", "preference",
+                        "node_class", "gravity", "precision")) + "}\n"
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    # Every term of a stage at 0: no node could be ranked above another.
+    (ZERO_SERVING, "weights.serving"),
+    # Nine weights of 1e308 sum to inf, and every weighted total becomes inf/inf = NaN.
+    ("weights:\n  serving: {cost: 1.0e+308}\n", "weights.serving.cost"),
+    ("weights:\n  serving: {cost: 1.0e-300}\n", "weights.serving.cost"),
+    # Latency targets and headroom under which no serving pod fits anywhere.
+    ("default_interactive_ms_per_token: 0\n", "default_interactive_ms_per_token"),
+    ("default_interactive_ms_per_token: 1.0e-9\n", "default_interactive_ms_per_token"),
+    ("memory_headroom: 0.99\n", "memory_headroom"),
+    ("default_context_tokens: 1000000000000\n", "default_context_tokens"),
+    ("default_concurrency: 100000000\n", "default_concurrency"),
+    ("unknown_gpu_hourly_cost: 1.0e+300\n", "unknown_gpu_hourly_cost"),
+    ("tier_bandwidth_gbps: {cross_zone: 1.0e-300}\n", "tier_bandwidth_gbps.cross_zone"),
+    ("solver_time_limit_seconds: 1.0e+12\n", "solver_time_limit_seconds"),
+    ("producer_memory_seconds: 1.0e+300\n", "producer_memory_seconds"),
+    # A reservation that expires before the bind barrier gives up: no gang binds whole.
+    ("gang_reservation_ttl_seconds: 2\ngang_bind_timeout_seconds: 3\n", "gang_reservation_ttl_seconds"),
+])
+def test_settings_under_which_nothing_could_be_placed_are_refused(tmp_path: Path, text: str,
+                                                                  key: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_settings(f)
+    assert key in str(exc.value)
+
+
+def test_every_numeric_setting_has_an_upper_bound() -> None:
+    # A new numeric setting must say how large it may be (docs/README "Settings").
+    from annotated_types import Le, Lt
+
+    from app.config import Settings
+    from app.core.policy import StageWeights, TierBandwidth
+
+    for model in (Settings, StageWeights, TierBandwidth):
+        for name, info in model.model_fields.items():
+            if info.annotation in (int, float):
+                assert any(isinstance(m, Le | Lt) for m in info.metadata), f"{model.__name__}.{name}"
+
+
+def test_serve_refuses_unplaceable_settings_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    monkeypatch.setenv("LLMP_WEIGHTS", '{"serving": {"cost": 1e308}}')
+    result = CliRunner().invoke(cli, ["serve"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "weights.serving.cost" in result.output and len(result.output.strip().splitlines()) == 1
+    monkeypatch.delenv("LLMP_WEIGHTS")
+    # A long message (unknown stages listed) stays one line whatever the terminal width.
+    monkeypatch.setenv("LLMP_WEIGHTS", '{"training": {"cost": 1}}')
+    result = CliRunner().invoke(cli, ["serve"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "['data-prep'" in result.output  # printed as is, not eaten as console markup

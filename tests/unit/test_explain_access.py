@@ -3,11 +3,27 @@ integration test tests/integration/test_explain_access.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
+import httpx
 import orjson
+import pytest
 
-from app.api.access import KubernetesAccess
+import app.explain
+from app.api import routes
+from app.api.access import (
+    DENIALS_PER_WINDOW,
+    REJECTED_TTL_SECONDS,
+    REVIEW_BURST,
+    REVIEWS_PER_SECOND,
+    KubernetesAccess,
+)
+from app.api.app import create_fastapi
+from app.config import Settings
+from app.core.catalog import GpuCatalog
+from app.service import ExtenderService
 
 
 class Api:
@@ -57,51 +73,96 @@ def test_api_failure_is_503_and_not_cached() -> None:
     assert down.calls == 2
 
 
-def test_a_rejected_token_is_remembered_briefly() -> None:
-    api = Api({"t-alice": "alice"}, {"alice": {"team-a"}})
-    access = KubernetesAccess(api)
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def reviews(api: CountingApi) -> tuple[int, int]:
+    return api.paths.count("tokenreviews"), api.paths.count("subjectaccessreviews")
+
+
+class CountingApi(Api):
+    """The scripted API server, counting each kind of review it is sent."""
+
+    def __init__(self, users: dict[str, str], may_read: dict[str, set[str]]) -> None:
+        super().__init__(users, may_read)
+        self.paths: list[str] = []
+
+    def request(self, method: str, path: str, body: Any = None) -> bytes:
+        self.paths.append(path.rsplit("/", 1)[-1])
+        return super().request(method, path, body)
+
+
+def test_a_thousand_calls_with_a_rejected_token_send_one_token_review() -> None:
+    clock = Clock()
+    api = CountingApi({"t-alice": "alice"}, {"alice": {"team-a"}})
+    access = KubernetesAccess(api, clock=clock)
     for i in range(1000):
-        assert access.check("Bearer stolen", "team-a", f"p-{i}")[0] == 401
-    assert api.calls == 1  # one TokenReview for a thousand calls with the same bad token
+        assert access.check("Bearer forged", "team-a", f"p{i}")[0] == 401
+    assert reviews(api) == (1, 0)
+    clock.now += REJECTED_TTL_SECONDS  # remembered briefly: a token created since then works
+    assert access.check("Bearer forged", "team-a", "p")[0] == 401
+    assert reviews(api) == (2, 0)
+
+
+def test_a_valid_token_guessing_pod_names_is_cut_off_after_a_few_denials() -> None:
+    clock = Clock()
+    api = CountingApi({"t-alice": "alice"}, {"alice": {"team-a"}})
+    access = KubernetesAccess(api, clock=clock)
+    statuses = [access.check("Bearer t-alice", "team-b", f"p{i}")[0] for i in range(1000)]
+    assert statuses[:DENIALS_PER_WINDOW] == [403] * DENIALS_PER_WINDOW
+    assert set(statuses[DENIALS_PER_WINDOW:]) == {429}
+    assert reviews(api) == (1, DENIALS_PER_WINDOW)  # who alice is: asked once
+    clock.now += REJECTED_TTL_SECONDS
     assert access.check("Bearer t-alice", "team-a", "p") == (200, "")
 
 
-def test_explain_runs_off_the_event_loop_and_sheds_load_with_429() -> None:
-    import asyncio
-    import threading
+def test_a_flood_of_made_up_tokens_draws_on_one_review_budget() -> None:
+    clock = Clock()
+    api = CountingApi({}, {})
+    access = KubernetesAccess(api, clock=clock)
+    statuses = [access.check(f"Bearer made-up-{i}", "ns", "p")[0] for i in range(1000)]
+    assert len(api.paths) == REVIEW_BURST and statuses.count(401) == REVIEW_BURST
+    assert set(statuses[REVIEW_BURST:]) == {429}
+    clock.now += 1.0  # the budget refills at REVIEWS_PER_SECOND
+    for i in range(100):
+        access.check(f"Bearer later-{i}", "ns", "p")
+    assert len(api.paths) == REVIEW_BURST + int(REVIEWS_PER_SECOND)
 
-    import httpx
 
-    from app.api.app import EXPLAIN_CONCURRENCY, create_app
-    from app.config import Settings
-    from app.core.catalog import GpuCatalog
-    from app.wiring import build_core
+def test_explain_runs_off_the_event_loop_and_a_full_gate_answers_429(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Explains held open on their threads: one more is turned away with Retry-After, and the event
+    # loop (the verbs' loop) still answers meanwhile.
+    limit = getattr(routes, "EXPLAIN_CONCURRENCY", 2)
+    release, threads = threading.Event(), []
 
-    release = threading.Event()
+    def slow_explain(service: Any, namespace: str, name: str) -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        release.wait(3)
+        return {"pod": f"{namespace}/{name}"}
 
-    class Slow:
-        def check(self, authorization: str | None, namespace: str, name: str) -> tuple[int, str]:
-            release.wait(5)  # a slow API server
-            return 403, "no"
+    monkeypatch.setattr(app.explain, "explain_pod", slow_explain)
+    api = create_fastapi(ExtenderService(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load()))
 
-    svc = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
-    svc.ready.set()
-    app = create_app(svc, Slow())
-
-    async def run() -> tuple[list[int], float]:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
-            calls = [asyncio.create_task(client.get(f"/explain/ns/p{i}")) for i in range(EXPLAIN_CONCURRENCY + 3)]
-            await asyncio.sleep(0.3)
-            # While every explain slot waits on the API server, the event loop still answers.
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            health = await client.get("/healthz")
-            waited = loop.time() - t0
-            assert health.status_code == 200
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://x") as c:
+            held = [asyncio.create_task(c.get(f"/explain/ns/p{i}")) for i in range(limit)]
+            while len(threads) < limit:
+                await asyncio.sleep(0.01)
+            turned_away = await c.get("/explain/ns/late")
+            health = await asyncio.wait_for(c.get("/healthz"), 1)
             release.set()
-            return [r.status_code for r in await asyncio.gather(*calls)], waited
+            answers = await asyncio.gather(*held)
+        assert turned_away.status_code == 429 and turned_away.headers["retry-after"] == "1"
+        assert health.status_code == 200
+        assert [a.status_code for a in answers] == [200] * limit
 
-    codes, waited = asyncio.run(run())
-    assert sorted(codes).count(429) == 3 and codes.count(403) == EXPLAIN_CONCURRENCY, codes
-    assert waited < 2.0
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 20))
+    finally:
+        release.set()
+    assert all(t.startswith("explain") for t in threads), threads

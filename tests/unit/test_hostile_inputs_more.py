@@ -14,7 +14,6 @@ from app.core.nodes import facts_for
 from app.core.profiles import ProfileBook, ProfileError
 from app.core.reasons import Rejection
 from app.core.snapshot import NodeUsage
-from app.core.units import escape_controls, quote
 from app.core.workload import WorkloadError, parse_workload
 from app.sim.fleet import node_object, pod_object
 
@@ -27,13 +26,6 @@ def problems_of(**ann: str) -> list[str]:
     with pytest.raises(WorkloadError) as err:
         parse_workload(pod)
     return list(err.value.problems)
-
-
-def test_a_gang_name_with_control_characters_is_refused_and_never_echoed_raw() -> None:
-    got = problems_of(**{"gang-name": "train\nWarning FakeEvent injected\x00", "gang-size": "2"})
-    assert any("control characters" in p for p in got), got
-    assert all("\n" not in p and "\x00" not in p for p in got), got
-    assert quote("a\nb") == "a\\u000ab" and escape_controls("ok") == "ok"
 
 
 @pytest.mark.parametrize("key, value", [
@@ -63,12 +55,12 @@ def entry(**kw: Any) -> dict[str, Any]:
 
 
 def test_profiles_with_an_unknown_gpu_are_refused_naming_the_entry() -> None:
-    with pytest.raises(ProfileError, match=r"entry #2 \(chat\): GPU 'Z9000' is not in the catalog"):
+    with pytest.raises(ProfileError, match=r"entry #2 \(chat\): gpu 'Z9000' is not in the GPU catalog"):
         ProfileBook.from_data({"profiles": [entry(), entry(gpu="Z9000")]})
 
 
 def test_contradicting_duplicates_are_refused_identical_ones_kept_once() -> None:
-    with pytest.raises(ProfileError, match=r"entry #2 .* same model, GPU L4 x 1 and precision int8"):
+    with pytest.raises(ProfileError, match=r"entry #2 \(chat\): same GPU .* with other figures"):
         ProfileBook.from_data({"profiles": [entry(), entry(gpu="NVIDIA-L4", ms_per_token=45.0)]})
     book = ProfileBook.from_data({"profiles": [entry(), entry(gpu="nvidia-l4")]})
     spec = parse_workload(pod_object("p", stage="serving", gpus=1,

@@ -118,3 +118,69 @@ def test_unknown_keys_name_the_nearest_known_key() -> None:
            PREFIX + "zzzzzz": "1", "other.io/model-param": "x"}
     assert unknown_keys(ann) == [("model-param", "model-params"), ("zzzzzz", None)]
     assert unknown_keys("not a dict") == []
+
+
+# Every annotation that holds a number, with a valid value of its shape (docs/annotations.md, "Numbers").
+NUMERIC = {
+    "model-params": "70B", "trainable-params": "1B", "active-params": "7B", "context-tokens": "4096",
+    "concurrency": "8", "prompt-tokens": "512", "gang-size": "2", "kv-cache-gb": "1.5",
+    "input-data-gb": "20", "max-ms-per-token": "25.5", "max-ttft-ms": "1000",
+}
+WHOLE = {"context-tokens", "concurrency", "prompt-tokens", "gang-size"}
+PARAMS = {"model-params", "trainable-params", "active-params"}
+
+
+def numeric_pod(**override: str) -> dict[str, Any]:
+    ann = {PREFIX + k: v for k, v in {**NUMERIC, "gang-name": "g", "stage": "serving", **override}.items()}
+    return {"metadata": {"name": "p", "namespace": "a", "annotations": ann}, "spec": {}}
+
+
+def test_every_numeric_annotation_goes_through_the_one_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.core import units
+
+    seen: list[str] = []
+    real = units.parse_number
+
+    def spy(key: str, text: object, **kw: Any) -> float:
+        seen.append(key)
+        return real(key, text, **kw)
+
+    monkeypatch.setattr(units, "parse_number", spy)
+    parse_workload(numeric_pod())
+    assert sorted(set(seen)) == sorted(NUMERIC)
+
+
+def shaped(key: str, digits: str) -> str:
+    return digits + "B" if key in PARAMS else digits
+
+
+# Python's int() and float() read all of these; users and kubectl do not mean them as numbers.
+HOSTILE = ["1_000", "\uff17\uff10", "\u0667", "\u0967\u0966", "\u00bd", "\u2460", "0x10", "1,000", "1 000",
+           "inf", "nan", "Infinity", ".5", "5.", "\u200b5", "5\u200b"]
+
+
+@pytest.mark.parametrize("key", sorted(NUMERIC))
+@pytest.mark.parametrize("digits", HOSTILE)
+def test_numbers_are_ascii_digits_only_for_every_annotation(key: str, digits: str) -> None:
+    with pytest.raises(WorkloadError) as exc:
+        parse_workload(numeric_pod(**{key: shaped(key, digits)}))
+    assert any(p.key == key for p in exc.value.problems), exc.value.problems
+
+
+@pytest.mark.parametrize("key", sorted(NUMERIC))
+def test_an_exponent_only_where_it_means_something(key: str) -> None:
+    # A plain decimal may say 1.5e3; a whole count or a value with a unit suffix may not.
+    text = shaped(key, "1e0")
+    if key in WHOLE or key in PARAMS:
+        with pytest.raises(WorkloadError):
+            parse_workload(numeric_pod(**{key: text}))
+    else:
+        parse_workload(numeric_pod(**{key: text}))
+
+
+def test_the_brief_examples() -> None:
+    for key, value in (("max-ttft-ms", "1_000"), ("model-params", "\uff170B"), ("model-params", "\uff170")):
+        with pytest.raises(WorkloadError, match=key):
+            parse_workload(numeric_pod(**{key: value}))
+    spec = parse_workload(numeric_pod(**{"max-ttft-ms": "1000", "model-params": "70 B"}))
+    assert spec.max_ttft_ms == 1000 and spec.model_params == 70e9

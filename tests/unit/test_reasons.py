@@ -107,6 +107,7 @@ CASES: dict[ReasonCode, Case] = {
     ReasonCode.NO_GPUS: lambda s: (serving("p", **{"model-params": "7B"}), "cpu-0"),
     ReasonCode.CPU_STAGE_ON_GPU: lambda s: (pod_object("p", stage="data-prep", cpu="8", uid="u-p"), "h100-0"),
     ReasonCode.GPUS_BUSY: _gpus_busy,
+    ReasonCode.GPU_CAPACITY: lambda s: (serving("p", gpus=16, **{"model-params": "7B"}), "h100-0"),
     ReasonCode.UNKNOWN_GPU: _unknown_gpu,
     ReasonCode.SEPARATION: _separation,
     ReasonCode.PRECISION: lambda s: (serving("p", **{"model-params": "7B", "precision": "fp8"}), _volta(s)),

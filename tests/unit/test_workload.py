@@ -53,7 +53,7 @@ def test_serving_defaults_to_interactive() -> None:
     ({"stage": "training"}, 'stage "training" is not one of'),
     ({"precision": "fp4"}, 'precision "fp4" is not one of'),
     ({"max-ms-per-token": "-5"}, 'max-ms-per-token "-5" must be greater than zero'),
-    ({"max-ms-per-token": "nan"}, 'max-ms-per-token "nan" is not a finite number'),
+    ({"max-ms-per-token": "nan"}, 'max-ms-per-token "nan" is not a number like 50 or 2.5'),
     ({"concurrency": "0"}, 'concurrency "0" must be greater than zero'),
     ({"context-tokens": "4k"}, 'context-tokens "4k" is not a whole number'),
     ({"latency-class": "realtime"}, 'latency-class "realtime" is not interactive or batch'),
