@@ -2,11 +2,12 @@
 
 Why a process: the interpreter that answers kube-scheduler's filter and prioritize calls is on the
 scheduling cycle's critical path, and every bind and Placed event costs it a TLS write and an HTTP
-parse under the GIL (a quarter of the extender's busy samples in the profile in BENCHMARKS.md, §2).
-Here the parent only pickles a small request onto a pipe; the child owns its own connection pool,
-credentials (resolved the same way, docs/extender-protocol.md) and GIL. Setting ``api_calls``
-(``thread``, the default, or ``process``) chooses; measured on kube-scheduler's throughput the two
-are equal so far (BENCHMARKS.md, section 2c).
+parse under the GIL (a quarter of the extender's busy samples in the py-spy profile of BENCHMARKS.md,
+section 2, "500 nodes"). Here the parent only pickles a small request onto a pipe; the child owns its
+own connection pool, credentials (resolved the same way, docs/extender-protocol.md) and GIL. Setting
+``api_calls`` (``thread``, the default, or ``process``) chooses; measured on kube-scheduler's
+throughput the two are equal so far (BENCHMARKS.md, section 2, "Binds from threads or from a child
+process").
 
 Failure handling, so a bind never hangs and never crashes the service: each call has a deadline; if
 the child exits, every call waiting on it fails with status 0 ("API process exited") and the next

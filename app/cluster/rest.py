@@ -2,10 +2,11 @@
 
 kubernetes-client 37 validates every call with pydantic (``@validate_call``) and turns a dict body
 into a model before serialising it again; for a Binding or an Event that is more CPU than the request
-itself, spent under the GIL that also answers kube-scheduler's filter calls (the profile in
-BENCHMARKS.md: the validation wrapper was the largest item of the bind path). Here the official
-``ApiClient`` still provides the configured urllib3 pool (TLS, client certificates, keep-alive) and
-the auth headers (token refresh included); only the model layer is skipped.
+itself, spent under the GIL that also answers kube-scheduler's filter calls (a py-spy profile of the
+extender under bench/scheduler_throughput.py showed the validation wrapper as the largest item of the
+bind path). Here the official ``ApiClient`` still provides the configured urllib3 pool (TLS, client
+certificates, keep-alive) and the auth headers (token refresh included); only the model layer is
+skipped.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ node's shape and the pod's fit there, per node (numpy columns) where it depends 
 same totals, bands and whole-node guard with the same float operations in the same order, so both
 rank identically (tests/unit/test_batch_scoring.py checks that on generated clusters). The filter
 and prioritize hot path uses this one: at 5,000 candidates a Python loop per node cost tens of
-milliseconds per request (BENCHMARKS.md, section 1).
+milliseconds per request (bench/extender_latency.py; current figures in BENCHMARKS.md, section 1).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 reads lies, once the topology tiers are satisfied, and each member gets its own producer's node.
 
 kube-scheduler does not rank a gang member's nodes: the planner picks them. Without this a
-pretraining gang never followed its data-prep shards (the pipeline replays of BENCHMARKS.md
-section 4 measured 0 of 17 such edges co-located through the real path)."""
+pretraining gang never followed its data-prep shards (a pipeline replay through the real path, in
+the git history of BENCHMARKS.md, measured 0 of 17 such edges co-located)."""
 
 from __future__ import annotations
 
