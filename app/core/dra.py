@@ -218,6 +218,9 @@ class DraDevice:
     profile: str | None = None  # MIG profile, e.g. "3g.40gb"
     parent: str | None = None  # MIG: the parent GPU's UUID
     clique: str | None = None  # multi-node NVLink (IMEX) clique id, when the driver publishes one
+    # A GPU published for VFIO passthrough (attribute type "vfio"): handed whole to a VM, never to a
+    # container, so not one of the node's GPUs for our pods (docs/dra.md).
+    passthrough: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +297,7 @@ def parse_device(dev: dict[str, Any]) -> DraDevice | None:
     mig = dtype == "mig" or parent is not None or profile is not None
     clique = next((c for c in (_attr(attrs, k) for k in CLIQUE_ATTRS) if c), None)
     return DraDevice(name=dev["name"], product=_attr(attrs, "productName"), memory_mib=mem_mib, mig=mig,
+                     passthrough=dtype == "vfio",
                      architecture=_attr(attrs, "architecture"),
                      compute_capability=_attr(attrs, "cudaComputeCapability"),
                      profile=profile if mig else None, parent=parent if mig else None,
@@ -345,14 +349,14 @@ def node_gpus(slices: list[_Slice], driver: str = DRIVER) -> DraNodeGpus | None:
     pooled = _current(slices, driver)
     if not pooled:
         return None
-    devices = [d for _, d in pooled]
+    devices = [d for _, d in pooled if not d.passthrough]
     full = [d for d in devices if not d.mig]
     products = Counter(d.product for d in full if d.product)
     mig_products = Counter(d.product for d in devices if d.mig and d.product)
     mems = [d.memory_mib for d in full if d.memory_mib]
     by_profile: dict[str, list[tuple[str, DraDevice]]] = {}
     for pool, d in pooled:
-        if d.mig:
+        if d.mig and not d.passthrough:
             by_profile.setdefault(d.profile or "unknown", []).append((pool, d))
     mig = tuple(
         MigSlices(profile=p, memory_mib=min((d.memory_mib or 0.0) for _, d in devs),
@@ -452,6 +456,16 @@ def _product(sel: Selection) -> str | None:
         if how == "in" and len(values) == 1:
             return values[0]
     return None
+
+
+def _charged_to(status: Any, uid: str) -> bool:
+    """Whether a claim's devices count against this pod: a claim shared by several pods holds its
+    devices once, so it is charged to the first pod it is reserved for (kube-scheduler counts an
+    allocated claim once too), and to any pod while nobody holds it yet."""
+    reserved = status.get("reservedFor") if isinstance(status, dict) and status.get("allocation") else None
+    pods = [str(r.get("uid") or "") for r in reserved if isinstance(r, dict)
+            and r.get("resource", "pods") == "pods"] if isinstance(reserved, list) else []
+    return not pods or pods[0] == uid or not uid
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,7 +593,9 @@ class DraIndex:
             n = mig = 0
             profiles: list[str] = []
             for r in results if isinstance(results, list) else []:
-                if not isinstance(r, dict) or r.get("driver") != self.driver:
+                if not isinstance(r, dict) or r.get("driver") != self.driver or r.get("adminAccess") is True:
+                    # Admin access (monitoring, debugging) shares a device with whoever holds it and
+                    # takes none: kube-scheduler does not count it either (docs/dra.md).
                     continue
                 d = self._device(str(r.get("pool")), str(r.get("device")))
                 if d is not None and d.mig:
@@ -639,7 +655,8 @@ class DraIndex:
         results = ((alloc.get("devices") or {}).get("results") or []) if isinstance(alloc, dict) else []
         devices = tuple((str(r.get("pool")), str(r.get("device"))) for r in
                         (results if isinstance(results, list) else [])[:MAX_DEVICES]
-                        if isinstance(r, dict) and r.get("driver") == self.driver)
+                        if isinstance(r, dict) and r.get("driver") == self.driver
+                        and r.get("adminAccess") is not True)
         return self._hold(key, devices)
 
     def drop_claim(self, key: str) -> set[str]:
@@ -690,11 +707,14 @@ class DraIndex:
             if isinstance(st, dict) and isinstance(st.get("resourceClaimName"), str):
                 generated[str(st.get("name"))] = st["resourceClaimName"]
         out: list[ClaimDemand] = []
+        uid = str(meta.get("uid") or "")
         for ref in refs[:MAX_DEVICES]:
             if not isinstance(ref, dict):
                 continue
             claim_name = ref.get("resourceClaimName") or generated.get(str(ref.get("name")))
             if isinstance(claim_name, str) and (c := self.claims.get(f"{ns}/{claim_name}")) is not None:
+                if not _charged_to(c["status"], uid):
+                    continue  # a shared claim another pod already holds: its GPUs are counted once
                 out.append(self.demand(c["spec"], c["status"]))
             elif isinstance(ref.get("resourceClaimTemplateName"), str):
                 tmpl = self.templates.get(f"{ns}/{ref['resourceClaimTemplateName']}")
