@@ -71,7 +71,8 @@ def main(quick: bool = False, time_limit: float = 10.0, seed: int = 1) -> None:
         span = run.plan.makespan
         gap = (span - run.lower_bound) / span if span else 0.0
         table.add_row(f"{tasks} x {nodes}" + (" chain" if chain else ""), f"{h:,}", f"{span:,}",
-                      f"{span / h:.3f}", f"{run.lower_bound:,}", f"{gap:.1%}", run.plan.method.split(" ")[0],
+                      f"{span / h:.3f}", f"{run.lower_bound:,}", f"{gap:.1%}",
+                      run.plan.method.split(" ")[0] + (", narrowed" if run.narrowed_to else ""),
                       f"{wall:.1f}", "yes" if not verify(p, run.plan) else "NO")
     console.print(table)
 
