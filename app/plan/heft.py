@@ -19,7 +19,7 @@ from app.plan.schedule import Schedule, Slot, earliest_start, ready_time
 
 def upward_ranks(problem: PlanProblem) -> dict[str, float]:
     ranks: dict[str, float] = {}
-    pairs = _PairCosts(problem)
+    pairs = PairCosts(problem)
     for name in reversed(problem.topological()):
         w = fmean(problem.duration[name].values())
         tail = 0.0
@@ -29,7 +29,7 @@ def upward_ranks(problem: PlanProblem) -> dict[str, float]:
     return ranks
 
 
-class _PairCosts:
+class PairCosts:
     """Mean transfer over pairs of distinct eligible nodes, as the paper averages communication.
 
     Summing every pair is edges x nodes^2 transfers (65 million for 500 tasks on 256 nodes); the
@@ -64,15 +64,23 @@ def heft(problem: PlanProblem) -> Schedule:
     slots: dict[str, Slot] = {}
     on_node: dict[str, list[tuple[str, Slot]]] = {n.name: [] for n in problem.nodes}
     for name in order:
-        best: tuple[int, float, str] | None = None
-        for node in problem.duration[name]:
-            start = earliest_start(problem, on_node[node], name, node, ready_time(problem, slots, name, node))
-            key = (start + problem.duration[name][node], problem.cost[name][node], node)
-            if best is None or key < best:
-                best = key
-        assert best is not None
-        end, _, node = best
-        slot = Slot(node, end - problem.duration[name][node], end)
-        slots[name] = slot
-        on_node[node].append((name, slot))
+        place(problem, slots, on_node, name, list(problem.duration[name]))
     return Schedule("heft", slots)
+
+
+def place(problem: PlanProblem, slots: dict[str, Slot], on_node: dict[str, list[tuple[str, Slot]]],
+          name: str, nodes: list[str]) -> Slot:
+    """Put ``name`` on the node of ``nodes`` where it finishes earliest (insertion-based), then
+    cheapest, then by name; record it."""
+    best: tuple[int, float, str] | None = None
+    for node in nodes:
+        start = earliest_start(problem, on_node[node], name, node, ready_time(problem, slots, name, node))
+        key = (start + problem.duration[name][node], problem.cost[name][node], node)
+        if best is None or key < best:
+            best = key
+    assert best is not None
+    end, _, node = best
+    slot = Slot(node, end - problem.duration[name][node], end)
+    slots[name] = slot
+    on_node[node].append((name, slot))
+    return slot

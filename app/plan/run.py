@@ -11,6 +11,7 @@ from typing import Any
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog
+from app.plan.cpop import cpop
 from app.plan.cpsat import Secondary, SolveResult, solve
 from app.plan.greedy import GreedyError, greedy_extender
 from app.plan.heft import heft
@@ -37,7 +38,7 @@ def plan_problem(problem: PlanProblem, settings: Settings | None, *, time_limit:
     than the best valid baseline: when the solver ends above it, the baseline is the plan."""
     started = time.perf_counter()
     base = heft(problem)
-    baselines = [base]
+    baselines = [base, cpop(problem)]
     if settings is not None and problem.pods:
         with suppress(GreedyError):
             baselines.append(greedy_extender(problem, settings))

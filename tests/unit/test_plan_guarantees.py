@@ -25,6 +25,8 @@ def test_the_plan_is_never_worse_than_heft_and_the_bound_is_valid(problem: PlanP
     run = plan_problem(problem, None, time_limit=0.3, secondary="none", workers=1)
     assert verify(problem, run.plan) == []
     assert run.plan.makespan <= heft(problem).makespan
+    assert all(verify(problem, b) == [] for b in run.baselines)  # HEFT and CPOP
+    assert run.plan.makespan <= min(b.makespan for b in run.baselines)
     best = brute_force(problem).makespan
     assert run.lower_bound <= best <= run.plan.makespan
 

@@ -48,3 +48,12 @@ def test_heft_gives_the_published_80_and_the_exact_planner_proves_better() -> No
     assert verify(problem, result.schedule) == []
     assert result.makespan == 73
     assert lower_bound(problem, result.bound) == 73
+
+
+def test_cpop_gives_the_published_86() -> None:
+    from app.plan.cpop import cpop
+
+    problem = paper_problem()
+    c = cpop(problem)
+    assert verify(problem, c) == []
+    assert c.makespan == 86
