@@ -196,6 +196,9 @@ class ClusterCache:
         self.planned = planned
         self.snapshot = snapshot
         self.lock = lock
+        # The last (slimmed) Node object seen per name: the DRA watch re-applies a node whose slices
+        # changed from it, without asking the API server for the node again (docs/dra.md, "Churn").
+        self.node_objects: dict[str, dict[str, Any]] = {}
         self.catalog = catalog
         self.settings = settings
         self.metrics = metrics
@@ -260,6 +263,8 @@ class ClusterCache:
                     self._guarded(kind, n, self._apply_node, n)
                 for name in [n for n in self.snapshot.nodes if n not in seen]:
                     self.snapshot.remove_node(name)
+                for name in [n for n in self.node_objects if n not in seen]:
+                    del self.node_objects[name]
             else:
                 live = set()
                 for p in items:
@@ -288,8 +293,10 @@ class ClusterCache:
                 self.snapshot.generation += 1
             elif kind == "nodes":
                 if etype == "DELETED":
+                    self.node_objects.pop(_name_of(obj), None)
                     self.snapshot.remove_node(_name_of(obj))
                 else:
+                    self.node_objects[_name_of(obj)] = obj
                     apply_node(self.snapshot, self.catalog, self.settings, obj)
                 self._update_gauges()
             else:
@@ -312,7 +319,9 @@ class ClusterCache:
         self._warn_unknown_keys(pod)
 
     def _apply_node(self, node: dict[str, Any]) -> None:
-        apply_node(self.snapshot, self.catalog, self.settings, _slim("nodes", node))
+        slim = _slim("nodes", node)
+        self.node_objects[_name_of(slim)] = slim
+        apply_node(self.snapshot, self.catalog, self.settings, slim)
 
     def _guarded(self, kind: str, obj: Any, fn: Callable[..., None], *args: Any) -> bool:
         """Apply one object; on any error skip it, count it and report it (docs/metrics.md)."""

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 GROUP, VERSION = "resource.k8s.io", "v1"
 # Classes first: a claim's demand depends on its class's driver.
 KINDS = ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims")
+COALESCE_SECONDS = 0.1
 
 
 class DraWatcher:
@@ -48,12 +49,48 @@ class DraWatcher:
         # GPU node looks like a CPU node and a claim pod like a CPU pod (docs/dra.md).
         self._first: set[str] = set()
         self._synced = cache.sync_gate("dra")
+        # Watch events mark nodes and pods; one flush re-applies each at most once per
+        # COALESCE_SECONDS, however many of its slices changed meanwhile (docs/dra.md, "Churn").
+        self._dirty_nodes: set[str] = set()
+        self._dirty_pods: dict[str, dict[str, Any]] = {}
+        self._wake = threading.Event()
 
     def start(self) -> None:
         for kind in KINDS:
             t = threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True)
             t.start()
             self._threads.append(t)
+        t = threading.Thread(target=self._flusher, name="dra-flush", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def mark(self, nodes: set[str], pods: list[dict[str, Any]]) -> None:
+        """Remember what an event changed; the flusher re-applies it shortly."""
+        if not nodes and not pods:
+            return
+        with self.lock:
+            self._dirty_nodes |= nodes
+            for ref in pods:
+                self._dirty_pods[str(ref.get("uid") or "")] = ref
+        self._wake.set()
+
+    def flush(self) -> None:
+        with self.lock:
+            nodes, pods = self._dirty_nodes, list(self._dirty_pods.values())
+            self._dirty_nodes, self._dirty_pods = set(), {}
+        if nodes or pods:
+            self._refresh(nodes, pods)
+            self._notify()
+
+    def _flusher(self) -> None:
+        while not self._stop.is_set():
+            if self._wake.wait(1.0):
+                self._wake.clear()
+                self._stop.wait(COALESCE_SECONDS)  # let a burst of events collect
+                try:
+                    self.flush()
+                except Exception:  # a bad object costs its own refresh, never the flusher
+                    log.exception("DRA: re-applying changed nodes failed")
 
     def stop(self) -> None:
         self._stop.set()
@@ -98,11 +135,9 @@ class DraWatcher:
     def _refresh(self, nodes: set[str], pods: list[dict[str, Any]]) -> None:
         """Re-apply nodes whose slices changed and pods whose claims' usage changed."""
         for name in sorted(nodes):
-            try:
-                node = json.loads(raw(self.core.read_node, name, _request_timeout=30))
-            except ApiException as exc:
-                if exc.status != 404:
-                    log.warning("DRA: node %s not re-read (%s)", quote(name), exc.status)
+            with self.lock:
+                node = self.cache.node_objects.get(name)
+            if node is None:  # not watched yet (or gone): the node watch applies it when it comes
                 continue
             with self.lock:
                 if name in self.snapshot.nodes:
@@ -135,9 +170,7 @@ class DraWatcher:
         pods: list[dict[str, Any]] = []
         with self.lock:
             if kind == "resourceslices":
-                nodes |= set(dra.by_node)
-                dra.slices.clear()
-                dra.by_node.clear()
+                nodes |= dra.forget_slices()
             elif kind == "deviceclasses":
                 dra.classes.clear()
             elif kind == "resourceclaimtemplates":
@@ -226,7 +259,6 @@ class DraWatcher:
                 except Exception as exc:
                     self.cache.skipped(kind, obj, exc)
                     continue
-                self._refresh(*changed)
-                self._notify()
+                self.mark(*changed)
         finally:
             resp.release_conn()

@@ -513,6 +513,9 @@ class DraIndex:
     held: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     claim_devices: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     pool_node: dict[str, str] = field(default_factory=dict)  # pool -> node (the driver's pools)
+    # node -> its slices' summary, computed once per change of its slices: overlay, mig_of and
+    # mig_parents all read it, and a node may carry hundreds of slices (docs/dra.md, "Churn").
+    _summaries: dict[str, DraNodeGpus | None] = field(default_factory=dict)
 
     # --- slices -----------------------------------------------------------------------------------
     def put_slice(self, obj: dict[str, Any]) -> str | None:
@@ -521,10 +524,12 @@ class DraIndex:
         old = self.slices.pop(name, None)
         if old is not None:
             self.by_node.get(old.node, set()).discard(name)
+            self._summaries.pop(old.node, None)
         s = parse_slice(obj)
         if s is not None:
             self.slices[name] = s
             self.by_node.setdefault(s.node, set()).add(name)
+            self._summaries.pop(s.node, None)
             if s.driver == self.driver:
                 self.pool_node[s.pool] = s.node
         return s.node if s is not None else (old.node if old is not None else None)
@@ -534,7 +539,16 @@ class DraIndex:
         if old is None:
             return None
         self.by_node.get(old.node, set()).discard(name)
+        self._summaries.pop(old.node, None)
         return old.node
+
+    def forget_slices(self) -> set[str]:
+        """Drop every slice (a re-list follows); returns the nodes that had some."""
+        nodes = set(self.by_node)
+        self.slices.clear()
+        self.by_node.clear()
+        self._summaries.clear()
+        return nodes
 
     def _node_slices(self, node: str) -> list[_Slice]:
         return [self.slices[n] for n in sorted(self.by_node.get(node, ())) if n in self.slices]
@@ -543,7 +557,9 @@ class DraIndex:
         names = self.by_node.get(node)
         if not names:
             return None
-        return node_gpus(self._node_slices(node), self.driver)
+        if node not in self._summaries:
+            self._summaries[node] = node_gpus(self._node_slices(node), self.driver)
+        return self._summaries[node]
 
     def overlay(self, node: dict[str, Any], keys: NodeLabelKeys) -> dict[str, Any]:
         name = (node.get("metadata") or {}).get("name") if isinstance(node, dict) else None
