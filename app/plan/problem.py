@@ -134,7 +134,7 @@ def task_pod(task: Task, wf: Workflow, outputs: dict[str, float]) -> dict[str, A
         ann[ANN + "precision"] = task.precision
     if task.after:
         ann[ANN + "depends-on"] = ",".join(task.after)
-        gb = sum(outputs[a] for a in task.after)
+        gb = sum(task.reads.get(a, outputs[a]) for a in task.after)
         if gb > 0:
             ann[ANN + "input-data-gb"] = f"{gb:g}"
     return pod_object(task.name, namespace=wf.namespace, stage=task.stage, gpus=task.gpus, cpu=task.cpu,
@@ -209,6 +209,7 @@ def build_problem(
             raise ProblemError(f"task {t.name}: " + "; ".join(exc.problems)) from None
         pods[t.name], specs[t.name] = pod, spec
         duration[t.name], cost[t.name], excluded[t.name] = {}, {}, {}
+        by_type = catalog_of(t.name, t.durations)
         for f, pn in zip(facts, nodes, strict=True):
             verdict = evaluate(spec, f, NodeUsage(), pn.gpus, feas)
             if isinstance(verdict, Rejection):
@@ -221,9 +222,14 @@ def build_problem(
                 excluded[t.name][f.name] = "not enough host memory"
                 continue
             assert isinstance(verdict, NodeFit)
+            measured = _measured(t.durations, f, by_type)
+            if t.durations and measured is None and t.duration is None and t.tokens is None:
+                excluded[t.name][f.name] = "no measured duration for this node type"
+                continue
             try:
-                secs = task_seconds(t.name, spec, verdict, f, duration=t.duration, tokens=t.tokens,
-                                    default_concurrency=feas.default_concurrency)
+                secs = max(1, math.ceil(measured)) if measured is not None else task_seconds(
+                    t.name, spec, verdict, f, duration=t.duration, tokens=t.tokens,
+                    default_concurrency=feas.default_concurrency)
             except EstimateError as exc:
                 raise ProblemError(str(exc)) from None
             duration[t.name][f.name] = secs
@@ -234,5 +240,29 @@ def build_problem(
         tasks.append(PlanTask(t.name, spec.stage.value if spec.stage else t.stage, spec.gpus,
                               int(spec.cpu_millis), t.after, t.output_gb, _kind(spec),
                               _mib(spec.memory_bytes)))
+    edge_data = {(a, t.name): gb for t in tasks_in for a, gb in t.reads.items()}
     return PlanProblem(tasks, nodes, duration, cost, s_per_gb, distance, excluded, pods, specs,
-                       {f.name: f for f in facts}, wf.name, wf.namespace)
+                       {f.name: f for f in facts}, wf.name, wf.namespace, edge_data)
+
+
+def catalog_of(task: str, durations: dict[str, float]) -> dict[str, float]:
+    """Measured durations keyed by node type: a catalog GPU name (any alias given), or "cpu"."""
+    if not durations:
+        return {}
+    catalog = GpuCatalog.load()
+    out: dict[str, float] = {}
+    for key, secs in durations.items():
+        spec = catalog.lookup(key)
+        if spec is None and key.strip().lower() != "cpu":
+            raise ProblemError(f"task {task}: durations names {key[:64]!r}, neither a GPU in the catalog "
+                               "(llm-placement catalog) nor cpu")
+        out[spec.name if spec is not None else "cpu"] = secs
+    return out
+
+
+def _measured(raw: dict[str, float], f: NodeFacts, by_type: dict[str, float]) -> float | None:
+    if not raw:
+        return None
+    if f.gpu_count and f.gpu is not None:
+        return by_type.get(f.gpu.name)
+    return by_type.get("cpu") if not f.gpu_count else None

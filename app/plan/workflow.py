@@ -78,6 +78,11 @@ class Task(BaseModel):
     # tokens for pretraining/alignment, generated tokens for serving-class tasks (eval, serve).
     tokens: float | None = None
     output_gb: float = Field(0.0, ge=0, le=1e6)
+    # Measured durations per node type (a GPU's catalog name or alias, or "cpu" for nodes without
+    # GPUs): they win over ``duration`` and ``tokens`` on nodes of that type (docs/planner.md).
+    durations: dict[str, float] = Field(default_factory=dict, max_length=64)
+    # GB read from each producer, where it is not the producer's whole output_gb.
+    reads: dict[str, float] = Field(default_factory=dict, max_length=256)
     after: tuple[str, ...] = ()
     count: int = Field(1, ge=1, le=64)  # a sweep: name-0..name-(count-1), same inputs
     annotations: dict[str, str] = {}
@@ -93,6 +98,21 @@ class Task(BaseModel):
     @classmethod
     def _duration(cls, v: Any) -> Any:
         return None if v is None else parse_duration(v)
+
+    @field_validator("durations", mode="before")
+    @classmethod
+    def _durations(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        return {str(k): parse_duration(x) for k, x in v.items()}
+
+    @field_validator("reads")
+    @classmethod
+    def _reads(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, gb in v.items() if not 0 <= gb <= 1e6]
+        if bad:
+            raise ValueError(f"reads of {bad[:3]} must be between 0 and 1e6 GB")
+        return v
 
     @field_validator("tokens", mode="before")
     @classmethod
@@ -137,6 +157,9 @@ class Workflow(BaseModel):
             missing = [a for a in t.after if a not in known]
             if missing:
                 raise ValueError(f"task {t.name}: after names unknown task(s) {missing}")
+            strays = [r for r in t.reads if r not in t.after]
+            if strays:
+                raise ValueError(f"task {t.name}: reads names task(s) it does not wait for {strays[:5]}")
         total = sum(t.count for t in self.tasks)
         if total > MAX_TASKS:
             raise ValueError(f"{total} tasks after expanding counts; at most {MAX_TASKS}")
@@ -157,8 +180,10 @@ class Workflow(BaseModel):
         out: list[Task] = []
         for t in self.tasks:
             after = tuple(m for a in t.after for m in members[a])
+            # Reading from a sweep means reading that much from each of its members.
+            reads = {m: gb for a, gb in t.reads.items() for m in members[a]}
             for name in members[t.name]:
-                out.append(t.model_copy(update={"name": name, "after": after, "count": 1}))
+                out.append(t.model_copy(update={"name": name, "after": after, "count": 1, "reads": reads}))
         return out
 
 

@@ -137,3 +137,35 @@ def test_a_model_too_large_is_narrowed_around_the_incumbent_and_still_never_wors
     assert run.narrowed_to is not None and run.result.schedule is not None
     assert verify(problem, run.plan) == [] and run.plan.makespan <= h.makespan
     assert run.lower_bound <= run.plan.makespan
+
+
+def test_measured_durations_per_node_type_and_per_edge_reads(tmp_path: Path) -> None:
+    from app.config import Settings
+    from app.plan.cluster import cluster_nodes
+    from app.plan.run import plan_workflow
+    from app.plan.workflow import load_workflow
+
+    path = tmp_path / "wf.yaml"
+    path.write_text(
+        "tasks:\n"
+        "  - {name: prep, stage: data-prep, duration: 5m, output_gb: 400}\n"
+        "  - {name: ft, stage: alignment, model_params: 7B, gpus: 8, after: [prep], reads: {prep: 2},\n"
+        "     durations: {NVIDIA-H100-80GB-HBM3: 10m, A100-SXM4-80GB: 25m}}\n")
+    run = plan_workflow(load_workflow(path), cluster_nodes(), Settings(cluster_source="none", metrics_port=0),
+                        time_limit=2.0, secondary="none")
+    p = run.problem
+    by_gpu = {p.facts[n].gpu.name: d for n, d in p.duration["ft"].items()}  # type: ignore[union-attr]
+    # Only the measured types, at their measured times (alias accepted); other GPUs are excluded.
+    assert by_gpu == {"H100-SXM-80GB": 600, "A100-SXM4-80GB": 1500}
+    assert any(r == "no measured duration for this node type" for r in p.excluded["ft"].values())
+    # The consumer reads 2 GB of the producer's 400: the edge is priced by what is read.
+    assert p.edge_gb("prep", "ft") == 2.0
+    assert verify(p, run.plan) == []
+
+
+def test_durations_naming_an_unknown_node_type_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "wf.yaml"
+    path.write_text("tasks:\n  - {name: ft, stage: alignment, model_params: 7B, gpus: 8,"
+                    " durations: {Z9000: 10m}}\n")
+    res = CliRunner().invoke(cli, ["plan", str(path), "--time-limit", "2"])
+    assert res.exit_code == 2 and "Z9000" in res.output and "catalog" in res.output
