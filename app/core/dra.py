@@ -439,6 +439,14 @@ def class_selection(device_class: dict[str, Any]) -> Selection:
                      profiles=read.profiles, min_memory_mib=read.min_memory_mib)
 
 
+def _holds(result: Any, driver: str) -> bool:
+    """Does this allocation result take a device of ``driver``? Not with admin access: kube-scheduler
+    gives admin-access requests devices whether or not they are in use, and they stay usable by others
+    (monitoring, debugging), so such a result is not a used GPU."""
+    return (isinstance(result, dict) and result.get("driver") == driver
+            and result.get("adminAccess") is not True)
+
+
 def _count(req: dict[str, Any]) -> tuple[int, bool]:
     if str(req.get("allocationMode") or "ExactCount") == "All":
         return 1, True
@@ -579,7 +587,7 @@ class DraIndex:
             n = mig = 0
             profiles: list[str] = []
             for r in results if isinstance(results, list) else []:
-                if not isinstance(r, dict) or r.get("driver") != self.driver:
+                if not _holds(r, self.driver):
                     continue
                 d = self._device(str(r.get("pool")), str(r.get("device")))
                 if d is not None and d.mig:
@@ -606,6 +614,8 @@ class DraIndex:
             if not options and "deviceClassName" in req:
                 options = [req]  # v1beta1-shaped request
             for opt in options:
+                if opt.get("adminAccess") is True:
+                    break  # admin access: devices already in use, none taken (docs/dra.md)
                 cls = self.classes.get(str(opt.get("deviceClassName")))
                 if cls is None or cls.driver != self.driver:
                     continue
@@ -639,7 +649,7 @@ class DraIndex:
         results = ((alloc.get("devices") or {}).get("results") or []) if isinstance(alloc, dict) else []
         devices = tuple((str(r.get("pool")), str(r.get("device"))) for r in
                         (results if isinstance(results, list) else [])[:MAX_DEVICES]
-                        if isinstance(r, dict) and r.get("driver") == self.driver)
+                        if _holds(r, self.driver))
         return self._hold(key, devices)
 
     def drop_claim(self, key: str) -> set[str]:

@@ -1,0 +1,78 @@
+"""Free-GPU accounting on DRA nodes, with objects shaped like NVIDIA's driver publishes them
+(tests/unit/dra_fixtures.py): admin access, shared and pod-less claims, taints, partitionable and
+passthrough devices, consumable capacity, extended resources backed by DRA (docs/dra.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from app.cluster.cache import apply_node, apply_pod
+from app.config import Settings
+from app.core import workload
+from app.core.catalog import GpuCatalog
+from app.core.snapshot import ClusterSnapshot
+from app.sim.fleet import node_object, pod_object
+from tests.unit import dra_fixtures as fx
+
+
+@pytest.fixture(autouse=True)
+def no_resolver() -> Iterator[None]:
+    yield
+    workload.CLAIM_GPUS = workload.CLAIM_DEVICES = None
+
+
+def dra_snapshot(settings: Settings, catalog: GpuCatalog, *slices: dict[str, Any],
+                 node: str = "n") -> ClusterSnapshot:
+    snap = ClusterSnapshot()
+    for cls in (fx.GPU_CLASS, fx.MIG_CLASS, fx.VFIO_CLASS):
+        snap.dra.put_class(cls)
+    for s in slices:
+        snap.dra.put_slice(s)
+    snap.dra.enabled = True
+    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = snap.dra.pod_gpus, snap.dra.pod_devices
+    apply_node(snap, catalog, settings, node_object(node, gpus=0))
+    return snap
+
+
+def refresh(snap: ClusterSnapshot, settings: Settings, catalog: GpuCatalog, node: str = "n") -> None:
+    """What the DRA watcher does after a claim or slice event: the node's facts again."""
+    apply_node(snap, catalog, settings, node_object(node, gpus=0))
+
+
+def claim_pod(name: str, *claims: str, node: str = "") -> dict[str, Any]:
+    pod = pod_object(name, gpus=0, stage="serving", uid=f"u-{name}")
+    pod["spec"]["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
+    if node:
+        pod["spec"]["nodeName"] = node
+    return pod
+
+
+def test_admin_access_allocations_are_not_used_gpus(settings: Settings, catalog: GpuCatalog) -> None:
+    # A monitoring pod's claim with adminAccess gets every GPU of the node; those GPUs stay free
+    # for workloads (kube-scheduler hands admin-access requests devices in use or not).
+    snap = dra_snapshot(settings, catalog, fx.slice_("n", [fx.gpu(i) for i in range(4)]))
+    admin = fx.claim("dcgm", fx.request(mode="All", admin=True), node="n",
+                     results=[fx.result("n", f"gpu-{i}", admin=True) for i in range(4)],
+                     reserved=fx.reserved_for("dcgm"))
+    snap.dra.put_claim(admin)
+    refresh(snap, settings, catalog)
+    pod = claim_pod("dcgm", "dcgm", node="n")
+    assert workload.parse_workload(pod).gpus == 0
+    apply_pod(snap, settings, pod)
+    assert snap.free_gpus("n") == 4
+    # Not yet allocated: an admin-access request asks for no free GPU either.
+    snap.dra.put_claim(fx.claim("dcgm2", fx.request(mode="All", admin=True)))
+    assert workload.parse_workload(claim_pod("dcgm2", "dcgm2")).gpus == 0
+
+
+def test_admin_access_does_not_hold_mig_slices(settings: Settings, catalog: GpuCatalog) -> None:
+    slices = fx.slice_("n", [fx.static_mig(0, "3g.40gb", 0), fx.static_mig(0, "3g.40gb", 4)])
+    snap = dra_snapshot(settings, catalog, slices)
+    snap.dra.put_claim(fx.claim("watch", fx.request("mig.nvidia.com", mode="All", admin=True), node="n",
+                                results=[fx.result("n", fx.mig_name(0, "3g.40gb", s), admin=True)
+                                         for s in (0, 4)]))
+    refresh(snap, settings, catalog)
+    assert [(p, free) for p, _, _, free in snap.nodes["n"].mig] == [("3g.40gb", 2)]
