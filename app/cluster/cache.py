@@ -64,6 +64,10 @@ def _slim(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         # pod's GPUs would be read from the template, not from what was allocated (docs/dra.md).
         if status.get("resourceClaimStatuses"):
             slim["resourceClaimStatuses"] = status["resourceClaimStatuses"]
+        # The claim kube-scheduler made for extended resources a DeviceClass backs: once allocated,
+        # its devices count on the node, not the pod's extended resources (docs/dra.md).
+        if status.get("extendedResourceClaimStatus"):
+            slim["extendedResourceClaimStatus"] = status["extendedResourceClaimStatus"]
         obj["status"] = slim
     return obj
 
@@ -92,6 +96,8 @@ def apply_node(
     dra = snapshot.dra
     snapshot.upsert_node(facts_for(dra.overlay(node, policy.labels), catalog, policy,
                                    mig=dra.mig_of(name), mig_gpus=dra.mig_parents(name)))
+    # GPUs allocated claims hold there, pods or not (docs/dra.md).
+    snapshot.refresh_dra((name,))
 
 
 def apply_pod(
@@ -125,7 +131,8 @@ def apply_pod(
         placed = PlacedPod(uid=uid, key=key, node=node, gpus=spec.gpus, cpu_millis=spec.cpu_millis,
                            memory_bytes=spec.memory_bytes, stage=spec.stage,
                            latency_class=spec.effective_latency_class,
-                           gang=spec.gang.key if spec.gang else None, priority=spec.priority)
+                           gang=spec.gang.key if spec.gang else None, priority=spec.priority,
+                           claims=spec.claim_gpus)
     else:
         # Bad annotations must never hide real GPU usage: count resources regardless.
         try:
@@ -133,8 +140,20 @@ def apply_pod(
         except ValueError:
             gpus, cpu, mem = 0, 0.0, 0.0
         placed = PlacedPod(uid=uid, key=key, node=node, gpus=gpus, cpu_millis=cpu, memory_bytes=mem,
-                           stage=None, latency_class=None, gang=None)
+                           stage=None, latency_class=None, gang=None, claims=_claims(pod))
     snapshot.place(placed)
+
+
+def _claims(pod: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The pod's DRA claims (ns/name, full GPUs), for a pod whose annotations do not parse."""
+    from app.core import workload
+
+    if workload.CLAIM_DEVICES is None:
+        return ()
+    try:
+        return tuple(workload.CLAIM_DEVICES(pod).claims)
+    except Exception:  # the usage must be counted however odd the pod is
+        return ()
 
 
 def watch_events(

@@ -71,9 +71,10 @@ class DraWatcher:
             node = dra.drop_slice(name) if deleted else dra.put_slice(obj)
             if node:
                 nodes.add(node)
+                self.snapshot.refresh_dra(nodes)
         elif kind == "deviceclasses":
             if deleted:
-                dra.classes.pop(name, None)
+                dra.drop_class(name)
             else:
                 dra.put_class(obj)
         elif kind == "resourceclaimtemplates":
@@ -82,12 +83,12 @@ class DraWatcher:
             else:
                 dra.put_template(obj)
         else:
-            if deleted:
-                nodes |= dra.drop_claim(key)
-            else:
-                # Nodes whose MIG slices this claim takes or gives back: their free slices are
-                # node facts (docs/dra.md, "MIG").
-                nodes |= dra.put_claim(obj)
+            # Nodes whose devices this claim takes or gives back: their free MIG slices are node
+            # facts, their held full GPUs are usage (docs/dra.md); the pods naming the claim are
+            # charged for it only while it is not allocated.
+            nodes |= dra.drop_claim(key) if deleted else dra.put_claim(obj)
+            self.snapshot.refresh_dra(nodes, (key,))
+            if not deleted:
                 reserved = (obj.get("status") or {}).get("reservedFor") or []
                 pods = [r for r in reserved if isinstance(r, dict) and r.get("resource") == "pods"]
                 for r in pods:
@@ -139,7 +140,7 @@ class DraWatcher:
                 dra.slices.clear()
                 dra.by_node.clear()
             elif kind == "deviceclasses":
-                dra.classes.clear()
+                dra.clear_classes()
             elif kind == "resourceclaimtemplates":
                 dra.templates.clear()
             else:
@@ -154,6 +155,7 @@ class DraWatcher:
                 pods += p
             if kind == "resourceslices":
                 dra.enabled = True
+            self.snapshot.refresh_dra(nodes, list(self.snapshot.claim_pods))
             # Pods parsed from now on count their claims' GPUs.
             workload.CLAIM_GPUS = dra.pod_gpus
             workload.CLAIM_DEVICES = dra.pod_devices

@@ -447,6 +447,19 @@ def _holds(result: Any, driver: str) -> bool:
             and result.get("adminAccess") is not True)
 
 
+IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"  # every DeviceClass's implicit resource name
+
+
+def _requested(container: Any, resource: str) -> int:
+    """A container's request (or, for an extended resource, its limit) of ``resource``."""
+    res = _dict(_dict(container).get("resources"))
+    raw = _dict(res.get("requests")).get(resource, _dict(res.get("limits")).get(resource))
+    try:
+        return max(0, min(int(parse_quantity(raw)), MAX_DEVICES)) if raw is not None else 0
+    except (ValueError, TypeError):
+        return 0
+
+
 def _count(req: dict[str, Any]) -> tuple[int, bool]:
     if str(req.get("allocationMode") or "ExactCount") == "All":
         return 1, True
@@ -473,6 +486,8 @@ class PodDevices:
     mig_profiles: tuple[str, ...] = ()  # empty: any profile
     mig_min_memory_mib: float = 0.0
     notes: tuple[str, ...] = ()
+    claims: tuple[tuple[str, int], ...] = ()  # (ns/name, full GPUs) of the claims that have a name
+    held: int = 0  # of those, the GPUs of claims already allocated
 
     def fields(self) -> dict[str, Any]:
         """The WorkloadSpec fields (memory in GB, as node facts count it)."""
@@ -488,6 +503,9 @@ class PodDevices:
             out["mig_min_memory_gb"] = self.mig_min_memory_mib * gb
         if self.notes:
             out["claim_notes"] = self.notes
+        if self.claims:
+            out["claim_gpus"] = self.claims
+            out["held_gpus"] = self.held
         return out
 
 
@@ -500,6 +518,7 @@ class DraIndex:
     slices: dict[str, _Slice] = field(default_factory=dict)  # slice name -> parsed
     by_node: dict[str, set[str]] = field(default_factory=dict)  # node -> slice names
     classes: dict[str, Selection] = field(default_factory=dict)  # name -> what it selects
+    extended: dict[str, str] = field(default_factory=dict)  # spec.extendedResourceName -> class
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # ns/name -> spec+status
     templates: dict[str, dict[str, Any]] = field(default_factory=dict)  # ns/name -> claim spec
     # (pool, device) of the driver -> claims holding it (from status.allocation): MIG slices free
@@ -556,6 +575,15 @@ class DraIndex:
                       sum(1 for d in m.devices if not self.held.get(d)))
                      for m in gpus.mig)
 
+    def busy_gpus(self, node: str) -> int:
+        """Full GPUs of ``node`` not free for a new claim: held by an allocated claim, whether or not
+        a pod of ours uses it (a claim allocated ahead of its pods, or shared by several, holds its
+        devices once)."""
+        if not self.by_node.get(node):
+            return 0
+        return sum(1 for p, d in _current(self._node_slices(node), self.driver)
+                   if not d.mig and self.held.get((p, d.name)))
+
     def mig_parents(self, node: str) -> int:
         gpus = self.gpus_of(node) if self.by_node.get(node) else None
         return gpus.mig_gpus if gpus is not None else 0
@@ -571,13 +599,23 @@ class DraIndex:
                         return d
         return None
 
-    def _is_mig_device(self, pool: str, device: str) -> bool:
-        d = self._device(pool, device)
-        return d is not None and d.mig
-
     # --- claims -----------------------------------------------------------------------------------
     def put_class(self, obj: dict[str, Any]) -> None:
-        self.classes[str((obj.get("metadata") or {}).get("name") or "")] = class_selection(obj)
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        self.drop_class(name)
+        self.classes[name] = class_selection(obj)
+        ext = _dict(obj.get("spec")).get("extendedResourceName")
+        if isinstance(ext, str) and ext:
+            self.extended[ext] = name
+
+    def drop_class(self, name: str) -> None:
+        self.classes.pop(name, None)
+        for ext in [e for e, c in self.extended.items() if c == name]:
+            del self.extended[ext]
+
+    def clear_classes(self) -> None:
+        self.classes.clear()
+        self.extended.clear()
 
     def demand(self, claim_spec: dict[str, Any], status: dict[str, Any] | None = None) -> ClaimDemand:
         """Full GPUs and MIG slices of our driver a claim holds (allocated) or asks for (not yet)."""
@@ -640,7 +678,7 @@ class DraIndex:
                            mig=min(mig_total, MAX_DEVICES), selection=full_sel, mig_selection=mig_sel)
 
     def put_claim(self, obj: dict[str, Any]) -> set[str]:
-        """Add or replace a claim; returns the nodes whose held MIG slices changed."""
+        """Add or replace a claim; returns the nodes whose held devices changed."""
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
         status = obj.get("status") or {}
@@ -672,9 +710,9 @@ class DraIndex:
             self.held.setdefault(d, set()).add(key)
         if devices:
             self.claim_devices[key] = devices
-        # Only MIG slices are node facts (full GPUs are counted through the pods that hold them).
-        return {self.pool_node[p] for p, dev in set(old) ^ set(devices)
-                if p in self.pool_node and self._is_mig_device(p, dev)}
+        # Full GPUs held count on their node (ClusterSnapshot.refresh_dra), MIG slices held are
+        # node facts: either way the nodes of the devices taken or given back change.
+        return {self.pool_node[p] for p, _ in set(old) ^ set(devices) if p in self.pool_node}
 
     def clear_claims(self) -> set[str]:
         nodes = {self.pool_node[p] for p, _ in self.held if p in self.pool_node}
@@ -688,7 +726,9 @@ class DraIndex:
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
         self.templates[key] = ((obj.get("spec") or {}).get("spec")) or {}
 
-    def _claim_demands(self, pod: dict[str, Any]) -> list[ClaimDemand]:
+    def _claim_demands(self, pod: dict[str, Any]) -> list[tuple[str | None, ClaimDemand]]:
+        """(claim ns/name, demand) per entry of ``spec.resourceClaims``; the key is None for a
+        template whose claim does not exist yet."""
         spec = pod.get("spec") if isinstance(pod, dict) else None
         refs = spec.get("resourceClaims") if isinstance(spec, dict) else None
         if not refs or not isinstance(refs, list):
@@ -699,41 +739,89 @@ class DraIndex:
         for st in ((pod.get("status") or {}).get("resourceClaimStatuses") or []):
             if isinstance(st, dict) and isinstance(st.get("resourceClaimName"), str):
                 generated[str(st.get("name"))] = st["resourceClaimName"]
-        out: list[ClaimDemand] = []
+        out: list[tuple[str | None, ClaimDemand]] = []
         for ref in refs[:MAX_DEVICES]:
             if not isinstance(ref, dict):
                 continue
             claim_name = ref.get("resourceClaimName") or generated.get(str(ref.get("name")))
-            if isinstance(claim_name, str) and (c := self.claims.get(f"{ns}/{claim_name}")) is not None:
-                out.append(self.demand(c["spec"], c["status"]))
+            key = f"{ns}/{claim_name}" if isinstance(claim_name, str) else None
+            if key is not None and (c := self.claims.get(key)) is not None:
+                out.append((key, self.demand(c["spec"], c["status"])))
             elif isinstance(ref.get("resourceClaimTemplateName"), str):
                 tmpl = self.templates.get(f"{ns}/{ref['resourceClaimTemplateName']}")
                 if tmpl is not None:
-                    out.append(self.demand(tmpl))
+                    out.append((None, self.demand(tmpl)))
         return out
+
+    def is_allocated(self, key: str) -> bool:
+        status = (self.claims.get(key) or {}).get("status")
+        return isinstance(status, dict) and isinstance(status.get("allocation"), dict)
 
     def pod_gpus(self, pod: dict[str, Any]) -> int:
         """Full GPUs a pod's claims hold or ask for (0 when it has none or DRA is not in use)."""
-        return min(sum(d.gpus for d in self._claim_demands(pod)), MAX_DEVICES)
+        return min(sum(d.gpus for _, d in self._claim_demands(pod)), MAX_DEVICES)
 
     def pod_devices(self, pod: dict[str, Any]) -> PodDevices:
         """Everything a pod's claims say beyond the full-GPU count: MIG slices, the restrictions
-        of recognised selectors, and the selectors left to kube-scheduler (docs/dra.md)."""
-        demands = self._claim_demands(pod)
-        if not demands:
+        of recognised selectors, the selectors left to kube-scheduler, and which claims hold or
+        ask for how many full GPUs (docs/dra.md)."""
+        keyed = self._claim_demands(pod)
+        ext = self._extended_claim(pod)
+        if not keyed and ext is None:
             return PodDevices()
         full, migs = Selection(), Selection()
         mig = 0
-        for d in demands:
+        for _, d in keyed:
             if d.gpus and not d.allocated:
                 full = full.merge(d.selection)
             if d.mig:
                 mig += d.mig
                 migs = migs.merge(d.mig_selection)
         notes = tuple(dict.fromkeys(full.unread + migs.unread))[:8]
+        claims = [(k, d.gpus) for k, d in keyed if k is not None and d.gpus]
+        if ext is not None and ext[1]:
+            claims.append(ext)
         return PodDevices(
-            gpus=min(sum(d.gpus for d in demands), MAX_DEVICES),
+            gpus=min(sum(d.gpus for _, d in keyed), MAX_DEVICES),
             gpu_products=full.products[:MAX_PREDICATES], gpu_min_memory_mib=full.min_memory_mib,
             mig=min(mig, MAX_DEVICES), mig_profiles=migs.profiles or (),
             mig_min_memory_mib=migs.min_memory_mib,
-            notes=tuple(f"selector not interpreted, left to kube-scheduler: {n}" for n in notes))
+            notes=tuple(f"selector not interpreted, left to kube-scheduler: {n}" for n in notes),
+            claims=tuple(claims[:MAX_DEVICES]),
+            held=min(sum(n for k, n in claims if self.is_allocated(k)), MAX_DEVICES))
+
+    # --- extended resources backed by a DeviceClass (DRAExtendedResource) -------------------------
+    def _gpu_resource_class(self, resource: Any) -> bool:
+        """Does the extended resource name a full-GPU class of the driver? Either a class's
+        ``spec.extendedResourceName`` or the implicit ``deviceclass.resource.kubernetes.io/<class>``."""
+        if not isinstance(resource, str):
+            return False
+        name = resource[len(IMPLICIT_PREFIX):] if resource.startswith(IMPLICIT_PREFIX) \
+            else self.extended.get(resource)
+        cls = self.classes.get(name) if name else None
+        return cls is not None and cls.driver == self.driver and cls.kind in (None, "gpu") \
+            and cls.profiles is None
+
+    def _extended_claim(self, pod: dict[str, Any]) -> tuple[str, int] | None:
+        """(ns/name, full GPUs) of the claim kube-scheduler made for the pod's extended resources
+        (``status.extendedResourceClaimStatus``): the GPUs of the container requests it maps to a
+        full-GPU class of the driver. They are counted as extended resources already; once the
+        claim is allocated its devices count on the node instead."""
+        st = (pod.get("status") or {}).get("extendedResourceClaimStatus") if isinstance(pod, dict) else None
+        if not isinstance(st, dict) or not isinstance(st.get("resourceClaimName"), str):
+            return None
+        spec = _dict(pod.get("spec"))
+        ns = str(_dict(pod.get("metadata")).get("namespace") or "default")
+        regular = {str(c.get("name")): c for c in spec.get("containers") or [] if isinstance(c, dict)}
+        init = {str(c.get("name")): c for c in spec.get("initContainers") or [] if isinstance(c, dict)}
+        total = largest_init = 0
+        for m in (st.get("requestMappings") or [])[:MAX_DEVICES]:
+            if not isinstance(m, dict) or not self._gpu_resource_class(m.get("resourceName")):
+                continue
+            name = str(m.get("containerName"))
+            n = _requested(regular.get(name) or init.get(name), str(m.get("resourceName")))
+            if name in regular:
+                total += n
+            else:
+                largest_init = max(largest_init, n)
+        return f"{ns}/{st['resourceClaimName']}", min(max(total, largest_init), MAX_DEVICES)

@@ -166,7 +166,8 @@ def evaluate(
             return SELECTOR_PRODUCT
         if spec.gpu_min_memory_gb and node.gpu_memory_gb + 1e-9 < spec.gpu_min_memory_gb:
             return SELECTOR_MEMORY
-    if spec.gpus > 0 and free_gpus < spec.gpus:
+    # GPUs an allocated claim of the pod holds already are not needed free (docs/dra.md).
+    if spec.gpus > 0 and free_gpus < spec.gpus_needed_free:
         return reject(ReasonCode.GPUS_BUSY, "not enough free GPUs (in use or reserved for a gang)",
                       unresolvable=False)
 

@@ -182,6 +182,11 @@ class WorkloadSpec(BaseModel):
     mig_profiles: tuple[str, ...] = ()  # empty: any profile
     mig_min_memory_gb: float = 0.0
     claim_notes: tuple[str, ...] = ()
+    # The pod's DRA claims as (ns/name, full GPUs), and how many of ``gpus`` claims already
+    # allocated hold: those devices count on their node once, whoever shares the claim, so the pod
+    # neither needs them free nor is charged for them (docs/dra.md).
+    claim_gpus: tuple[tuple[str, int], ...] = ()
+    held_gpus: int = 0
     # The pod has ResourceClaims: kube-scheduler reserves them for it in Reserve and releases them in
     # Unreserve, so only a bind call kube-scheduler is still waiting on may bind it.
     has_claims: bool = False
@@ -194,6 +199,11 @@ class WorkloadSpec(BaseModel):
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def gpus_needed_free(self) -> int:
+        """GPUs that must be free on the node: ``gpus`` less those allocated claims already hold."""
+        return max(0, self.gpus - self.held_gpus)
 
     @property
     def effective_latency_class(self) -> LatencyClass | None:
@@ -565,7 +575,9 @@ def parse_workload(
         problems.append(AnnotationProblem("resources", str(exc)))
     if spec.get("resourceClaims"):
         fields["has_claims"] = True
-    if CLAIM_DEVICES is not None and spec.get("resourceClaims"):
+    # The claim kube-scheduler makes for extended resources a DeviceClass backs is named in the status.
+    ext_claim = isinstance(pod.get("status"), dict) and pod["status"].get("extendedResourceClaimStatus")
+    if CLAIM_DEVICES is not None and (spec.get("resourceClaims") or ext_claim):
         fields.update(CLAIM_DEVICES(pod).fields())
 
     if (raw := get("model")) is not None:

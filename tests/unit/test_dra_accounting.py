@@ -76,3 +76,72 @@ def test_admin_access_does_not_hold_mig_slices(settings: Settings, catalog: GpuC
                                          for s in (0, 4)]))
     refresh(snap, settings, catalog)
     assert [(p, free) for p, _, _, free in snap.nodes["n"].mig] == [("3g.40gb", 2)]
+
+
+def test_claims_allocated_without_a_bound_pod_hold_their_gpus(settings: Settings, catalog: GpuCatalog) -> None:
+    # kube-scheduler allocated these claims; no pod of ours is bound with them (reservedFor empty,
+    # or naming a pod not bound yet or gone). Their devices are not free for anyone else.
+    snap = dra_snapshot(settings, catalog, fx.slice_("n", [fx.gpu(i) for i in range(8)]))
+    snap.dra.put_claim(fx.claim("orphan", fx.request(count=2), node="n",
+                                results=[fx.result("n", "gpu-0"), fx.result("n", "gpu-1")]))
+    snap.dra.put_claim(fx.claim("waiting", fx.request(count=1), node="n",
+                                results=[fx.result("n", "gpu-2")], reserved=fx.reserved_for("gone")))
+    refresh(snap, settings, catalog)
+    assert snap.free_gpus("n") == 5
+    # Given back (deallocated): free again.
+    snap.dra.put_claim(fx.claim("orphan", fx.request(count=2)))
+    refresh(snap, settings, catalog)
+    assert snap.free_gpus("n") == 7
+
+
+def test_pods_sharing_an_allocated_claim_are_not_charged_again(settings: Settings, catalog: GpuCatalog) -> None:
+    from app.wiring import build_core
+
+    svc = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
+    snap = svc.snapshot
+    for cls in (fx.GPU_CLASS, fx.MIG_CLASS):
+        snap.dra.put_class(cls)
+    snap.dra.put_slice(fx.slice_("n", [fx.gpu(i) for i in range(4)]))
+    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = snap.dra.pod_gpus, snap.dra.pod_devices
+    apply_node(snap, svc.catalog, svc.settings, node_object("n", gpus=0))
+    shared = fx.claim("shared", fx.request(count=2), node="n", results=[fx.result("n", "gpu-0"),
+                      fx.result("n", "gpu-1")], reserved=fx.reserved_for("a", "b"))
+    snap.dra.put_claim(shared)
+    refresh(snap, svc.settings, svc.catalog)
+    for p in ("a", "b"):
+        apply_pod(snap, svc.settings, claim_pod(p, "shared", node="n"))
+    assert snap.free_gpus("n") == 2
+    # Two more pods take the other two GPUs through their own claim, one of them also sharing the
+    # first: the node is full, yet a third pod of the shared claim needs no free GPU (its GPUs are
+    # held), while a pod asking for a GPU of its own does.
+    snap.dra.put_claim(fx.claim("own", fx.request(count=2), node="n",
+                                results=[fx.result("n", "gpu-2"), fx.result("n", "gpu-3")]))
+    refresh(snap, svc.settings, svc.catalog)
+    apply_pod(snap, svc.settings, claim_pod("d", "shared", "own", node="n"))
+    assert snap.free_gpus("n") == 0
+    spec = workload.parse_workload(claim_pod("c", "shared"))
+    assert spec.gpus == 2
+    assert svc.placer.filter(claim_pod("c", "shared"), ["n"]).passed == ["n"]
+    snap.dra.put_claim(fx.claim("mine", fx.request(count=1)))
+    assert "not enough free GPUs" in svc.placer.filter(claim_pod("e", "mine"), ["n"]).failed["n"]
+
+
+def test_extended_resource_claim_counts_once(settings: Settings, catalog: GpuCatalog) -> None:
+    # nvidia.com/gpu on a DRA-only node: kube-scheduler backs it with a claim of the class that
+    # names it (demo/specs/extended-resources/gpu-full.yaml in the driver's repository) and names
+    # the claim in the pod's status. Its GPUs count once: on the node, as the claim's devices.
+    snap = dra_snapshot(settings, catalog, fx.slice_("n", [fx.gpu(i) for i in range(4)]))
+    snap.dra.put_claim(fx.claim(
+        "ext-extended-resources-x7k9m", fx.request(count=2, name="container-0-request-0"), node="n",
+        annotations={"resource.kubernetes.io/extended-resource-claim": "true"}, reserved=fx.reserved_for("ext"),
+        results=[fx.result("n", f"gpu-{i}", req="container-0-request-0") for i in range(2)]))
+    refresh(snap, settings, catalog)
+    pod = pod_object("ext", gpus=2, stage="serving", uid="u-ext")
+    pod["spec"]["nodeName"] = "n"
+    container = pod["spec"]["containers"][0]["name"]
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "ext-extended-resources-x7k9m",
+        "requestMappings": [{"containerName": container, "requestName": "container-0-request-0",
+                             "resourceName": "nvidia.com/gpu"}]}
+    apply_pod(snap, settings, pod)
+    assert snap.free_gpus("n") == 2

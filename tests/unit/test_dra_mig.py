@@ -86,8 +86,8 @@ def test_mig_slices_are_node_facts_with_free_counts_from_allocated_claims(
     assert changed == {"m"}
     apply_node(snap, catalog, settings, node_object("m"))
     assert {p: free for p, _, _, free in snap.nodes["m"].mig} == {"1g.10gb": 4, "3g.40gb": 2}
-    # A full GPU held by a claim is not a MIG fact (pods count full GPUs).
-    assert dra.put_claim(held(claim("b", "gpu.nvidia.com"), "m", "gpu-2")) == set()
+    # A full GPU held by a claim changes the node too: it counts there as used (docs/dra.md).
+    assert dra.put_claim(held(claim("b", "gpu.nvidia.com"), "m", "gpu-2")) == {"m"}
     assert dra.drop_claim("default/a") == {"m"}
     assert dra.mig_of("m")[1][3] == 3
 
