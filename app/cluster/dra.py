@@ -2,9 +2,9 @@
 
 ResourceSlices become node facts (the affected Node is re-read and re-applied), DeviceClasses tell
 which claims ask for GPUs of the driver, ResourceClaims and ResourceClaimTemplates give a pod's GPU
-demand and, once allocated, its usage. Clusters without the API (404) or without the right to read
-it (403) are looked at again after 1 s, then less often up to every minute (app/backoff.py); until
-then placement reads extended resources only.
+demand and, once allocated, the devices they hold; DeviceTaintRules taint devices. Clusters without
+the API (404) or without the right to read it (403) are looked at again after 1 s, then less often
+up to every minute (app/backoff.py); until then placement reads extended resources only.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from app.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 GROUP, VERSION = "resource.k8s.io", "v1"
 # Classes first: a claim's demand depends on its class's driver.
-KINDS = ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims")
+KINDS = ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims", "devicetaintrules")
+# DeviceTaintRule is not in v1 in Kubernetes 1.36; a cluster that does not serve it (404) or does
+# not let us read it (403) has its devices' taints read from the slices alone.
+VERSIONS = {"devicetaintrules": "v1beta2"}
 
 
 class DraWatcher:
@@ -82,6 +85,9 @@ class DraWatcher:
                 dra.templates.pop(key, None)
             else:
                 dra.put_template(obj)
+        elif kind == "devicetaintrules":
+            nodes |= dra.drop_taint_rule(name) if deleted else dra.put_taint_rule(obj)
+            self.snapshot.refresh_dra(nodes)
         else:
             # Nodes whose devices this claim takes or gives back: their free MIG slices are node
             # facts, their held full GPUs are usage (docs/dra.md); the pods naming the claim are
@@ -143,6 +149,8 @@ class DraWatcher:
                 dra.clear_classes()
             elif kind == "resourceclaimtemplates":
                 dra.templates.clear()
+            elif kind == "devicetaintrules":
+                nodes |= dra.clear_taint_rules()
             else:
                 nodes |= dra.clear_claims()
             for obj in items:
@@ -163,7 +171,7 @@ class DraWatcher:
 
     # --- list + watch ------------------------------------------------------------------------------
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
-        return list_all(self.custom.list_cluster_custom_object, GROUP, VERSION, kind)
+        return list_all(self.custom.list_cluster_custom_object, GROUP, VERSIONS.get(kind, VERSION), kind)
 
     def _run(self, kind: str) -> None:
         backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
@@ -213,8 +221,9 @@ class DraWatcher:
 
     def _watch(self, kind: str, rv: str) -> None:
         resp: Any = self.custom.list_cluster_custom_object(
-            GROUP, VERSION, kind, watch=True, resource_version=rv, allow_watch_bookmarks=True,
-            timeout_seconds=240, _preload_content=False, _request_timeout=(10, 300),
+            GROUP, VERSIONS.get(kind, VERSION), kind, watch=True, resource_version=rv,
+            allow_watch_bookmarks=True, timeout_seconds=240, _preload_content=False,
+            _request_timeout=(10, 300),
         )
         try:
             for etype, obj in watch_events(resp, self._stop, lambda exc: self.cache.skipped(kind, None, exc)):

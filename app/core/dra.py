@@ -218,6 +218,7 @@ class DraDevice:
     profile: str | None = None  # MIG profile, e.g. "3g.40gb"
     parent: str | None = None  # MIG: the parent GPU's UUID
     clique: str | None = None  # multi-node NVLink (IMEX) clique id, when the driver publishes one
+    tainted: bool = False  # a NoSchedule or NoExecute taint in the slice (docs/dra.md, "Taints")
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,11 +294,38 @@ def parse_device(dev: dict[str, Any]) -> DraDevice | None:
     profile, parent = _attr(attrs, "profile"), _attr(attrs, "parentUUID")
     mig = dtype == "mig" or parent is not None or profile is not None
     clique = next((c for c in (_attr(attrs, k) for k in CLIQUE_ATTRS) if c), None)
+    taints = dev.get("taints")
     return DraDevice(name=dev["name"], product=_attr(attrs, "productName"), memory_mib=mem_mib, mig=mig,
                      architecture=_attr(attrs, "architecture"),
                      compute_capability=_attr(attrs, "cudaComputeCapability"),
                      profile=profile if mig else None, parent=parent if mig else None,
-                     clique=clique[:MAX_NAME] if clique else None)
+                     clique=clique[:MAX_NAME] if clique else None,
+                     tainted=isinstance(taints, list) and any(_keeps_off(t) for t in taints[:MAX_DEVICES]))
+
+
+# Taint effects that keep new claims off a device (resource.k8s.io/v1 DeviceTaint): kube-scheduler
+# allocates a tainted device only to a claim that tolerates the taint. "None" and effects unknown
+# to us are informational (as the API asks consumers to treat unknown effects).
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+def _keeps_off(taint: Any) -> bool:
+    return isinstance(taint, dict) and taint.get("effect") in BLOCKING_EFFECTS
+
+
+def taint_rule(obj: dict[str, Any]) -> tuple[str | None, str | None, str | None] | None:
+    """(driver, pool, device) a DeviceTaintRule taints, None meaning any; None when the rule keeps
+    no claim off (informational effect, or no selector: "without a selector, no devices")."""
+    spec = _dict(obj.get("spec")) if isinstance(obj, dict) else {}
+    sel = spec.get("deviceSelector")
+    if not isinstance(sel, dict) or not _keeps_off(spec.get("taint")):
+        return None
+
+    def one(key: str) -> str | None:
+        v = sel.get(key)
+        return v if isinstance(v, str) and v else None
+
+    return one("driver"), one("pool"), one("device")
 
 
 MAX_NAME = 253
@@ -526,6 +554,8 @@ class DraIndex:
     held: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     claim_devices: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     pool_node: dict[str, str] = field(default_factory=dict)  # pool -> node (the driver's pools)
+    # DeviceTaintRule name -> (driver, pool, device) it keeps claims off, None meaning any.
+    taint_rules: dict[str, tuple[str | None, str | None, str | None]] = field(default_factory=dict)
 
     # --- slices -----------------------------------------------------------------------------------
     def put_slice(self, obj: dict[str, Any]) -> str | None:
@@ -571,18 +601,61 @@ class DraIndex:
         if gpus is None or not gpus.mig:
             return ()
         gb = 1.048576 / 1000.0
+        busy = self._unavailable(node)
         return tuple((m.profile, m.memory_mib * gb, len(m.devices),
-                      sum(1 for d in m.devices if not self.held.get(d)))
+                      sum(1 for d in m.devices if d not in busy))
                      for m in gpus.mig)
 
     def busy_gpus(self, node: str) -> int:
-        """Full GPUs of ``node`` not free for a new claim: held by an allocated claim, whether or not
-        a pod of ours uses it (a claim allocated ahead of its pods, or shared by several, holds its
-        devices once)."""
+        """Full GPUs of ``node`` not free for a new claim (docs/dra.md, "Free GPUs")."""
         if not self.by_node.get(node):
             return 0
+        busy = self._unavailable(node)
         return sum(1 for p, d in _current(self._node_slices(node), self.driver)
-                   if not d.mig and self.held.get((p, d.name)))
+                   if not d.mig and (p, d.name) in busy)
+
+    def _unavailable(self, node: str) -> set[tuple[str, str]]:
+        """(pool, device) of ``node`` kube-scheduler would not hand to a new claim of our pods:
+
+        * held by an allocated claim, whether or not a pod of ours uses it (a claim allocated ahead
+          of its pods, or shared by several, holds its devices once);
+        * tainted NoSchedule / NoExecute, in the slice or by a DeviceTaintRule (tolerations are not
+          read: a tainted device is not capacity for our pods).
+        """
+        out: set[tuple[str, str]] = set()
+        for pool, d in _current(self._node_slices(node), self.driver):
+            key = (pool, d.name)
+            if self.held.get(key) or d.tainted or self._rule_taints(pool, d.name):
+                out.add(key)
+        return out
+
+    def _rule_taints(self, pool: str, device: str) -> bool:
+        return any((drv is None or drv == self.driver) and (p is None or p == pool)
+                   and (dev is None or dev == device) for drv, p, dev in self.taint_rules.values())
+
+    def put_taint_rule(self, obj: dict[str, Any]) -> set[str]:
+        """Add or replace a DeviceTaintRule; returns the nodes whose devices it may concern."""
+        name = str(_dict(obj.get("metadata")).get("name") or "")
+        old = self.taint_rules.pop(name, None)
+        rule = taint_rule(obj)
+        if rule is not None:
+            self.taint_rules[name] = rule
+        return self._rule_nodes(old) | self._rule_nodes(rule)
+
+    def drop_taint_rule(self, name: str) -> set[str]:
+        return self._rule_nodes(self.taint_rules.pop(name, None))
+
+    def clear_taint_rules(self) -> set[str]:
+        nodes = set().union(*(self._rule_nodes(r) for r in self.taint_rules.values()))
+        self.taint_rules.clear()
+        return nodes
+
+    def _rule_nodes(self, rule: tuple[str | None, str | None, str | None] | None) -> set[str]:
+        if rule is None or (rule[0] is not None and rule[0] != self.driver):
+            return set()
+        if rule[1] is not None:
+            return {self.pool_node[rule[1]]} if rule[1] in self.pool_node else set()
+        return set(self.pool_node.values())
 
     def mig_parents(self, node: str) -> int:
         gpus = self.gpus_of(node) if self.by_node.get(node) else None

@@ -234,3 +234,16 @@ def claim(name: str, *requests: dict[str, Any], results: list[dict[str, Any]] | 
 def reserved_for(*pods: str) -> list[dict[str, Any]]:
     """resource/v1 ResourceClaimConsumerReference entries for pods."""
     return [{"resource": "pods", "name": p, "uid": f"u-{p}"} for p in pods]
+
+
+def taint_rule(name: str, effect: str = "NoExecute", *, pool: str | None = None,
+               device: str | None = None) -> dict[str, Any]:
+    """resource.k8s.io DeviceTaintRule (v1beta2 in Kubernetes 1.36; resource/v1beta2/types.go)."""
+    selector: dict[str, Any] = {"driver": DRIVER}
+    if pool:
+        selector["pool"] = pool
+    if device:
+        selector["device"] = device
+    return {"apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule", "metadata": {"name": name},
+            "spec": {"deviceSelector": selector,
+                     "taint": {"key": "example.com/maintenance", "value": "planned", "effect": effect}}}

@@ -145,3 +145,35 @@ def test_extended_resource_claim_counts_once(settings: Settings, catalog: GpuCat
                              "resourceName": "nvidia.com/gpu"}]}
     apply_pod(snap, settings, pod)
     assert snap.free_gpus("n") == 2
+
+
+def test_tainted_devices_are_not_free(settings: Settings, catalog: GpuCatalog) -> None:
+    # The driver's health monitor taints a GPU after an XID error (NoSchedule) or when it is lost;
+    # an informational taint (effect None: unmonitored) keeps nothing off.
+    devices = [fx.gpu(i) for i in range(8)]
+    devices[1]["taints"] = [fx.taint("NoSchedule")]
+    devices[2]["taints"] = [fx.taint("NoExecute", key="gpu.nvidia.com/gpu-lost", value="")]
+    devices[3]["taints"] = [fx.taint("None", key="gpu.nvidia.com/unmonitored", value="")]
+    snap = dra_snapshot(settings, catalog, fx.slice_("n", devices))
+    assert (snap.nodes["n"].gpu_count, snap.free_gpus("n")) == (8, 6)
+    # A tainted GPU that a running pod's claim holds counts once.
+    snap.dra.put_claim(fx.claim("running", node="n", results=[fx.result("n", "gpu-1")]))
+    refresh(snap, settings, catalog)
+    assert snap.free_gpus("n") == 6
+    # DeviceTaintRules taint devices the same way; without a selector or with effect None, none.
+    assert snap.dra.put_taint_rule(fx.taint_rule("maint", pool="n", device="gpu-4")) == {"n"}
+    snap.dra.put_taint_rule(fx.taint_rule("whole-node", "NoSchedule", pool="n"))
+    snap.dra.put_taint_rule(fx.taint_rule("note", "None"))
+    snap.dra.put_taint_rule({"metadata": {"name": "empty"}, "spec": {"taint": fx.taint("NoExecute")}})
+    refresh(snap, settings, catalog)
+    assert snap.free_gpus("n") == 0
+    snap.dra.drop_taint_rule("whole-node")
+    refresh(snap, settings, catalog)
+    assert snap.free_gpus("n") == 5
+
+
+def test_tainted_mig_slices_are_not_free(settings: Settings, catalog: GpuCatalog) -> None:
+    devices = [fx.static_mig(0, "3g.40gb", 0), fx.static_mig(0, "3g.40gb", 4)]
+    devices[0]["taints"] = [fx.taint("NoSchedule")]
+    snap = dra_snapshot(settings, catalog, fx.slice_("n", devices))
+    assert [(p, n, free) for p, _, n, free in snap.nodes["n"].mig] == [("3g.40gb", 2, 1)]
