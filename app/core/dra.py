@@ -219,6 +219,14 @@ class DraDevice:
     parent: str | None = None  # MIG: the parent GPU's UUID
     clique: str | None = None  # multi-node NVLink (IMEX) clique id, when the driver publishes one
     tainted: bool = False  # a NoSchedule or NoExecute taint in the slice (docs/dra.md, "Taints")
+    uuid: str | None = None
+    # Partitionable devices (KEP 4815, the driver's DynamicMIG): (counter set, ((counter, amount),
+    # ...)) the device takes from its pool's shared counters when allocated.
+    consumes: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+
+    @property
+    def counter_set(self) -> str | None:
+        return self.consumes[0][0] if self.consumes else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +308,28 @@ def parse_device(dev: dict[str, Any]) -> DraDevice | None:
                      compute_capability=_attr(attrs, "cudaComputeCapability"),
                      profile=profile if mig else None, parent=parent if mig else None,
                      clique=clique[:MAX_NAME] if clique else None,
-                     tainted=isinstance(taints, list) and any(_keeps_off(t) for t in taints[:MAX_DEVICES]))
+                     tainted=isinstance(taints, list) and any(_keeps_off(t) for t in taints[:MAX_DEVICES]),
+                     uuid=_attr(attrs, "uuid"), consumes=_consumption(dev.get("consumesCounters")))
+
+
+MAX_COUNTERS = 64  # counters read per counter set (the API allows fewer per slice)
+
+
+def _counters(raw: Any) -> tuple[tuple[str, float], ...]:
+    """{name: {value: quantity}} as (name, amount) pairs; unreadable amounts are left out."""
+    out = []
+    for name, c in list(_dict(raw).items())[:MAX_COUNTERS]:
+        try:
+            out.append((str(name), parse_quantity(_dict(c)["value"])))
+        except (KeyError, ValueError, TypeError):
+            continue
+    return tuple(out)
+
+
+def _consumption(raw: Any) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    items = raw if isinstance(raw, list) else []
+    return tuple((str(c["counterSet"]), _counters(c.get("counters"))) for c in items[:MAX_COUNTERS]
+                 if isinstance(c, dict) and isinstance(c.get("counterSet"), str))
 
 
 # Taint effects that keep new claims off a device (resource.k8s.io/v1 DeviceTaint): kube-scheduler
@@ -338,6 +367,7 @@ class _Slice:
     pool: str
     generation: int
     devices: tuple[DraDevice, ...]
+    counters: dict[str, dict[str, float]] = field(default_factory=dict)  # spec.sharedCounters
 
 
 def parse_slice(obj: dict[str, Any]) -> _Slice | None:
@@ -353,19 +383,46 @@ def parse_slice(obj: dict[str, Any]) -> _Slice | None:
     raw_devices = spec.get("devices")
     devices: list[Any] = raw_devices if isinstance(raw_devices, list) else []
     parsed = tuple(d for d in (parse_device(x) for x in devices[:MAX_DEVICES]) if d is not None)
+    # Counter sets may come in a slice of their own (the driver's DynamicMIG on Kubernetes 1.35+).
+    raw_sets = spec.get("sharedCounters")
+    sets = {str(c["name"]): dict(_counters(c.get("counters")))
+            for c in (raw_sets if isinstance(raw_sets, list) else [])[:MAX_COUNTERS]
+            if isinstance(c, dict) and isinstance(c.get("name"), str)}
     return _Slice(node=node, driver=driver, pool=str(pool.get("name") or node),
                   generation=gen if isinstance(gen, int) and not isinstance(gen, bool) else 0,
-                  devices=parsed)
+                  devices=parsed, counters=sets)
 
 
-def _current(slices: list[_Slice], driver: str) -> list[tuple[str, DraDevice]]:
-    """(pool, device) of the newest generation of each pool of ``driver``."""
+def _newest(slices: list[_Slice], driver: str) -> list[_Slice]:
+    """The slices of the newest generation of each pool of ``driver``."""
     newest: dict[str, int] = {}
     for s in slices:
         if s.driver == driver:
             newest[s.pool] = max(newest.get(s.pool, s.generation), s.generation)
-    return [(s.pool, d) for s in slices if s.driver == driver and s.generation == newest.get(s.pool)
-            for d in s.devices]
+    return [s for s in slices if s.driver == driver and s.generation == newest.get(s.pool)]
+
+
+def _current(slices: list[_Slice], driver: str) -> list[tuple[str, DraDevice]]:
+    """(pool, device) of the newest generation of each pool of ``driver``."""
+    return [(s.pool, d) for s in _newest(slices, driver) for d in s.devices]
+
+
+def _physical(pool: str, d: DraDevice) -> tuple[str, str]:
+    """Which physical GPU a device is (part of): its counter set when it has one (every device of a
+    partitionable GPU takes from the same set), else a MIG slice's parent, else the device itself."""
+    if d.counter_set is not None:
+        return pool, "counters:" + d.counter_set
+    if d.mig and d.parent:
+        return "uuid", d.parent
+    return "uuid", d.uuid or f"{pool}/{d.name}"
+
+
+def _aliases(pool: str, d: DraDevice) -> set[tuple[str, str]]:
+    """Every name a full GPU goes by as a physical GPU (its counter set, its UUID)."""
+    out = {_physical(pool, d)}
+    if d.uuid:
+        out.add(("uuid", d.uuid))
+    return out
 
 
 def node_gpus(slices: list[_Slice], driver: str = DRIVER) -> DraNodeGpus | None:
@@ -389,16 +446,46 @@ def node_gpus(slices: list[_Slice], driver: str = DRIVER) -> DraNodeGpus | None:
     cliques = Counter(d.clique for d in devices if d.clique)
     product = products.most_common(1)[0][0] if products else (
         mig_products.most_common(1)[0][0] if mig_products else None)
+    # A partitionable GPU is published as its full device plus every MIG placement, all taking
+    # from one counter set: one physical GPU, counted once, as a full GPU. MIG slices of a GPU with
+    # no full device (static MIG) are its only trace: such GPUs are ``mig_gpus`` (for the price).
+    whole = {_physical(pool, d) for pool, d in pooled if not d.mig}
+    known = set().union(*(_aliases(pool, d) for pool, d in pooled if not d.mig))
     return DraNodeGpus(
         product=product,
-        count=len(full),
+        count=len(whole),
         memory_mib=min(mems) if mems else None,
         mig_devices=len(devices) - len(full),
         mixed_products=len(products) > 1,
         mig=mig,
-        mig_gpus=len({d.parent or d.name for d in devices if d.mig}),
+        mig_gpus=len({_physical(pool, d) for pool, d in pooled if d.mig} - known),
         clique=cliques.most_common(1)[0][0] if cliques else None,
     )
+
+
+Left = dict[tuple[str, str], dict[str, float]]  # (pool, counter set) -> counter -> amount left
+
+
+def _counters_left(slices: list[_Slice], held: list[tuple[str, DraDevice]]) -> Left:
+    """(pool, counter set) -> what the allocated devices leave of each shared counter."""
+    left = {(s.pool, name): dict(c) for s in slices for name, c in s.counters.items()}
+    for pool, d in held:
+        for cset, amounts in d.consumes:
+            have = left.get((pool, cset))
+            if have is not None:
+                for name, n in amounts:
+                    if name in have:
+                        have[name] -= n
+    return left
+
+
+def _fits(left: Left, pool: str, d: DraDevice) -> bool:
+    """Could ``d`` still be allocated as far as counters go? A counter set not (yet) seen limits nothing."""
+    for cset, amounts in d.consumes:
+        have = left.get((pool, cset))
+        if have is not None and any(name in have and have[name] < n - 1e-9 for name, n in amounts):
+            return False
+    return True
 
 
 def overlay(node: dict[str, Any], gpus: DraNodeGpus | None, keys: NodeLabelKeys) -> dict[str, Any]:
@@ -611,8 +698,12 @@ class DraIndex:
         if not self.by_node.get(node):
             return 0
         busy = self._unavailable(node)
-        return sum(1 for p, d in _current(self._node_slices(node), self.driver)
-                   if not d.mig and (p, d.name) in busy)
+        whole: dict[tuple[str, str], bool] = {}  # physical GPU -> one of its full devices is free
+        for p, d in _current(self._node_slices(node), self.driver):
+            if not d.mig:
+                key = _physical(p, d)
+                whole[key] = whole.get(key, False) or (p, d.name) not in busy
+        return sum(1 for free in whole.values() if not free)
 
     def _unavailable(self, node: str) -> set[tuple[str, str]]:
         """(pool, device) of ``node`` kube-scheduler would not hand to a new claim of our pods:
@@ -620,13 +711,16 @@ class DraIndex:
         * held by an allocated claim, whether or not a pod of ours uses it (a claim allocated ahead
           of its pods, or shared by several, holds its devices once);
         * tainted NoSchedule / NoExecute, in the slice or by a DeviceTaintRule (tolerations are not
-          read: a tainted device is not capacity for our pods).
+          read: a tainted device is not capacity for our pods);
+        * partitionable: taking more of its counter set than the allocated devices leave (a GPU
+          with any MIG partition allocated is not whole-free, nor are the placements overlapping it).
         """
-        out: set[tuple[str, str]] = set()
-        for pool, d in _current(self._node_slices(node), self.driver):
-            key = (pool, d.name)
-            if self.held.get(key) or d.tainted or self._rule_taints(pool, d.name):
-                out.add(key)
+        slices = _newest(self._node_slices(node), self.driver)
+        pooled = [(s.pool, d) for s in slices for d in s.devices]
+        out = {(pool, d.name) for pool, d in pooled
+               if self.held.get((pool, d.name)) or d.tainted or self._rule_taints(pool, d.name)}
+        left = _counters_left(slices, [(p, d) for p, d in pooled if self.held.get((p, d.name))])
+        out |= {(pool, d.name) for pool, d in pooled if not _fits(left, pool, d)}
         return out
 
     def _rule_taints(self, pool: str, device: str) -> bool:

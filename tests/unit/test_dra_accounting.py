@@ -177,3 +177,30 @@ def test_tainted_mig_slices_are_not_free(settings: Settings, catalog: GpuCatalog
     devices[0]["taints"] = [fx.taint("NoSchedule")]
     snap = dra_snapshot(settings, catalog, fx.slice_("n", devices))
     assert [(p, n, free) for p, _, n, free in snap.nodes["n"].mig] == [("3g.40gb", 2, 1)]
+
+
+def test_partitionable_gpus_count_once_and_a_mig_partition_takes_its_parent(
+        settings: Settings, catalog: GpuCatalog) -> None:
+    # DynamicMIG: each physical GPU is its full device plus every possible MIG placement, all
+    # taking from the GPU's counter set (published in a slice of its own).
+    snap = dra_snapshot(settings, catalog, *fx.dynamic_mig_slices("n", 2))
+    facts = snap.nodes["n"]
+    assert (facts.gpu_count, facts.mig_gpus, snap.free_gpus("n")) == (2, 0, 2)
+    assert facts.gpu is not None and facts.hourly_cost == pytest.approx(2 * facts.gpu.hourly_cost_usd)
+
+    def mig() -> dict[str, tuple[int, int]]:
+        return {p: (n, free) for p, _, n, free in snap.nodes["n"].mig}
+
+    assert mig() == {"1g.10gb": (14, 14), "3g.40gb": (4, 4), "7g.80gb": (2, 2)}
+    # One 1g.10gb partition of gpu-0 allocated: gpu-0 is no longer whole-free, and the placements
+    # overlapping it (3g.40gb at slice 0, 7g.80gb) are not free either.
+    snap.dra.put_claim(fx.claim("small", fx.request("mig.nvidia.com"), node="n",
+                                results=[fx.result("n", fx.mig_name(0, "1g.10gb", 0))]))
+    refresh(snap, settings, catalog)
+    assert snap.free_gpus("n") == 1
+    assert mig() == {"1g.10gb": (14, 13), "3g.40gb": (4, 3), "7g.80gb": (2, 1)}
+    # gpu-1 allocated whole: none of its partitions is free.
+    snap.dra.put_claim(fx.claim("whole", node="n", results=[fx.result("n", "gpu-1")]))
+    refresh(snap, settings, catalog)
+    assert snap.free_gpus("n") == 0
+    assert mig() == {"1g.10gb": (14, 6), "3g.40gb": (4, 1), "7g.80gb": (2, 0)}
