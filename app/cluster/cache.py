@@ -128,7 +128,7 @@ def apply_pod(
     if not node:
         return
     if spec is not None:
-        placed = PlacedPod(uid=uid, key=key, node=node, gpus=spec.gpus, cpu_millis=spec.cpu_millis,
+        placed = PlacedPod(uid=uid, key=key, node=node, gpus=spec.charged_gpus, cpu_millis=spec.cpu_millis,
                            memory_bytes=spec.memory_bytes, stage=spec.stage,
                            latency_class=spec.effective_latency_class,
                            gang=spec.gang.key if spec.gang else None, priority=spec.priority,
@@ -139,21 +139,24 @@ def apply_pod(
             gpus, cpu, mem = pod_resources(pod, gpu_res)
         except ValueError:
             gpus, cpu, mem = 0, 0.0, 0.0
-        placed = PlacedPod(uid=uid, key=key, node=node, gpus=gpus, cpu_millis=cpu, memory_bytes=mem,
-                           stage=None, latency_class=None, gang=None, claims=_claims(pod))
+        claims, shares = _claims(pod)
+        placed = PlacedPod(uid=uid, key=key, node=node, gpus=max(0, gpus - shares), cpu_millis=cpu,
+                           memory_bytes=mem, stage=None, latency_class=None, gang=None, claims=claims)
     snapshot.place(placed)
 
 
-def _claims(pod: dict[str, Any]) -> tuple[tuple[str, int], ...]:
-    """The pod's DRA claims (ns/name, full GPUs), for a pod whose annotations do not parse."""
+def _claims(pod: dict[str, Any]) -> tuple[tuple[tuple[str, int], ...], int]:
+    """The pod's DRA claims (ns/name, whole GPUs) and its device shares, for a pod whose
+    annotations do not parse (as WorkloadSpec.claim_gpus and shared_gpus)."""
     from app.core import workload
 
     if workload.CLAIM_DEVICES is None:
-        return ()
+        return (), 0
     try:
-        return tuple(workload.CLAIM_DEVICES(pod).claims)
+        got = workload.CLAIM_DEVICES(pod)
+        return tuple(got.claims), int(got.shares)
     except Exception:  # the usage must be counted however odd the pod is
-        return ()
+        return (), 0
 
 
 def watch_events(

@@ -263,6 +263,10 @@ class ClaimDemand:
     mig: int = 0  # MIG slices
     selection: Selection = field(default_factory=Selection)  # full-GPU requests' restrictions
     mig_selection: Selection = field(default_factory=Selection)  # MIG requests' restrictions
+    # Of ``gpus``, shares of a device that allows several allocations (consumable capacity: a
+    # request with ``capacity.requests``, a result with a ``shareID``). A share is one GPU to run
+    # on, not a whole GPU taken: the device counts once on its node, however many shares it gives.
+    shares: int = 0
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -603,6 +607,7 @@ class PodDevices:
     notes: tuple[str, ...] = ()
     claims: tuple[tuple[str, int], ...] = ()  # (ns/name, full GPUs) of the claims that have a name
     held: int = 0  # of those, the GPUs of claims already allocated
+    shares: int = 0  # of ``gpus``, shares of a device (ClaimDemand.shares)
 
     def fields(self) -> dict[str, Any]:
         """The WorkloadSpec fields (memory in GB, as node facts count it)."""
@@ -621,6 +626,8 @@ class PodDevices:
         if self.claims:
             out["claim_gpus"] = self.claims
             out["held_gpus"] = self.held
+        if self.shares:
+            out["shared_gpus"] = self.shares
         return out
 
 
@@ -788,24 +795,9 @@ class DraIndex:
         """Full GPUs and MIG slices of our driver a claim holds (allocated) or asks for (not yet)."""
         alloc = (status or {}).get("allocation") if isinstance(status, dict) else None
         if isinstance(alloc, dict):
-            results = ((alloc.get("devices") or {}).get("results")) or []
-            n = mig = 0
-            profiles: list[str] = []
-            for r in results if isinstance(results, list) else []:
-                if not _holds(r, self.driver):
-                    continue
-                d = self._device(str(r.get("pool")), str(r.get("device")))
-                if d is not None and d.mig:
-                    mig += 1
-                    if d.profile and d.profile not in profiles:
-                        profiles.append(d.profile)
-                else:
-                    n += 1
-            # What was allocated is exact: the profiles held are the only ones the pod may use.
-            return ClaimDemand(gpus=n, allocated=True, mig=mig,
-                               mig_selection=Selection(profiles=tuple(profiles) or None))
+            return self._allocated(alloc)
         reqs = ((claim_spec.get("devices") or {}).get("requests")) if isinstance(claim_spec, dict) else None
-        total, mig_total, product, every = 0, 0, None, False
+        total, mig_total, shares, product, every = 0, 0, 0, None, False
         full_sel, mig_sel = Selection(), Selection()
         for req in reqs if isinstance(reqs, list) else []:
             if not isinstance(req, dict):
@@ -834,6 +826,7 @@ class DraIndex:
                         mig_sel = mig_sel.merge(sel)
                 else:
                     total += c
+                    shares += c if _dict(_dict(opt.get("capacity")).get("requests")) else 0
                     every = every or all_mode
                     product = product or _product(sel)
                     if not first:
@@ -842,7 +835,28 @@ class DraIndex:
                         full_sel = full_sel.merge(Selection(unread=("firstAvailable alternatives",)))
                 break
         return ClaimDemand(gpus=min(total, MAX_DEVICES), product=product, all_devices=every,
-                           mig=min(mig_total, MAX_DEVICES), selection=full_sel, mig_selection=mig_sel)
+                           mig=min(mig_total, MAX_DEVICES), selection=full_sel, mig_selection=mig_sel,
+                           shares=min(shares, total, MAX_DEVICES))
+
+    def _allocated(self, alloc: dict[str, Any]) -> ClaimDemand:
+        """What an allocated claim holds: exact, so the MIG profiles held are the only ones its
+        pods may use."""
+        results = ((alloc.get("devices") or {}).get("results")) or []
+        n = mig = shares = 0
+        profiles: list[str] = []
+        for r in (results if isinstance(results, list) else [])[:MAX_DEVICES]:
+            if not _holds(r, self.driver):
+                continue
+            d = self._device(str(r.get("pool")), str(r.get("device")))
+            if d is not None and d.mig:
+                mig += 1
+                if d.profile and d.profile not in profiles:
+                    profiles.append(d.profile)
+            else:
+                n += 1
+                shares += r.get("shareID") is not None
+        return ClaimDemand(gpus=n, allocated=True, mig=mig, shares=shares,
+                           mig_selection=Selection(profiles=tuple(profiles) or None))
 
     def put_claim(self, obj: dict[str, Any]) -> set[str]:
         """Add or replace a claim; returns the nodes whose held devices changed."""
@@ -945,7 +959,8 @@ class DraIndex:
                 mig += d.mig
                 migs = migs.merge(d.mig_selection)
         notes = tuple(dict.fromkeys(full.unread + migs.unread))[:8]
-        claims = [(k, d.gpus) for k, d in keyed if k is not None and d.gpus]
+        # Whole GPUs per claim: what the pod is charged while the claim is not allocated.
+        claims = [(k, d.gpus - d.shares) for k, d in keyed if k is not None and d.gpus > d.shares]
         if ext is not None and ext[1]:
             claims.append(ext)
         return PodDevices(
@@ -955,7 +970,8 @@ class DraIndex:
             mig_min_memory_mib=migs.min_memory_mib,
             notes=tuple(f"selector not interpreted, left to kube-scheduler: {n}" for n in notes),
             claims=tuple(claims[:MAX_DEVICES]),
-            held=min(sum(n for k, n in claims if self.is_allocated(k)), MAX_DEVICES))
+            held=min(sum(n for k, n in claims if self.is_allocated(k)), MAX_DEVICES),
+            shares=min(sum(d.shares for _, d in keyed), MAX_DEVICES))
 
     # --- extended resources backed by a DeviceClass (DRAExtendedResource) -------------------------
     def _gpu_resource_class(self, resource: Any) -> bool:

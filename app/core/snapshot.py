@@ -214,8 +214,9 @@ class ClusterSnapshot:
                 self.generation += 1
 
     def new_gpus(self, spec: WorkloadSpec) -> int:
-        """GPUs the pod still needs free: those of claims already allocated are held (docs/dra.md)."""
-        return spec.gpus - sum(n for claim, n in spec.claim_gpus if self.dra.is_allocated(claim))
+        """GPUs the pod still needs free: those of claims already allocated are held, shares need
+        room on a device rather than a free GPU (docs/dra.md)."""
+        return spec.charged_gpus - sum(n for claim, n in spec.claim_gpus if self.dra.is_allocated(claim))
 
     def _sync(self, node: str, u: NodeUsage) -> None:
         self.table.set_usage(node, u.gpus, u.cpu_millis, u.training, u.interactive)
@@ -301,7 +302,7 @@ def placed_from_spec(spec: WorkloadSpec, node: str, *, assumed: bool = False) ->
         uid=spec.uid or spec.key,
         key=spec.key,
         node=node,
-        gpus=spec.gpus,
+        gpus=spec.charged_gpus,
         cpu_millis=spec.cpu_millis,
         memory_bytes=spec.memory_bytes,
         stage=spec.stage,

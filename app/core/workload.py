@@ -187,6 +187,9 @@ class WorkloadSpec(BaseModel):
     # neither needs them free nor is charged for them (docs/dra.md).
     claim_gpus: tuple[tuple[str, int], ...] = ()
     held_gpus: int = 0
+    # Of ``gpus``, shares of a device that allows several allocations (consumable capacity): a GPU
+    # to run on but not a whole GPU taken; kube-scheduler checks the device has room for the share.
+    shared_gpus: int = 0
     # The pod has ResourceClaims: kube-scheduler reserves them for it in Reserve and releases them in
     # Unreserve, so only a bind call kube-scheduler is still waiting on may bind it.
     has_claims: bool = False
@@ -202,8 +205,15 @@ class WorkloadSpec(BaseModel):
 
     @property
     def gpus_needed_free(self) -> int:
-        """GPUs that must be free on the node: ``gpus`` less those allocated claims already hold."""
-        return max(0, self.gpus - self.held_gpus)
+        """GPUs that must be free on the node: ``gpus`` less those allocated claims already hold
+        and the shares of devices (which need room on a device, not a whole free GPU)."""
+        return max(0, self.gpus - self.held_gpus - self.shared_gpus)
+
+    @property
+    def charged_gpus(self) -> int:
+        """GPUs counted as the pod's on its node: not shares (their device counts once, when
+        allocated); claims are charged only until allocated (ClusterSnapshot.place)."""
+        return max(0, self.gpus - self.shared_gpus)
 
     @property
     def effective_latency_class(self) -> LatencyClass | None:

@@ -247,3 +247,15 @@ def taint_rule(name: str, effect: str = "NoExecute", *, pool: str | None = None,
     return {"apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule", "metadata": {"name": name},
             "spec": {"deviceSelector": selector,
                      "taint": {"key": "example.com/maintenance", "value": "planned", "effect": effect}}}
+
+
+def shareable_gpu(minor: int, product: str = H100, memory: str = H100_MEMORY) -> dict[str, Any]:
+    """A GPU several claims may share (consumable capacity, KEP 5075): the driver's GPU attributes
+    (deviceinfo.go) with ``allowMultipleAllocations`` and a ``requestPolicy`` on its memory capacity
+    (resource/v1 types.go Device, DeviceCapacity, CapacityRequestPolicy). NVIDIA's driver does not
+    publish this today; the shape is the API's."""
+    dev = gpu(minor, product, memory)
+    dev["allowMultipleAllocations"] = True
+    dev["capacity"]["memory"]["requestPolicy"] = {
+        "default": "10Gi", "validRange": {"min": "1Gi", "max": memory, "step": "1Gi"}}
+    return dev

@@ -204,3 +204,36 @@ def test_partitionable_gpus_count_once_and_a_mig_partition_takes_its_parent(
     refresh(snap, settings, catalog)
     assert snap.free_gpus("n") == 0
     assert mig() == {"1g.10gb": (14, 6), "3g.40gb": (4, 1), "7g.80gb": (2, 0)}
+
+
+def test_shares_of_a_device_count_it_once(settings: Settings, catalog: GpuCatalog) -> None:
+    # Consumable capacity: gpu-0 allows several allocations; three claims each hold a share of it
+    # (a shareID per result, the memory consumed), each used by one bound pod.
+    from app.wiring import build_core
+
+    svc = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
+    snap = svc.snapshot
+    snap.dra.put_class(fx.GPU_CLASS)
+    snap.dra.put_slice(fx.slice_("n", [fx.shareable_gpu(0), fx.shareable_gpu(1)]))
+    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = snap.dra.pod_gpus, snap.dra.pod_devices
+    apply_node(snap, svc.catalog, svc.settings, node_object("n", gpus=0))
+    share = fx.request(capacity={"memory": "20Gi"})
+    for i in range(3):
+        snap.dra.put_claim(fx.claim(f"s{i}", share, node="n", reserved=fx.reserved_for(f"p{i}"), results=[
+            fx.result("n", "gpu-0", share=f"a1b2c3d4-0000-0000-0000-00000000000{i}",
+                      consumed={"memory": "20Gi"})]))
+    refresh(snap, svc.settings, svc.catalog)
+    for i in range(3):
+        apply_pod(snap, svc.settings, claim_pod(f"p{i}", f"s{i}", node="n"))
+    assert (snap.nodes["n"].gpu_count, snap.free_gpus("n")) == (2, 1)
+    # A fourth share asks for room on a device (kube-scheduler checks it has), not a whole free
+    # GPU; a whole GPU is asked for as before.
+    snap.dra.put_claim(fx.claim("s3", share))
+    spec = workload.parse_workload(claim_pod("p3", "s3"))
+    assert (spec.gpus, spec.gpus_needed_free) == (1, 0)
+    snap.dra.put_claim(fx.claim("whole", fx.request(count=2)))
+    assert svc.placer.filter(claim_pod("p3", "s3"), ["n"]).passed == ["n"]
+    assert "not enough free GPUs" in svc.placer.filter(claim_pod("w", "whole"), ["n"]).failed["n"]
+    # Bound before its share is allocated, the pod is not charged a whole GPU either.
+    apply_pod(snap, svc.settings, claim_pod("p3", "s3", node="n"))
+    assert snap.free_gpus("n") == 1
