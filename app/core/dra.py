@@ -223,6 +223,14 @@ class DraDevice:
     # Partitionable devices (KEP 4815, the driver's DynamicMIG): (counter set, ((counter, amount),
     # ...)) the device takes from its pool's shared counters when allocated.
     consumes: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+    kind: str = "gpu"  # attribute ``type``: gpu, mig, vfio (passthrough), or a type we do not know
+    pci: str | None = None  # standard attribute resource.kubernetes.io/pciBusID
+
+    @property
+    def full(self) -> bool:
+        """A whole GPU for containers: not a MIG slice, not a GPU offered for VFIO passthrough (the
+        driver publishes a passthrough-capable GPU twice, as ``gpu`` and ``vfio``: one GPU)."""
+        return not self.mig and self.kind == "gpu"
 
     @property
     def counter_set(self) -> str | None:
@@ -313,7 +321,17 @@ def parse_device(dev: dict[str, Any]) -> DraDevice | None:
                      profile=profile if mig else None, parent=parent if mig else None,
                      clique=clique[:MAX_NAME] if clique else None,
                      tainted=isinstance(taints, list) and any(_keeps_off(t) for t in taints[:MAX_DEVICES]),
-                     uuid=_attr(attrs, "uuid"), consumes=_consumption(dev.get("consumesCounters")))
+                     uuid=_attr(attrs, "uuid"), consumes=_consumption(dev.get("consumesCounters")),
+                     kind="mig" if mig else (dtype or "gpu"),
+                     pci=_string(attrs.get(PCI_BUS_ID)))
+
+
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+
+
+def _string(raw: Any) -> str | None:
+    v = raw.get("string") if isinstance(raw, dict) else None
+    return v[:MAX_NAME] if isinstance(v, str) and v else None
 
 
 MAX_COUNTERS = 64  # counters read per counter set (the API allows fewer per slice)
@@ -435,7 +453,7 @@ def node_gpus(slices: list[_Slice], driver: str = DRIVER) -> DraNodeGpus | None:
     if not pooled:
         return None
     devices = [d for _, d in pooled]
-    full = [d for d in devices if not d.mig]
+    full = [d for d in devices if d.full]
     products = Counter(d.product for d in full if d.product)
     mig_products = Counter(d.product for d in devices if d.mig and d.product)
     mems = [d.memory_mib for d in full if d.memory_mib]
@@ -453,13 +471,13 @@ def node_gpus(slices: list[_Slice], driver: str = DRIVER) -> DraNodeGpus | None:
     # A partitionable GPU is published as its full device plus every MIG placement, all taking
     # from one counter set: one physical GPU, counted once, as a full GPU. MIG slices of a GPU with
     # no full device (static MIG) are its only trace: such GPUs are ``mig_gpus`` (for the price).
-    whole = {_physical(pool, d) for pool, d in pooled if not d.mig}
-    known = set().union(*(_aliases(pool, d) for pool, d in pooled if not d.mig))
+    whole = {_physical(pool, d) for pool, d in pooled if d.full}
+    known = set().union(*(_aliases(pool, d) for pool, d in pooled if d.full))
     return DraNodeGpus(
         product=product,
         count=len(whole),
         memory_mib=min(mems) if mems else None,
-        mig_devices=len(devices) - len(full),
+        mig_devices=sum(1 for d in devices if d.mig),
         mixed_products=len(products) > 1,
         mig=mig,
         mig_gpus=len({_physical(pool, d) for pool, d in pooled if d.mig} - known),
@@ -707,7 +725,7 @@ class DraIndex:
         busy = self._unavailable(node)
         whole: dict[tuple[str, str], bool] = {}  # physical GPU -> one of its full devices is free
         for p, d in _current(self._node_slices(node), self.driver):
-            if not d.mig:
+            if d.full:
                 key = _physical(p, d)
                 whole[key] = whole.get(key, False) or (p, d.name) not in busy
         return sum(1 for free in whole.values() if not free)
@@ -720,14 +738,20 @@ class DraIndex:
         * tainted NoSchedule / NoExecute, in the slice or by a DeviceTaintRule (tolerations are not
           read: a tainted device is not capacity for our pods);
         * partitionable: taking more of its counter set than the allocated devices leave (a GPU
-          with any MIG partition allocated is not whole-free, nor are the placements overlapping it).
+          with any MIG partition allocated is not whole-free, nor are the placements overlapping it);
+        * a GPU whose VFIO passthrough twin is allocated.
         """
         slices = _newest(self._node_slices(node), self.driver)
         pooled = [(s.pool, d) for s in slices for d in s.devices]
+        held = [(p, d) for p, d in pooled if self.held.get((p, d.name))]
         out = {(pool, d.name) for pool, d in pooled
                if self.held.get((pool, d.name)) or d.tainted or self._rule_taints(pool, d.name)}
-        left = _counters_left(slices, [(p, d) for p, d in pooled if self.held.get((p, d.name))])
+        left = _counters_left(slices, held)
         out |= {(pool, d.name) for pool, d in pooled if not _fits(left, pool, d)}
+        # A GPU whose passthrough twin (same PCI bus id) is allocated is gone until the driver
+        # republishes the node without it; kube-scheduler does not know they are one GPU.
+        passed = {d.pci for _, d in held if d.kind == "vfio" and d.pci}
+        out |= {(pool, d.name) for pool, d in pooled if d.full and d.pci in passed}
         return out
 
     def _rule_taints(self, pool: str, device: str) -> bool:
@@ -824,6 +848,8 @@ class DraIndex:
                     mig_total += c
                     if not first:
                         mig_sel = mig_sel.merge(sel)
+                elif sel.kind not in (None, "gpu"):
+                    pass  # vfio.gpu.nvidia.com: a GPU passed through to a VM, no container GPU
                 else:
                     total += c
                     shares += c if _dict(_dict(opt.get("capacity")).get("requests")) else 0
@@ -852,6 +878,8 @@ class DraIndex:
                 mig += 1
                 if d.profile and d.profile not in profiles:
                     profiles.append(d.profile)
+            elif d is not None and not d.full:
+                continue  # a passthrough GPU (VFIO) is a virtual machine's, not a container GPU
             else:
                 n += 1
                 shares += r.get("shareID") is not None

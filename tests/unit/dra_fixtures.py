@@ -58,10 +58,11 @@ def gpu(minor: int, product: str = H100, memory: str = H100_MEMORY) -> dict[str,
 
 def vfio(index: int, product: str = H100) -> dict[str, Any]:
     """A GPU offered for passthrough: cmd/gpu-kubelet-plugin/deviceinfo.go, VfioDeviceInfo.GetDevice
-    (name gpu-vfio-<index>, type vfio, the same PCI bus id as its sibling full GPU)."""
+    (name gpu-vfio-<index>, type vfio, the same PCI bus id as its sibling full GPU; its uuid is a
+    name-based UUID of the PCI address, nvlib.go getVfioDeviceInfo, not the GPU's)."""
     return {"name": f"gpu-vfio-{index}", "attributes": {
         "type": {"string": "vfio"},
-        "uuid": {"string": f"GPU-{index:08d}-aaaa-bbbb-cccc-000000000000"},
+        "uuid": {"string": f"{index:08x}-5a1e-5b2c-8d3e-0000{0x18 + index:08x}"},
         "deviceID": {"string": "0x2330"},
         "vendorID": {"string": "0x10de"},
         "numa": {"int": 0},

@@ -237,3 +237,23 @@ def test_shares_of_a_device_count_it_once(settings: Settings, catalog: GpuCatalo
     # Bound before its share is allocated, the pod is not charged a whole GPU either.
     apply_pod(snap, svc.settings, claim_pod("p3", "s3", node="n"))
     assert snap.free_gpus("n") == 1
+
+
+def test_passthrough_devices_are_not_extra_gpus(settings: Settings, catalog: GpuCatalog) -> None:
+    # With passthrough support the driver publishes each GPU twice: gpu-<i> for containers and
+    # gpu-vfio-<i> (type vfio, same PCI bus id) for a VM. Four GPUs, not eight.
+    snap = dra_snapshot(settings, catalog, fx.slice_("n", [fx.gpu(i) for i in range(4)]
+                                                     + [fx.vfio(i) for i in range(4)]))
+    assert (snap.nodes["n"].gpu_count, snap.free_gpus("n")) == (4, 4)
+    # A VM's claim of the vfio class asks for no container GPU ...
+    snap.dra.put_claim(fx.claim("vm", fx.request("vfio.gpu.nvidia.com")))
+    assert workload.parse_workload(claim_pod("vm", "vm")).gpus == 0
+    # ... and, allocated, takes its twin away from containers.
+    snap.dra.put_claim(fx.claim("vm", fx.request("vfio.gpu.nvidia.com"), node="n",
+                                results=[fx.result("n", "gpu-vfio-2")], reserved=fx.reserved_for("vm")))
+    refresh(snap, settings, catalog)
+    assert snap.free_gpus("n") == 3
+    pod = claim_pod("vm", "vm", node="n")
+    assert workload.parse_workload(pod).gpus == 0
+    apply_pod(snap, settings, pod)
+    assert snap.free_gpus("n") == 3
