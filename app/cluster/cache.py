@@ -153,7 +153,7 @@ def _claims(pod: dict[str, Any]) -> tuple[tuple[tuple[str, int], ...], int]:
     if workload.CLAIM_DEVICES is None:
         return (), 0
     try:
-        got = workload.CLAIM_DEVICES(pod)
+        got = workload.CLAIM_DEVICES(pod, ())
         return tuple(got.claims), int(got.shares)
     except Exception:  # the usage must be counted however odd the pod is
         return (), 0

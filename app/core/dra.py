@@ -584,6 +584,15 @@ def _holds(result: Any, driver: str) -> bool:
             and result.get("adminAccess") is not True)
 
 
+def _devices_of(sel: Selection) -> str | None:
+    """What a class (or request) of the driver hands out: "mig" slices, "gpu" (whole GPUs), or
+    None for devices that are no container GPU (a ``vfio`` passthrough GPU, a type we do not know).
+    A profile selector on a class naming no type asks for MIG slices (only those carry a profile)."""
+    if sel.kind == "mig" or (sel.kind is None and sel.profiles is not None):
+        return "mig"
+    return "gpu" if sel.kind in (None, "gpu") else None
+
+
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"  # every DeviceClass's implicit resource name
 
 
@@ -842,13 +851,11 @@ class DraIndex:
                     continue
                 sel = cls.merge(read_selectors(opt.get("selectors"), self.driver))
                 c, all_mode = _count(opt)
-                # A profile selector on a class of any device type also asks for MIG slices (only
-                # MIG devices carry a profile).
-                if sel.kind == "mig" or (sel.kind is None and sel.profiles is not None):
+                if _devices_of(sel) == "mig":
                     mig_total += c
                     if not first:
                         mig_sel = mig_sel.merge(sel)
-                elif sel.kind not in (None, "gpu"):
+                elif _devices_of(sel) is None:
                     pass  # vfio.gpu.nvidia.com: a GPU passed through to a VM, no container GPU
                 else:
                     total += c
@@ -966,20 +973,31 @@ class DraIndex:
         status = (self.claims.get(key) or {}).get("status")
         return isinstance(status, dict) and isinstance(status.get("allocation"), dict)
 
-    def pod_gpus(self, pod: dict[str, Any]) -> int:
-        """Full GPUs a pod's claims hold or ask for (0 when it has none or DRA is not in use)."""
-        return min(sum(d.gpus for _, d in self._claim_demands(pod)), MAX_DEVICES)
+    def pod_gpus(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> int:
+        """Full GPUs a pod's claims hold or ask for, plus those its containers ask for as extended
+        resources a DeviceClass of the driver backs and ``counted`` (the extended resources read as
+        GPUs anyway) leaves out. 0 when it has none or DRA is not in use."""
+        ext = sum(n for name, n, cls in self._extended_requests(pod)
+                  if name not in counted and _devices_of(cls) == "gpu")
+        return min(sum(d.gpus for _, d in self._claim_demands(pod)) + ext, MAX_DEVICES)
 
-    def pod_devices(self, pod: dict[str, Any]) -> PodDevices:
-        """Everything a pod's claims say beyond the full-GPU count: MIG slices, the restrictions
-        of recognised selectors, the selectors left to kube-scheduler, and which claims hold or
-        ask for how many full GPUs (docs/dra.md)."""
+    def pod_devices(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> PodDevices:
+        """Everything a pod's claims (and extended resources backed by a DeviceClass) say beyond
+        the full-GPU count: MIG slices, the restrictions of recognised selectors, the selectors left
+        to kube-scheduler, and which claims hold or ask for how many full GPUs (docs/dra.md)."""
         keyed = self._claim_demands(pod)
         ext = self._extended_claim(pod)
-        if not keyed and ext is None:
+        backed = [(name, n, cls) for name, n, cls in self._extended_requests(pod) if name not in counted]
+        if not keyed and ext is None and not backed:
             return PodDevices()
         full, migs = Selection(), Selection()
         mig = 0
+        for _, n, cls in backed:
+            if _devices_of(cls) == "mig":
+                mig += n
+                migs = migs.merge(cls)
+            else:
+                full = full.merge(cls)
         for _, d in keyed:
             if d.gpus and not d.allocated:
                 full = full.merge(d.selection)
@@ -1005,13 +1023,40 @@ class DraIndex:
     def _gpu_resource_class(self, resource: Any) -> bool:
         """Does the extended resource name a full-GPU class of the driver? Either a class's
         ``spec.extendedResourceName`` or the implicit ``deviceclass.resource.kubernetes.io/<class>``."""
-        if not isinstance(resource, str):
-            return False
+        cls = self._backing_class(resource) if isinstance(resource, str) else None
+        return cls is not None and _devices_of(cls) == "gpu"
+
+    def _backing_class(self, resource: str) -> Selection | None:
+        """The DeviceClass of the driver an extended resource name stands for (None: none)."""
         name = resource[len(IMPLICIT_PREFIX):] if resource.startswith(IMPLICIT_PREFIX) \
             else self.extended.get(resource)
         cls = self.classes.get(name) if name else None
-        return cls is not None and cls.driver == self.driver and cls.kind in (None, "gpu") \
-            and cls.profiles is None
+        return cls if cls is not None and cls.driver == self.driver else None
+
+    def _extended_requests(self, pod: dict[str, Any]) -> list[tuple[str, int, Selection]]:
+        """(resource, devices, class) per extended resource of the pod's containers that a
+        DeviceClass of the driver backs (kube-scheduler turns them into a claim of that class):
+        the sum over containers, or the largest init container's if that is more."""
+        if not self.extended and not self.classes:
+            return []
+        spec = _dict(pod.get("spec")) if isinstance(pod, dict) else {}
+        regular: Counter[str] = Counter()
+        init: Counter[str] = Counter()
+        for which, into in (("containers", regular), ("initContainers", init)):
+            containers = spec.get(which)
+            for c in (containers if isinstance(containers, list) else [])[:MAX_DEVICES]:
+                res = _dict(_dict(c).get("resources"))
+                for name in set(_dict(res.get("requests"))) | set(_dict(res.get("limits"))):
+                    if isinstance(name, str) and "/" in name and self._backing_class(name) is not None:
+                        n = _requested(c, name)
+                        into[name] = into[name] + n if into is regular else max(into[name], n)
+        out = []
+        for name in sorted(set(regular) | set(init)):
+            cls = self._backing_class(name)
+            n = max(regular[name], init[name])
+            if cls is not None and n and _devices_of(cls) is not None:
+                out.append((name, min(n, MAX_DEVICES), cls))
+        return out
 
     def _extended_claim(self, pod: dict[str, Any]) -> tuple[str, int] | None:
         """(ns/name, full GPUs) of the claim kube-scheduler made for the pod's extended resources

@@ -303,19 +303,20 @@ def pod_resources(pod: dict[str, Any], gpu_resources: tuple[str, ...]) -> tuple[
         for i, v in enumerate(one(c)):
             totals[i] = max(totals[i], v)
     if CLAIM_GPUS is not None:
-        totals[0] += CLAIM_GPUS(pod)
+        totals[0] += CLAIM_GPUS(pod, gpu_resources)
     if not totals[0] <= MAX_GPUS:
         raise ValueError(f"pod requests {totals[0]:g} GPUs, more than any node has")
     return round(totals[0]), totals[1], totals[2]
 
 
 MAX_GPUS = 1e6
-# Full GPUs a pod holds or asks for through DRA ResourceClaims (docs/dra.md): installed by the
-# cluster adapter once the resource.k8s.io API answers; None counts extended resources only.
-CLAIM_GPUS: Callable[[dict[str, Any]], int] | None = None
-# The rest of what a pod's claims say (MIG slices, selector restrictions; app.core.dra.PodDevices),
-# installed alongside; called only for pods with spec.resourceClaims.
-CLAIM_DEVICES: Callable[[dict[str, Any]], Any] | None = None
+# Full GPUs a pod holds or asks for through DRA ResourceClaims, and through extended resources a
+# DeviceClass backs other than the GPU resources given (docs/dra.md): installed by the cluster
+# adapter once the resource.k8s.io API answers; None counts extended resources only.
+CLAIM_GPUS: Callable[[dict[str, Any], tuple[str, ...]], int] | None = None
+# The rest of what a pod's claims say (MIG slices, selector restrictions, the claims and how many
+# GPUs of them are held; app.core.dra.PodDevices), installed alongside.
+CLAIM_DEVICES: Callable[[dict[str, Any], tuple[str, ...]], Any] | None = None
 
 
 def _mapping(value: Any, what: str) -> dict[str, Any]:
@@ -585,10 +586,10 @@ def parse_workload(
         problems.append(AnnotationProblem("resources", str(exc)))
     if spec.get("resourceClaims"):
         fields["has_claims"] = True
-    # The claim kube-scheduler makes for extended resources a DeviceClass backs is named in the status.
-    ext_claim = isinstance(pod.get("status"), dict) and pod["status"].get("extendedResourceClaimStatus")
-    if CLAIM_DEVICES is not None and (spec.get("resourceClaims") or ext_claim):
-        fields.update(CLAIM_DEVICES(pod).fields())
+    # Claims, the claim kube-scheduler makes for extended resources a DeviceClass backs (named in
+    # the status), and those extended resources themselves: any pod may have them.
+    if CLAIM_DEVICES is not None:
+        fields.update(CLAIM_DEVICES(pod, gpu_resources).fields())
 
     if (raw := get("model")) is not None:
         _resolve_model(raw, fields, problems)

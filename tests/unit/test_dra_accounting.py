@@ -257,3 +257,43 @@ def test_passthrough_devices_are_not_extra_gpus(settings: Settings, catalog: Gpu
     assert workload.parse_workload(pod).gpus == 0
     apply_pod(snap, settings, pod)
     assert snap.free_gpus("n") == 3
+
+
+def ext_pod(name: str, resources: dict[str, str], node: str = "") -> dict[str, Any]:
+    pod = pod_object(name, gpus=0, stage="serving", uid=f"u-{name}")
+    c = pod["spec"]["containers"][0]["resources"]
+    c["limits"] = {**c.get("limits", {}), **resources}
+    if node:
+        pod["spec"]["nodeName"] = node
+    return pod
+
+
+def test_extended_resources_backed_by_device_classes_are_gpus(settings: Settings, catalog: GpuCatalog) -> None:
+    # DRAExtendedResource: the chart's gpu.nvidia.com class names nvidia.com/gpu; every class also
+    # answers to deviceclass.resource.kubernetes.io/<class>; an admin's class may name its own
+    # resource (demo/specs/extended-resources/mig-1g-12gb.yaml in the driver's repository).
+    snap = dra_snapshot(settings, catalog, fx.slice_("n", [fx.gpu(i) for i in range(4)]
+                                                     + [fx.static_mig(9, "1g.10gb", 0)]))
+    expr = ("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig' && "
+            "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'")
+    snap.dra.put_class({"metadata": {"name": "mig-1g-10gb.gpu.nvidia.com"}, "spec": {
+        "selectors": [{"cel": {"expression": expr}}], "extendedResourceName": "nvidia.com/mig-1g.10gb"}})
+    h100 = ("device.driver == 'gpu.nvidia.com' && "
+            "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'")
+    snap.dra.put_class({"metadata": {"name": "h100"}, "spec": {
+        "selectors": [{"cel": {"expression": h100}}], "extendedResourceName": "example.com/h100"}})
+    gpu_res = tuple(settings.labels.gpu_resource)
+
+    def parse(pod: dict[str, Any]) -> workload.WorkloadSpec:
+        return workload.parse_workload(pod, gpu_res)
+
+    assert parse(ext_pod("plain", {"nvidia.com/gpu": "2"})).gpus == 2  # counted once
+    assert parse(ext_pod("implicit", {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "2"})).gpus == 2
+    own = parse(ext_pod("own", {"example.com/h100": "1"}))
+    assert (own.gpus, own.gpu_products) == (1, (("in", ("NVIDIA H100 80GB HBM3",)),))
+    mig = parse(ext_pod("mig", {"nvidia.com/mig-1g.10gb": "1"}))
+    assert (mig.gpus, mig.mig_slices, mig.mig_profiles) == (0, 1, ("1g.10gb",))
+    # Bound on the DRA-only node: counted there until its claim's devices are.
+    apply_pod(snap, settings, ext_pod("implicit", {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "2"},
+                                      node="n"))
+    assert snap.free_gpus("n") == 2
