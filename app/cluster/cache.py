@@ -23,7 +23,7 @@ from app.cluster.client import list_all
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import SHARE_ANNOTATION
-from app.core.nodes import facts_for
+from app.core.nodes import facts_for, node_inputs
 from app.core.snapshot import TERMINAL_PHASES, ClusterSnapshot, PlacedPod
 from app.core.units import quote
 from app.core.workload import PREFIX, WorkloadError, parse_workload, pod_resources, unknown_keys
@@ -96,6 +96,7 @@ def apply_node(
     dra = snapshot.dra
     snapshot.upsert_node(facts_for(dra.overlay(node, policy.labels), catalog, policy,
                                    mig=dra.mig_of(name), mig_gpus=dra.mig_parents(name)))
+    snapshot.node_inputs[name] = node_inputs(node)
     # GPUs allocated claims hold there, pods or not (docs/dra.md).
     snapshot.refresh_dra((name,))
 

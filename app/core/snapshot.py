@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.core.dra import DraIndex
 from app.core.node_table import NodeTable
@@ -63,6 +64,9 @@ class ClusterSnapshot:
 
     def __init__(self) -> None:
         self.nodes: dict[str, NodeFacts] = {}
+        # name -> what node facts are computed from (app.core.nodes.node_inputs): DRA events
+        # recompute a node's facts from it, not from a fresh GET of the Node (docs/dra.md).
+        self.node_inputs: dict[str, dict[str, Any]] = {}
         self.usage: dict[str, NodeUsage] = {}
         # name -> (facts, usage, shape id): one lookup per node on the filter hot path, and a small
         # int standing for the node's shape (hashing the shape tuple per node per request is slow).
@@ -104,6 +108,7 @@ class ClusterSnapshot:
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
+        self.node_inputs.pop(name, None)
         self.entries.pop(name, None)
         self.table.remove_node(name)
         self.generation += 1

@@ -260,41 +260,12 @@ def test_watch_count_replaces_the_bind_time_assumption(settings: Settings, catal
     assert snap.free_gpus("big") == 0 and not snap.pods["uid-a"].assumed
 
 
-class _PodReader:
-    """read_namespaced_pod of a fake CoreV1Api: always the given pod."""
-
-    def __init__(self, pod: dict[str, Any]) -> None:
-        self.pod = pod
-
-    def read_namespaced_pod(self, name: str, namespace: str, **_: Any) -> Any:
-        body = json.dumps(self.pod).encode()
-
-        class Resp:
-            data = body
-
-            def release_conn(self) -> None:
-                pass
-
-        return Resp()
-
-    def read_node(self, name: str, **_: Any) -> Any:
-        body = json.dumps(node_object(name, gpus=0)).encode()
-
-        class Resp:
-            data = body
-
-            def release_conn(self) -> None:
-                pass
-
-        return Resp()
-
-
 def test_claim_allocated_before_the_bind_is_seen_keeps_the_assumed_pod(
         settings: Settings, catalog: GpuCatalog) -> None:
     # kube-scheduler writes the claim's allocation (PreBind) and then asks us to bind; the claim's
-    # watch event can arrive while the pod, re-read, is not bound yet. The claim's devices count on
-    # the node from that event on (and the pod no longer for them), and the pod must not be taken for
-    # finished (data gravity remembers finished pods).
+    # watch event can arrive before the pod's bind event. The claim's devices count on the node from
+    # that event on (and the assumed pod no longer for them), and the pod must not be taken for
+    # finished (data gravity remembers finished pods). No API request is made for it.
     from app.cluster.dra import DraWatcher
 
     snap = ClusterSnapshot()
@@ -308,23 +279,22 @@ def test_claim_allocated_before_the_bind_is_seen_keeps_the_assumed_pod(
     pod = claim_pod("a", resourceClaimName="two")
     pod["metadata"]["uid"] = "uid-a"
     snap.assume(workload.parse_workload(pod), "big")
+    assert snap.free_gpus("big") == 2
     cache = SimpleNamespace(snapshot=snap, lock=threading.RLock(), settings=settings, catalog=catalog,
                             on_change=None, _guarded=lambda kind, obj, fn, *args: fn(*args))
     watcher = DraWatcher.__new__(DraWatcher)
     watcher.cache, watcher.snapshot, watcher.lock = cache, snap, cache.lock  # type: ignore[assignment]
-    watcher.core = _PodReader(pod)  # type: ignore[assignment]
     allocated = {**claim, "status": {
         "allocation": {"devices": {"results": [
             {"request": "gpu", "driver": DRIVER, "pool": "big", "device": f"gpu-{i}"} for i in range(3)]}},
         "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]}}
     with watcher.lock:
-        changed = watcher._put("resourceclaims", allocated, False)
-    watcher._refresh(*changed)
+        watcher._reapply(watcher._put("resourceclaims", allocated, False))
     assert "uid-a" in snap.pods and "default/a" not in snap.finished
     assert snap.free_gpus("big") == 1
-    # Once the re-read pod is bound, nothing is counted twice.
+    # The pod's bind event: nothing is counted twice.
     pod["spec"]["nodeName"] = "big"
-    watcher._refresh(*changed)
+    apply_pod(snap, settings, pod)
     assert snap.free_gpus("big") == 1 and "default/a" not in snap.finished
 
 
@@ -360,7 +330,7 @@ def test_extender_is_not_ready_before_the_dra_objects_are_read(
     # once every DRA kind was listed, or found absent (a cluster without the API: GPUs from
     # extended resources only, as before).
     from app.cluster.dra import DraWatcher
-    from tests.unit.test_cache_poison import Resp, run_cache
+    from tests.unit.test_cache_poison import run_cache
 
     cache, _, _ = run_cache(settings, catalog, {"nodes": [node_object("big", gpus=0)], "pods": [],
                                                 "namespaces": []}, {})
@@ -370,8 +340,6 @@ def test_extender_is_not_ready_before_the_dra_objects_are_read(
         gpu_device(i, "NVIDIA H100 80GB HBM3", "81559Mi") for i in range(8)])]}, stop, status)
     watcher = DraWatcher(object(), cache)  # type: ignore[arg-type]
     watcher.custom = fake  # type: ignore[assignment]
-    watcher.core = SimpleNamespace(  # type: ignore[assignment]
-        read_node=lambda name, **_: Resp(json.dumps(node_object(name, gpus=0)).encode()))
     watcher.start()
     try:
         assert not cache.synced
