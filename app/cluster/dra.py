@@ -113,6 +113,7 @@ class DraWatcher:
                 nodes |= set(dra.by_node)
                 dra.slices.clear()
                 dra.by_node.clear()
+                dra.slices_version += 1
             elif kind == "deviceclasses":
                 dra.clear_classes()
             elif kind == "resourceclaimtemplates":
@@ -131,7 +132,7 @@ class DraWatcher:
             if kind == "resourceclaims":
                 nodes |= {n for n, f in self.snapshot.nodes.items() if f.mig}
             self._reapply(nodes)
-            self.snapshot.refresh_dra(self.snapshot.usage, list(self.snapshot.claim_pods))
+            self.snapshot.refresh_dra(list(self.snapshot.usage), list(self.snapshot.claim_pods))
             # Pods parsed from now on count their claims' GPUs.
             workload.CLAIM_GPUS = dra.pod_gpus
             workload.CLAIM_DEVICES = dra.pod_devices

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core.policy import NodeLabelKeys
@@ -38,7 +38,12 @@ _EQ = re.compile(rf"^{_ATTR}\s*==\s*{_Q}$")
 _IN = re.compile(rf"^{_ATTR}\s+in\s*\[([^\]]*)\]$")
 _STARTS = re.compile(rf"^{_ATTR}\.startsWith\(\s*{_Q}\s*\)$")
 _MATCHES = re.compile(rf"^{_ATTR}\.matches\(\s*{_Q}\s*\)$")
-_CMP = re.compile(rf"^{_CAP}\.compareTo\(\s*quantity\(\s*{_Q}\s*\)\s*\)\s*(>=|>|==)\s*0$")
+_CMP = re.compile(rf"^{_CAP}\.compareTo\(\s*quantity\(\s*{_Q}\s*\)\s*\)\s*(>=|>|==|<=|<)\s*0$")
+_VCMP = re.compile(rf"^{_ATTR}\.compareTo\(\s*semver\(\s*{_Q}\s*\)\s*\)\s*(>=|>|==|<=|<)\s*0$")
+_LIT = re.compile(rf"^{_ATTR}\s*==\s*(true|false|-?\d+)$")
+# Attribute domains a device's attributes and capacities are named in: the driver's own, and the
+# standard one (resource.kubernetes.io/pciBusID, pcieRoot).
+STANDARD_DOMAIN = "resource.kubernetes.io"
 _DRV = re.compile(rf"^device\.driver\s*==\s*{_Q}$")
 _LIST_ITEM = re.compile(_Q)
 MAX_EXPR = 4096  # longer expressions are not read (kube-scheduler still evaluates them)
@@ -105,6 +110,9 @@ class Selection:
     profiles: tuple[str, ...] | None = None  # MIG profiles allowed (None: any)
     min_memory_mib: float = 0.0
     unread: tuple[str, ...] = ()  # conjuncts left to kube-scheduler (for explain)
+    # Predicates on other attributes and capacities (DevicePredicate), all of which must hold on one
+    # device; DraIndex turns them into the products (or MIG profiles) that have such a device.
+    device: tuple[DevicePredicate, ...] = ()
 
     def merge(self, other: Selection) -> Selection:
         profiles = self.profiles if other.profiles is None else other.profiles if self.profiles is None \
@@ -112,7 +120,13 @@ class Selection:
         return Selection(driver=other.driver or self.driver, kind=other.kind or self.kind,
                          products=self.products + other.products, profiles=profiles,
                          min_memory_mib=max(self.min_memory_mib, other.min_memory_mib),
-                         unread=self.unread + other.unread)
+                         unread=self.unread + other.unread, device=self.device + other.device)
+
+
+# (what, domain, name, op, values): what is "attr" (string, bool or int attribute: op in, prefix or
+# re), "ver" (a version attribute compared with semver) or "cap" (a capacity compared with quantity:
+# op >=, >, ==, <=, <).
+DevicePredicate = tuple[str, str, str, str, tuple[str, ...]]
 
 
 def _short(expr: str, limit: int = 80) -> str:
@@ -141,35 +155,98 @@ def _read_one(part: str, driver: str) -> Selection:
     if (m := _DRV.match(part)) is not None:
         return Selection(driver=m.group(1))
     if (m := _CMP.match(part)) is not None:
+        return _read_capacity(m.groups(), driver) or unread
+    if (m := _VCMP.match(part)) is not None:
         domain, name, raw, op = m.groups()
-        if domain != driver or name != "memory":
+        if domain not in (driver, STANDARD_DOMAIN) or _semver(raw) is None:
             return unread
-        try:
-            mib = parse_quantity(raw) / 2**20
-        except ValueError:
-            return unread
-        if op == "==":
-            return Selection(min_memory_mib=mib)  # exactly X: at least X (the rest is kube-scheduler's)
-        return Selection(min_memory_mib=mib + (1e-6 if op == ">" else 0.0))
+        return Selection(device=(("ver", domain, name, op, (raw,)),))
+    if (m := _LIT.match(part)) is not None:
+        domain, name, raw = m.groups()
+        return Selection(device=(("attr", domain, name, "in", (raw,)),)) \
+            if domain in (driver, STANDARD_DOMAIN) else unread
     for rx, how in ((_EQ, "in"), (_IN, "in"), (_STARTS, "prefix"), (_MATCHES, "re")):
         if (m := rx.match(part)) is None:
             continue
         domain, name, raw = m.groups()
-        if domain != driver:
+        if domain not in (driver, STANDARD_DOMAIN):
             return unread
         values = tuple(_LIST_ITEM.findall(raw)) if rx is _IN else (raw,)
         if len(values) > MAX_VALUES:
             return unread  # dropping values would narrow the set: leave it to kube-scheduler
         if how == "re" and not _simple_regex(raw):
             return unread
+        if domain != driver:
+            return Selection(device=(("attr", domain, name, how, values),))
         if name == "productName":
             return Selection(products=((how, values),))
         if name == "profile" and how == "in":
             return Selection(profiles=values)
         if name == "type" and how == "in" and len(values) == 1:
             return Selection(kind=values[0].lower())
-        return unread
+        if name == "type":
+            return unread
+        return Selection(device=(("attr", domain, name, how, values),))
     return unread
+
+
+def _read_capacity(groups: tuple[str, ...], driver: str) -> Selection | None:
+    """``device.capacity[...].X.compareTo(quantity(...)) op 0``: at least some memory is a node fact
+    of its own; any other bound is a device predicate."""
+    domain, name, raw, op = groups
+    if domain not in (driver, STANDARD_DOMAIN):
+        return None
+    try:
+        amount = parse_quantity(raw)
+    except ValueError:
+        return None
+    if domain == driver and name == "memory" and op in (">=", ">", "=="):
+        # Exactly X: at least X here (the device predicate below checks the rest).
+        mib = amount / 2**20 + (1e-6 if op == ">" else 0.0)
+        exact = (("cap", domain, name, op, (raw,)),) if op == "==" else ()
+        return Selection(min_memory_mib=mib, device=exact)
+    return Selection(device=(("cap", domain, name, op, (raw,)),))
+
+
+def _semver(raw: str) -> tuple[int, ...] | None:
+    """major.minor.patch of a CEL semver (pre-release and build metadata ignored)."""
+    core = raw.strip().lstrip("v").split("-", 1)[0].split("+", 1)[0].split(".")
+    if not 1 <= len(core) <= 3 or not all(p.isdigit() for p in core):
+        return None
+    return tuple(int(p) for p in core) + (0,) * (3 - len(core))
+
+
+_OPS = {">=": lambda c: c >= 0, ">": lambda c: c > 0, "==": lambda c: c == 0,
+        "<=": lambda c: c <= 0, "<": lambda c: c < 0}
+
+
+def _cmp(a: Any, b: Any) -> int:
+    return (a > b) - (a < b)
+
+
+def device_satisfies(d: DraDevice, preds: tuple[DevicePredicate, ...], driver: str = DRIVER) -> bool:
+    """Do all ``preds`` hold for ``d`` (an absent attribute or capacity fails, as in CEL)?"""
+    values = {(dom or driver, name): v for dom, name, v in d.values}
+    caps = {(dom or driver, name): v for dom, name, v in d.capacities}
+    for what, dom, name, op, args in preds:
+        if what == "cap":
+            have = caps.get((dom, name))
+            try:
+                if have is None or not _OPS[op](_cmp(have, parse_quantity(args[0]))):
+                    return False
+            except ValueError:
+                return False
+            continue
+        got = values.get((dom, name))
+        if got is None:
+            return False
+        if what == "ver":
+            mine, theirs = _semver(got), _semver(args[0])
+            if mine is None or theirs is None or not _OPS[op](_cmp(mine, theirs)):
+                return False
+        elif not product_matches(((op, args),), got):
+            return False
+    return True
 
 
 _QUANTIFIED_GROUP = re.compile(r"\)[*+?{]")
@@ -225,6 +302,10 @@ class DraDevice:
     consumes: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
     kind: str = "gpu"  # attribute ``type``: gpu, mig, vfio (passthrough), or a type we do not know
     pci: str | None = None  # standard attribute resource.kubernetes.io/pciBusID
+    # Every attribute as (domain, name, value as text) and capacity as (domain, name, amount), for
+    # selector predicates on them (device_satisfies).
+    values: tuple[tuple[str, str, str], ...] = ()
+    capacities: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def full(self) -> bool:
@@ -323,7 +404,42 @@ def parse_device(dev: dict[str, Any]) -> DraDevice | None:
                      tainted=isinstance(taints, list) and any(_keeps_off(t) for t in taints[:MAX_DEVICES]),
                      uuid=_attr(attrs, "uuid"), consumes=_consumption(dev.get("consumesCounters")),
                      kind="mig" if mig else (dtype or "gpu"),
-                     pci=_string(attrs.get(PCI_BUS_ID)))
+                     pci=_string(attrs.get(PCI_BUS_ID)),
+                     values=_qualified(attrs, _text), capacities=_qualified(cap, _amount))
+
+
+MAX_ATTRIBUTES = 64  # attributes and capacities read per device (the API allows 32 in all)
+
+
+def _qualified(raw: dict[str, Any], value: Any) -> tuple[Any, ...]:
+    """(domain, name, value) per entry of a device's attributes or capacity; the domain is "" for
+    an unqualified name (the driver's own domain)."""
+    out = []
+    for key, v in list(raw.items())[:MAX_ATTRIBUTES]:
+        domain, _, name = str(key).rpartition("/")
+        got = value(v)
+        if got is not None:
+            out.append((domain, name, got))
+    return tuple(out)
+
+
+def _text(raw: Any) -> str | None:
+    if not isinstance(raw, dict):
+        return None
+    for kind in ("string", "version", "int", "bool"):
+        v = raw.get(kind)
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (str, int)):
+            return str(v)[:MAX_NAME]
+    return None
+
+
+def _amount(raw: Any) -> float | None:
+    try:
+        return parse_quantity(raw["value"]) if isinstance(raw, dict) and "value" in raw else None
+    except (ValueError, TypeError):
+        return None
 
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
@@ -573,7 +689,7 @@ def class_selection(device_class: dict[str, Any]) -> Selection:
             mig = True
     read = read_selectors(sels, driver or DRIVER)
     return Selection(driver=driver, kind="mig" if mig else read.kind, products=read.products,
-                     profiles=read.profiles, min_memory_mib=read.min_memory_mib)
+                     profiles=read.profiles, min_memory_mib=read.min_memory_mib, device=read.device)
 
 
 def _holds(result: Any, driver: str) -> bool:
@@ -677,11 +793,14 @@ class DraIndex:
     pool_node: dict[str, str] = field(default_factory=dict)  # pool -> node (the driver's pools)
     # DeviceTaintRule name -> (driver, pool, device) it keeps claims off, None meaning any.
     taint_rules: dict[str, tuple[str | None, str | None, str | None]] = field(default_factory=dict)
+    slices_version: int = 0  # bumped on every slice change (the cache below keys on it)
+    _match_cache: dict[Any, tuple[str, ...]] = field(default_factory=dict)
 
     # --- slices -----------------------------------------------------------------------------------
     def put_slice(self, obj: dict[str, Any]) -> str | None:
         """Add or replace a slice; returns the node whose facts changed (None if none)."""
         name = str((obj.get("metadata") or {}).get("name") or "")
+        self.slices_version += 1
         old = self.slices.pop(name, None)
         if old is not None:
             self.by_node.get(old.node, set()).discard(name)
@@ -694,6 +813,7 @@ class DraIndex:
         return s.node if s is not None else (old.node if old is not None else None)
 
     def drop_slice(self, name: str) -> str | None:
+        self.slices_version += 1
         old = self.slices.pop(name, None)
         if old is None:
             return None
@@ -806,6 +926,34 @@ class DraIndex:
                         return d
         return None
 
+    # --- device predicates -------------------------------------------------------------------------
+    def _resolve(self, sel: Selection, mig: bool) -> Selection:
+        """``sel`` with its device predicates turned into what node facts can check: the products
+        (MIG: the profiles) that have a device satisfying them all, wherever it is published. A node
+        is then accepted when its GPU model has such a device somewhere: per model, not per device
+        (only ever wider than kube-scheduler's per-device check, never narrower)."""
+        if not sel.device:
+            return sel
+        got = self._matching(sel.device[:MAX_PREDICATES], mig)
+        if mig:
+            return replace(sel, device=(), profiles=tuple(p for p in sel.profiles or got if p in got))
+        return replace(sel, device=(), products=(*sel.products, ("in", got)))
+
+    def _matching(self, preds: tuple[DevicePredicate, ...], mig: bool) -> tuple[str, ...]:
+        key = (preds, mig, self.slices_version)
+        if (hit := self._match_cache.get(key)) is not None:
+            return hit
+        found = set()
+        for node in self.by_node:
+            for _, d in _current(self._node_slices(node), self.driver):
+                name = d.profile if mig else d.product
+                if name and (d.mig if mig else d.full) and device_satisfies(d, preds, self.driver):
+                    found.add(name)
+        if len(self._match_cache) > MAX_DEVICES:
+            self._match_cache.clear()
+        self._match_cache[key] = got = tuple(sorted(found))
+        return got
+
     # --- claims -----------------------------------------------------------------------------------
     def put_class(self, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name") or "")
@@ -854,7 +1002,7 @@ class DraIndex:
                 if _devices_of(sel) == "mig":
                     mig_total += c
                     if not first:
-                        mig_sel = mig_sel.merge(sel)
+                        mig_sel = mig_sel.merge(self._resolve(sel, mig=True))
                 elif _devices_of(sel) is None:
                     pass  # vfio.gpu.nvidia.com: a GPU passed through to a VM, no container GPU
                 else:
@@ -863,8 +1011,8 @@ class DraIndex:
                     every = every or all_mode
                     product = product or _product(sel)
                     if not first:
-                        full_sel = full_sel.merge(sel)
-                    elif sel.unread or sel.products or sel.min_memory_mib:
+                        full_sel = full_sel.merge(self._resolve(sel, mig=False))
+                    elif sel.unread or sel.products or sel.min_memory_mib or sel.device:
                         full_sel = full_sel.merge(Selection(unread=("firstAvailable alternatives",)))
                 break
         return ClaimDemand(gpus=min(total, MAX_DEVICES), product=product, all_devices=every,
@@ -995,9 +1143,9 @@ class DraIndex:
         for _, n, cls in backed:
             if _devices_of(cls) == "mig":
                 mig += n
-                migs = migs.merge(cls)
+                migs = migs.merge(self._resolve(cls, mig=True))
             else:
-                full = full.merge(cls)
+                full = full.merge(self._resolve(cls, mig=False))
         for _, d in keyed:
             if d.gpus and not d.allocated:
                 full = full.merge(d.selection)

@@ -34,25 +34,27 @@ def pci(minor: int) -> str:
     return f"0000:{0x18 + minor:02x}:00.0"
 
 
-def _gpu_attributes(minor: int, product: str) -> dict[str, Any]:
+def _gpu_attributes(minor: int, product: str, architecture: str = "Hopper", cc: str = "9.0.0",
+                    driver: str = "580.95.5") -> dict[str, Any]:
     # cmd/gpu-kubelet-plugin/deviceinfo.go, GpuInfo.Attributes
     return {
         "type": {"string": "gpu"},
         "uuid": {"string": f"GPU-{minor:08d}-aaaa-bbbb-cccc-000000000000"},
         "productName": {"string": product},
         "brand": {"string": "Nvidia"},
-        "architecture": {"string": "Hopper"},
-        "cudaComputeCapability": {"version": "9.0.0"},
-        "driverVersion": {"version": "580.95.5"},
+        "architecture": {"string": architecture},
+        "cudaComputeCapability": {"version": cc},
+        "driverVersion": {"version": driver},
         "cudaDriverVersion": {"version": "13.0.0"},
         PCI_BUS_ID: {"string": pci(minor)},
+        "resource.kubernetes.io/pcieRoot": {"string": f"pci0000:{minor // 4:02x}"},
     }
 
 
-def gpu(minor: int, product: str = H100, memory: str = H100_MEMORY) -> dict[str, Any]:
+def gpu(minor: int, product: str = H100, memory: str = H100_MEMORY, **attrs: str) -> dict[str, Any]:
     """A full GPU: cmd/gpu-kubelet-plugin/deviceinfo.go, GpuInfo.GetDevice (name gpu-<minor>,
-    capacity ``memory`` from partitions.go fullGpuCapacity)."""
-    return {"name": f"gpu-{minor}", "attributes": _gpu_attributes(minor, product),
+    capacity ``memory`` from partitions.go fullGpuCapacity). ``attrs``: architecture, cc, driver."""
+    return {"name": f"gpu-{minor}", "attributes": _gpu_attributes(minor, product, **attrs),
             "capacity": {"memory": {"value": memory}}}
 
 
