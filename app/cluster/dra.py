@@ -2,7 +2,8 @@
 
 ResourceSlices become node facts, DeviceClasses tell which claims ask for GPUs of the driver,
 ResourceClaims and ResourceClaimTemplates give a pod's GPU demand and, once allocated, the devices
-they hold; DeviceTaintRules taint devices. Watch events are all it takes: a node's facts are computed
+they hold; DeviceTaintRules taint devices; ComputeDomainCliques (resource.nvidia.com) name nodes'
+NVLink cliques. Watch events are all it takes: a node's facts are computed
 again from what its last Node event said (``snapshot.node_inputs``), a pod's charge from what its
 last Pod event said (``ClusterSnapshot.refresh_dra``), and a watch that times out is resumed from
 its last resourceVersion; the objects are listed again only after 410 Gone or a failed watch that
@@ -30,10 +31,15 @@ from app.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 GROUP, VERSION = "resource.k8s.io", "v1"
 # Classes first: a claim's demand depends on its class's driver.
-KINDS = ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims", "devicetaintrules")
-# DeviceTaintRule is not in v1 in Kubernetes 1.36; a cluster that does not serve it (404) or does
-# not let us read it (403) has its devices' taints read from the slices alone.
-VERSIONS = {"devicetaintrules": "v1beta2"}
+KINDS = ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims", "devicetaintrules",
+         "computedomaincliques", "computedomains")
+# (group, version) of the kinds not in resource.k8s.io/v1. DeviceTaintRule is not in v1 in
+# Kubernetes 1.36; NVIDIA's driver reports each node's NVLink clique in ComputeDomainCliques (or,
+# without them, in the ComputeDomain's status). A cluster that does not serve one (404) or does not
+# let us read it (403) goes without it.
+APIS = {"devicetaintrules": (GROUP, "v1beta2"), "computedomaincliques": ("resource.nvidia.com", "v1beta1"),
+        "computedomains": ("resource.nvidia.com", "v1beta1")}
+DOMAINS = ("computedomaincliques", "computedomains")
 
 
 class DraWatcher:
@@ -86,6 +92,8 @@ class DraWatcher:
                 dra.put_template(obj)
         elif kind == "devicetaintrules":
             nodes |= dra.drop_taint_rule(name) if deleted else dra.put_taint_rule(obj)
+        elif kind in DOMAINS:
+            nodes |= dra.drop_domain(kind, obj) if deleted else dra.put_domain(kind, obj)
         else:
             # The nodes whose devices this claim takes or gives back count them as used or free,
             # and the pods naming the claim are charged for it only while it is not allocated: both
@@ -120,6 +128,8 @@ class DraWatcher:
                 dra.templates.clear()
             elif kind == "devicetaintrules":
                 nodes |= dra.clear_taint_rules()
+            elif kind in DOMAINS:
+                nodes |= dra.clear_domains(kind)
             else:
                 nodes |= dra.clear_claims()
             for obj in items:
@@ -139,7 +149,7 @@ class DraWatcher:
 
     # --- list + watch ------------------------------------------------------------------------------
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
-        return list_all(self.custom.list_cluster_custom_object, GROUP, VERSIONS.get(kind, VERSION), kind)
+        return list_all(self.custom.list_cluster_custom_object, *APIS.get(kind, (GROUP, VERSION)), kind)
 
     def _run(self, kind: str) -> None:
         backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
@@ -196,7 +206,7 @@ class DraWatcher:
     def _watch(self, kind: str, rv: str, backoff: Backoff) -> str:
         """Apply the events of one watch from ``rv``; returns the resourceVersion to resume from."""
         resp: Any = self.custom.list_cluster_custom_object(
-            GROUP, VERSIONS.get(kind, VERSION), kind, watch=True, resource_version=rv,
+            *APIS.get(kind, (GROUP, VERSION)), kind, watch=True, resource_version=rv,
             allow_watch_bookmarks=True, timeout_seconds=240, _preload_content=False,
             _request_timeout=(10, 300),
         )

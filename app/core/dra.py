@@ -692,6 +692,11 @@ def class_selection(device_class: dict[str, Any]) -> Selection:
                      profiles=read.profiles, min_memory_mib=read.min_memory_mib, device=read.device)
 
 
+def _domain_key(kind: str, obj: dict[str, Any]) -> str:
+    meta = _dict(obj.get("metadata"))
+    return f"{kind}/{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+
+
 def _holds(result: Any, driver: str) -> bool:
     """Does this allocation result take a device of ``driver``? Not with admin access: kube-scheduler
     gives admin-access requests devices whether or not they are in use, and they stay usable by others
@@ -794,6 +799,8 @@ class DraIndex:
     # DeviceTaintRule name -> (driver, pool, device) it keeps claims off, None meaning any.
     taint_rules: dict[str, tuple[str | None, str | None, str | None]] = field(default_factory=dict)
     slices_version: int = 0  # bumped on every slice change (the cache below keys on it)
+    # kind/namespace/name of a ComputeDomainClique or ComputeDomain -> node -> clique id.
+    domain_cliques: dict[str, dict[str, str]] = field(default_factory=dict)
     _match_cache: dict[Any, tuple[str, ...]] = field(default_factory=dict)
 
     # --- slices -----------------------------------------------------------------------------------
@@ -831,9 +838,44 @@ class DraIndex:
 
     def overlay(self, node: dict[str, Any], keys: NodeLabelKeys) -> dict[str, Any]:
         name = (node.get("metadata") or {}).get("name") if isinstance(node, dict) else None
-        if not self.by_node or not isinstance(name, str):
+        if not isinstance(name, str) or not (self.by_node or self.domain_cliques):
             return node
-        return overlay(node, self.gpus_of(name), keys)
+        gpus = self.gpus_of(name)
+        clique = self.node_clique(name)
+        if clique and (gpus is None or not gpus.clique):
+            # The slices carry no clique id: the one the ComputeDomain daemons report for the node.
+            gpus = replace(gpus, clique=clique) if gpus is not None else \
+                DraNodeGpus(product=None, count=0, memory_mib=None, clique=clique)
+        return overlay(node, gpus, keys)
+
+    # --- ComputeDomain cliques (the driver's compute-domain.nvidia.com side) -------------------------
+    def put_domain(self, kind: str, obj: dict[str, Any]) -> set[str]:
+        """A ComputeDomainClique (``daemons[]``) or ComputeDomain (``status.nodes[]``, when the driver
+        does not use clique objects): the NVLink clique id of each node in it. Returns the nodes
+        whose clique id may have changed."""
+        key = _domain_key(kind, obj)
+        raw = obj.get("daemons") if kind == "computedomaincliques" else _dict(obj.get("status")).get("nodes")
+        nodes: dict[str, str] = {}
+        for d in (raw if isinstance(raw, list) else [])[:MAX_DEVICES]:
+            node = _dict(d).get("nodeName" if kind == "computedomaincliques" else "name")
+            clique = _dict(d).get("cliqueID")
+            if isinstance(node, str) and node and isinstance(clique, str) and clique:
+                nodes[node] = clique[:MAX_NAME]
+        old = self.domain_cliques.pop(key, {})
+        if nodes:
+            self.domain_cliques[key] = nodes
+        return {n for n in set(old) | set(nodes) if old.get(n) != nodes.get(n)}
+
+    def drop_domain(self, kind: str, obj: dict[str, Any]) -> set[str]:
+        return set(self.domain_cliques.pop(_domain_key(kind, obj), {}))
+
+    def clear_domains(self, kind: str) -> set[str]:
+        gone = [k for k in self.domain_cliques if k.startswith(kind + "/")]
+        return set().union(*(set(self.domain_cliques.pop(k)) for k in gone))
+
+    def node_clique(self, node: str) -> str | None:
+        seen = Counter(c[node] for c in self.domain_cliques.values() if node in c)
+        return seen.most_common(1)[0][0] if seen else None
 
     def mig_of(self, node: str) -> tuple[tuple[str, float, int, int], ...]:
         """(profile, memory GB, slices, free slices) per MIG profile of ``node``: free are those no

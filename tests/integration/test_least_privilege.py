@@ -66,6 +66,8 @@ EXTENDER_USES = [
       for res in ("resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses",
                   "devicetaintrules")
       for v in ("list", "watch")],
+    *[("resource.nvidia.com", res, v, "app/cluster/dra.py: NVLink cliques of ComputeDomains (docs/dra.md)")
+      for res in ("computedomaincliques", "computedomains") for v in ("list", "watch")],
 ]
 READ = {"get", "list", "watch"}
 

@@ -262,3 +262,24 @@ def shareable_gpu(minor: int, product: str = H100, memory: str = H100_MEMORY) ->
     dev["capacity"]["memory"]["requestPolicy"] = {
         "default": "10Gi", "validRange": {"min": "1Gi", "max": memory, "step": "1Gi"}}
     return dev
+
+
+def compute_domain_clique(cd_uid: str, clique: str, *nodes: str) -> dict[str, Any]:
+    """api/nvidia.com/resource/v1beta1/computedomainclique.go: named "<ComputeDomain UID>.<clique
+    id>" in the driver's namespace, one daemon per node; the clique id is "<fabric cluster
+    UUID>.<clique id>" (cmd/compute-domain-kubelet-plugin/nvlib.go getCliqueID)."""
+    return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainClique",
+            "metadata": {"name": f"{cd_uid}.{clique}", "namespace": "nvidia-dra-driver-gpu"},
+            "daemons": [{"nodeName": n, "ipAddress": f"10.0.0.{i}", "cliqueID": clique, "index": i,
+                         "status": "Ready"} for i, n in enumerate(nodes)]}
+
+
+def compute_domain(name: str, clique: str, *nodes: str) -> dict[str, Any]:
+    """api/nvidia.com/resource/v1beta1/computedomain.go: status.nodes (filled when the driver runs
+    without ComputeDomainClique objects)."""
+    return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"numNodes": len(nodes), "channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}},
+            "status": {"status": "Ready", "nodes": [
+                {"name": n, "ipAddress": f"10.0.1.{i}", "cliqueID": clique, "index": i, "status": "Ready"}
+                for i, n in enumerate(nodes)]}}

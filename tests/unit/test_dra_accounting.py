@@ -297,3 +297,25 @@ def test_extended_resources_backed_by_device_classes_are_gpus(settings: Settings
     apply_pod(snap, settings, ext_pod("implicit", {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "2"},
                                       node="n"))
     assert snap.free_gpus("n") == 2
+
+
+def test_compute_domain_cliques_name_the_nodes_nvlink_domain(settings: Settings, catalog: GpuCatalog) -> None:
+    # GB200 NVL72: the driver's slices carry no clique id; its ComputeDomain daemons report each
+    # node's (ComputeDomainClique objects, or the ComputeDomain's status without them).
+    gb200 = [fx.gpu(i, "NVIDIA GB200", "189471Mi", architecture="Blackwell", cc="10.0.0") for i in range(4)]
+    snap = dra_snapshot(settings, catalog, fx.slice_("g0", gb200), node="g0")
+    assert snap.nodes["g0"].nvlink_domain == "node:g0"
+    clique = "a1b2c3d4-0000-4000-8000-000000000001.1"
+    assert snap.dra.put_domain("computedomaincliques", fx.compute_domain_clique("cd-uid", clique, "g0", "g1")) \
+        == {"g0", "g1"}
+    refresh(snap, settings, catalog, "g0")
+    assert snap.nodes["g0"].nvlink_domain == clique
+    # A node without DRA GPUs (device plugin) in a domain: the GFD label it carries wins anyway.
+    apply_node(snap, catalog, settings, node_object("g1", gpus=4, labels={"nvidia.com/gpu.clique": "gfd.7"}))
+    assert snap.nodes["g1"].nvlink_domain == "gfd.7"
+    apply_node(snap, catalog, settings, node_object("g1", gpus=4))
+    assert snap.nodes["g1"].nvlink_domain == clique
+    snap.dra.drop_domain("computedomaincliques", fx.compute_domain_clique("cd-uid", clique, "g0", "g1"))
+    snap.dra.put_domain("computedomains", fx.compute_domain("train", "other.2", "g0"))
+    refresh(snap, settings, catalog, "g0")
+    assert snap.nodes["g0"].nvlink_domain == "other.2"

@@ -88,7 +88,8 @@ def test_watcher_applies_watch_events_without_reading_nodes_or_pods(
     for c in (allocated, slice_mig):
         c["metadata"]["resourceVersion"] = "8"
     api = CountingApi(
-        {"deviceclasses": [fx.GPU_CLASS, fx.MIG_CLASS], "resourceslices": [full, mig], "resourceclaims": [c1]},
+        {"deviceclasses": [fx.GPU_CLASS, fx.MIG_CLASS], "resourceslices": [full, mig], "resourceclaims": [c1],
+         "computedomaincliques": [fx.compute_domain_clique("cd", "fabric.3", "n")]},
         {"resourceclaims": [[{"type": "MODIFIED", "object": allocated}, {"type": "ADDED", "object": slice_mig},
                              {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}]],
          "deviceclasses": [[{"type": "ERROR", "object": {"code": 410, "message": "too old"}}]]},
@@ -110,6 +111,7 @@ def test_watcher_applies_watch_events_without_reading_nodes_or_pods(
     assert snap.free_gpus("n") == 2
     assert snap.pods["u-p"].gpus == 0
     assert [(p, free) for p, _, _, free in snap.nodes["m"].mig] == [("3g.40gb", 1)]
+    assert snap.nodes["n"].nvlink_domain == "fabric.3"  # from the ComputeDomainClique listed
     assert api.calls["get", "nodes"] == 0 and api.calls["get", "pods"] == 0
     # The watch that ended was resumed from its last resourceVersion, nothing listed again; only
     # 410 Gone (deviceclasses) made the watcher list again.
