@@ -119,9 +119,7 @@ class DraWatcher:
         with self.lock:
             if kind == "resourceslices":
                 nodes |= set(dra.by_node)
-                dra.slices.clear()
-                dra.by_node.clear()
-                dra.slices_version += 1
+                dra.clear_slices()
             elif kind == "deviceclasses":
                 dra.clear_classes()
             elif kind == "resourceclaimtemplates":

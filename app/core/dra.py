@@ -506,6 +506,7 @@ class _Slice:
     generation: int
     devices: tuple[DraDevice, ...]
     counters: dict[str, dict[str, float]] = field(default_factory=dict)  # spec.sharedCounters
+    count: int = 1  # pool.resourceSliceCount: the slices the pool has at this generation
 
 
 def parse_slice(obj: dict[str, Any]) -> _Slice | None:
@@ -526,9 +527,12 @@ def parse_slice(obj: dict[str, Any]) -> _Slice | None:
     sets = {str(c["name"]): dict(_counters(c.get("counters")))
             for c in (raw_sets if isinstance(raw_sets, list) else [])[:MAX_COUNTERS]
             if isinstance(c, dict) and isinstance(c.get("name"), str)}
+    count = pool.get("resourceSliceCount")
     return _Slice(node=node, driver=driver, pool=str(pool.get("name") or node),
                   generation=gen if isinstance(gen, int) and not isinstance(gen, bool) else 0,
-                  devices=parsed, counters=sets)
+                  devices=parsed, counters=sets,
+                  count=min(count, MAX_DEVICES) if isinstance(count, int) and not isinstance(count, bool)
+                  and count > 0 else 1)
 
 
 def _newest(slices: list[_Slice], driver: str) -> list[_Slice]:
@@ -802,6 +806,8 @@ class DraIndex:
     # kind/namespace/name of a ComputeDomainClique or ComputeDomain -> node -> clique id.
     domain_cliques: dict[str, dict[str, str]] = field(default_factory=dict)
     _match_cache: dict[Any, tuple[str, ...]] = field(default_factory=dict)
+    # pool -> the slices of its last complete generation (all resourceSliceCount of them seen).
+    complete: dict[str, tuple[_Slice, ...]] = field(default_factory=dict)
 
     # --- slices -----------------------------------------------------------------------------------
     def put_slice(self, obj: dict[str, Any]) -> str | None:
@@ -817,6 +823,9 @@ class DraIndex:
             self.by_node.setdefault(s.node, set()).add(name)
             if s.driver == self.driver:
                 self.pool_node[s.pool] = s.node
+                self._note_complete(s.node, s.pool)
+        if old is not None and old.driver == self.driver and (s is None or s.pool != old.pool):
+            self._note_complete(old.node, old.pool)
         return s.node if s is not None else (old.node if old is not None else None)
 
     def drop_slice(self, name: str) -> str | None:
@@ -825,10 +834,42 @@ class DraIndex:
         if old is None:
             return None
         self.by_node.get(old.node, set()).discard(name)
+        if old.driver == self.driver:
+            self._note_complete(old.node, old.pool)
         return old.node
 
-    def _node_slices(self, node: str) -> list[_Slice]:
+    def clear_slices(self) -> None:
+        self.slices_version += 1
+        self.slices.clear()
+        self.by_node.clear()
+        self.complete.clear()
+
+    def _note_complete(self, node: str, pool: str) -> None:
+        """Remember the pool's newest generation once all its slices are in; forget a pool gone."""
+        mine = [s for s in self._raw_slices(node) if s.driver == self.driver and s.pool == pool]
+        if not mine:
+            self.complete.pop(pool, None)
+            return
+        newest = _newest(mine, self.driver)
+        if len(newest) >= newest[0].count:
+            self.complete[pool] = tuple(newest)
+
+    def _raw_slices(self, node: str) -> list[_Slice]:
         return [self.slices[n] for n in sorted(self.by_node.get(node, ())) if n in self.slices]
+
+    def _node_slices(self, node: str) -> list[_Slice]:
+        """The node's slices, the driver's pools at their newest generation once all its slices are
+        in (``resourceSliceCount``): while the driver republishes a pool, slice by slice, its last
+        complete generation stands, so that the node does not seem to lose its GPUs meanwhile (the
+        driver's DynamicMIG publishes its counters and each GPU's devices in slices of their own)."""
+        raw = self._raw_slices(node)
+        out = [s for s in raw if s.driver != self.driver]
+        pools = {s.pool for s in raw if s.driver == self.driver}
+        for pool in sorted(pools):
+            newest = _newest([s for s in raw if s.driver == self.driver and s.pool == pool], self.driver)
+            out += newest if len(newest) >= newest[0].count or pool not in self.complete \
+                else list(self.complete[pool])
+        return out
 
     def gpus_of(self, node: str) -> DraNodeGpus | None:
         names = self.by_node.get(node)

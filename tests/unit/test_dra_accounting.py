@@ -319,3 +319,34 @@ def test_compute_domain_cliques_name_the_nodes_nvlink_domain(settings: Settings,
     snap.dra.put_domain("computedomains", fx.compute_domain("train", "other.2", "g0"))
     refresh(snap, settings, catalog, "g0")
     assert snap.nodes["g0"].nvlink_domain == "other.2"
+
+
+def test_a_pool_being_republished_keeps_its_last_complete_generation(
+        settings: Settings, catalog: GpuCatalog) -> None:
+    # DynamicMIG on Kubernetes 1.35+: a counters slice and one slice per GPU, resourceSliceCount 3.
+    # The driver republishes (new generation) slice by slice; until all three are in, the node must
+    # not look as if it had lost its GPUs (the counters slice alone lists no device).
+    first = fx.dynamic_mig_slices("n", 2)
+    snap = dra_snapshot(settings, catalog, *first[:1])
+    assert snap.nodes["n"].gpu_count == 0  # nothing complete yet: what has arrived is all there is
+    for s in first[1:]:
+        snap.dra.put_slice(s)
+    refresh(snap, settings, catalog)
+    assert (snap.nodes["n"].gpu_count, snap.free_gpus("n")) == (2, 2)
+    second = fx.dynamic_mig_slices("n", 2)
+    for s in second:
+        s["spec"]["pool"]["generation"] = 2
+    snap.dra.put_slice(second[0])
+    refresh(snap, settings, catalog)
+    assert snap.nodes["n"].gpu_count == 2
+    snap.dra.put_slice(second[1])
+    refresh(snap, settings, catalog)
+    assert snap.nodes["n"].gpu_count == 2
+    # All in, and the driver dropped gpu-1 this time (two slices for one GPU): the new generation.
+    for s in second[:2]:
+        s["spec"]["pool"]["resourceSliceCount"] = 2
+        snap.dra.put_slice(s)
+    snap.dra.drop_slice(second[2]["metadata"]["name"])
+    snap.dra.drop_slice(first[2]["metadata"]["name"])
+    refresh(snap, settings, catalog)
+    assert snap.nodes["n"].gpu_count == 1
