@@ -68,7 +68,10 @@ class BindGate:
             # Counted on the node already: by a bind that went through (a retry), or just now by
             # assume_at_start, whose count must not be held against the pod itself.
             already_here = spec.uid in usage.pods and not assumed_now
-            used = usage.gpus - (spec.gpus if assumed_now else 0)
+            mine = usage.pods.get(spec.uid) if assumed_now else None
+            used = usage.gpus - (mine.gpus if mine is not None else 0)
+            # GPUs of claims kube-scheduler allocated in PreBind are held already (docs/dra.md).
+            need = self.snapshot.new_gpus(spec)
             reserved = 0
             if gangs is not None and not already_here:
                 reserved = gangs.reserved_gpus(args.node, spec.gang.key if spec.gang else None)
@@ -80,8 +83,8 @@ class BindGate:
             return (f"bind refused: pod {where} was not filtered by this extender for node {args.node} "
                     "(kube-scheduler retries it through filter)")
         free = facts.gpu_count - used - reserved
-        if spec.gpus > free:
-            return f"bind refused: node {args.node} has {max(free, 0)} free GPUs; {where} needs {spec.gpus}"
+        if need > free:
+            return f"bind refused: node {args.node} has {max(free, 0)} free GPUs; {where} needs {need}"
         return ""
 
     def assume_at_start(self, uid: str, node: str) -> bool:

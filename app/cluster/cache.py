@@ -23,7 +23,7 @@ from app.cluster.client import list_all
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import SHARE_ANNOTATION
-from app.core.nodes import facts_for
+from app.core.nodes import facts_for, node_inputs
 from app.core.snapshot import TERMINAL_PHASES, ClusterSnapshot, PlacedPod, serving_spec
 from app.core.units import quote
 from app.core.workload import (
@@ -71,6 +71,10 @@ def _slim(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         # pod's GPUs would be read from the template, not from what was allocated (docs/dra.md).
         if status.get("resourceClaimStatuses"):
             slim["resourceClaimStatuses"] = status["resourceClaimStatuses"]
+        # The claim kube-scheduler made for extended resources a DeviceClass backs: once allocated,
+        # its devices count on the node, not the pod's extended resources (docs/dra.md).
+        if status.get("extendedResourceClaimStatus"):
+            slim["extendedResourceClaimStatus"] = status["extendedResourceClaimStatus"]
         obj["status"] = slim
     return obj
 
@@ -99,6 +103,9 @@ def apply_node(
     dra = snapshot.dra
     snapshot.upsert_node(facts_for(dra.overlay(node, policy.labels), catalog, policy,
                                    mig=dra.mig_of(name), mig_gpus=dra.mig_parents(name)))
+    snapshot.node_inputs[name] = node_inputs(node)
+    # GPUs allocated claims hold there, pods or not (docs/dra.md).
+    snapshot.refresh_dra((name,))
 
 
 def apply_pod(
@@ -129,19 +136,21 @@ def apply_pod(
     if not node:
         return
     if spec is not None:
-        placed = PlacedPod(uid=uid, key=key, node=node, gpus=spec.gpus, cpu_millis=spec.cpu_millis,
+        placed = PlacedPod(uid=uid, key=key, node=node, gpus=spec.charged_gpus, cpu_millis=spec.cpu_millis,
                            memory_bytes=spec.memory_bytes, stage=spec.stage,
                            latency_class=spec.effective_latency_class,
                            gang=spec.gang.key if spec.gang else None, priority=spec.priority,
-                           serving=serving_spec(spec), precision=_assigned_precision(meta))
+                           serving=serving_spec(spec), precision=_assigned_precision(meta),
+                           claims=spec.claim_gpus)
     else:
         # Bad annotations must never hide real GPU usage: count resources regardless.
         try:
             gpus, cpu, mem = pod_resources(pod, gpu_res)
         except ValueError:
             gpus, cpu, mem = 0, 0.0, 0.0
-        placed = PlacedPod(uid=uid, key=key, node=node, gpus=gpus, cpu_millis=cpu, memory_bytes=mem,
-                           stage=None, latency_class=None, gang=None)
+        claims, shares = _claims(pod)
+        placed = PlacedPod(uid=uid, key=key, node=node, gpus=max(0, gpus - shares), cpu_millis=cpu,
+                           memory_bytes=mem, stage=None, latency_class=None, gang=None, claims=claims)
     snapshot.place(placed)
 
 
@@ -151,6 +160,20 @@ def _assigned_precision(meta: dict[str, Any]) -> Precision | None:
         return Precision(raw) if isinstance(raw, str) else None
     except ValueError:
         return None
+
+
+def _claims(pod: dict[str, Any]) -> tuple[tuple[tuple[str, int], ...], int]:
+    """The pod's DRA claims (ns/name, whole GPUs) and its device shares, for a pod whose
+    annotations do not parse (as WorkloadSpec.claim_gpus and shared_gpus)."""
+    from app.core import workload
+
+    if workload.CLAIM_DEVICES is None:
+        return (), 0
+    try:
+        got = workload.CLAIM_DEVICES(pod, ())
+        return tuple(got.claims), int(got.shares)
+    except Exception:  # the usage must be counted however odd the pod is
+        return (), 0
 
 
 def watch_events(
@@ -196,9 +219,6 @@ class ClusterCache:
         self.planned = planned
         self.snapshot = snapshot
         self.lock = lock
-        # The last (slimmed) Node object seen per name: the DRA watch re-applies a node whose slices
-        # changed from it, without asking the API server for the node again (docs/dra.md, "Churn").
-        self.node_objects: dict[str, dict[str, Any]] = {}
         self.catalog = catalog
         self.settings = settings
         self.metrics = metrics
@@ -263,8 +283,6 @@ class ClusterCache:
                     self._guarded(kind, n, self._apply_node, n)
                 for name in [n for n in self.snapshot.nodes if n not in seen]:
                     self.snapshot.remove_node(name)
-                for name in [n for n in self.node_objects if n not in seen]:
-                    del self.node_objects[name]
             else:
                 live = set()
                 for p in items:
@@ -293,10 +311,8 @@ class ClusterCache:
                 self.snapshot.generation += 1
             elif kind == "nodes":
                 if etype == "DELETED":
-                    self.node_objects.pop(_name_of(obj), None)
                     self.snapshot.remove_node(_name_of(obj))
                 else:
-                    self.node_objects[_name_of(obj)] = obj
                     apply_node(self.snapshot, self.catalog, self.settings, obj)
                 self._update_gauges()
             else:
@@ -319,9 +335,7 @@ class ClusterCache:
         self._warn_unknown_keys(pod)
 
     def _apply_node(self, node: dict[str, Any]) -> None:
-        slim = _slim("nodes", node)
-        self.node_objects[_name_of(slim)] = slim
-        apply_node(self.snapshot, self.catalog, self.settings, slim)
+        apply_node(self.snapshot, self.catalog, self.settings, _slim("nodes", node))
 
     def _guarded(self, kind: str, obj: Any, fn: Callable[..., None], *args: Any) -> bool:
         """Apply one object; on any error skip it, count it and report it (docs/metrics.md)."""

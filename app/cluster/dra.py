@@ -1,15 +1,19 @@
 """List+watch of the DRA objects (resource.k8s.io/v1) into ``snapshot.dra`` (docs/dra.md).
 
-ResourceSlices become node facts (the affected Node is re-read and re-applied), DeviceClasses tell
-which claims ask for GPUs of the driver, ResourceClaims and ResourceClaimTemplates give a pod's GPU
-demand and, once allocated, its usage. Clusters without the API (404) or without the right to read
-it (403) are looked at again after 1 s, then less often up to every minute (app/backoff.py); until
-then placement reads extended resources only.
+ResourceSlices become node facts, DeviceClasses tell which claims ask for GPUs of the driver,
+ResourceClaims and ResourceClaimTemplates give a pod's GPU demand and, once allocated, the devices
+they hold; DeviceTaintRules taint devices; ComputeDomainCliques (resource.nvidia.com) name nodes'
+NVLink cliques. Watch events are all it takes: a node's facts are computed
+again from what its last Node event said (``snapshot.node_inputs``), a pod's charge from what its
+last Pod event said (``ClusterSnapshot.refresh_dra``), and a watch that times out is resumed from
+its last resourceVersion; the objects are listed again only after 410 Gone or a failed watch that
+cannot be resumed. Clusters without the API (404) or without the right to read it (403) are looked
+at again after 1 s, then less often up to every minute (app/backoff.py); until then placement reads
+extended resources only.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Any
@@ -18,8 +22,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from app.backoff import Backoff, absent_backoff
-from app.cluster.cache import ClusterCache, apply_node, apply_pod, watch_events
-from app.cluster.client import list_all, raw
+from app.cluster.cache import ClusterCache, Gone, apply_node, watch_events
+from app.cluster.client import list_all
 from app.core import workload
 from app.core.units import quote
 from app.ratelog import RateLimitedLog
@@ -27,8 +31,16 @@ from app.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 GROUP, VERSION = "resource.k8s.io", "v1"
 # Classes first: a claim's demand depends on its class's driver.
-KINDS = ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims")
-COALESCE_SECONDS = 0.1
+COALESCE_SECONDS = 0.1  # slice events within this long re-apply their node once
+KINDS = ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims", "devicetaintrules",
+         "computedomaincliques", "computedomains")
+# (group, version) of the kinds not in resource.k8s.io/v1. DeviceTaintRule is not in v1 in
+# Kubernetes 1.36; NVIDIA's driver reports each node's NVLink clique in ComputeDomainCliques (or,
+# without them, in the ComputeDomain's status). A cluster that does not serve one (404) or does not
+# let us read it (403) goes without it.
+APIS = {"devicetaintrules": (GROUP, "v1beta2"), "computedomaincliques": ("resource.nvidia.com", "v1beta1"),
+        "computedomains": ("resource.nvidia.com", "v1beta1")}
+DOMAINS = ("computedomaincliques", "computedomains")
 
 
 class DraWatcher:
@@ -36,7 +48,6 @@ class DraWatcher:
 
     def __init__(self, api: client.ApiClient, cache: ClusterCache) -> None:
         self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
         self.cache = cache
         self.snapshot = cache.snapshot
         self.lock = cache.lock
@@ -49,10 +60,7 @@ class DraWatcher:
         # GPU node looks like a CPU node and a claim pod like a CPU pod (docs/dra.md).
         self._first: set[str] = set()
         self._synced = cache.sync_gate("dra")
-        # Watch events mark nodes and pods; one flush re-applies each at most once per
-        # COALESCE_SECONDS, however many of its slices changed meanwhile (docs/dra.md, "Churn").
-        self._dirty_nodes: set[str] = set()
-        self._dirty_pods: dict[str, dict[str, Any]] = {}
+        self._dirty: set[str] = set()
         self._wake = threading.Event()
 
     def start(self) -> None:
@@ -64,53 +72,46 @@ class DraWatcher:
         t.start()
         self._threads.append(t)
 
-    def mark(self, nodes: set[str], pods: list[dict[str, Any]]) -> None:
-        """Remember what an event changed; the flusher re-applies it shortly."""
-        if not nodes and not pods:
-            return
-        with self.lock:
-            self._dirty_nodes |= nodes
-            for ref in pods:
-                self._dirty_pods[str(ref.get("uid") or "")] = ref
-        self._wake.set()
+    # --- coalescing: a burst of slice events re-applies each node once (docs/dra.md, "Churn") -------
+    def mark(self, nodes: set[str]) -> None:
+        """Remember nodes an event changed (lock held); the flusher re-applies them shortly."""
+        if nodes:
+            self._dirty |= nodes
+            self._wake.set()
 
     def flush(self) -> None:
         with self.lock:
-            nodes, pods = self._dirty_nodes, list(self._dirty_pods.values())
-            self._dirty_nodes, self._dirty_pods = set(), {}
-        if nodes or pods:
-            self._refresh(nodes, pods)
-            self._notify()
+            nodes, self._dirty = self._dirty, set()
+            self._reapply(nodes)
+        self._notify()
 
     def _flusher(self) -> None:
         while not self._stop.is_set():
             if self._wake.wait(1.0):
                 self._wake.clear()
-                self._stop.wait(COALESCE_SECONDS)  # let a burst of events collect
+                self._stop.wait(COALESCE_SECONDS)  # let the rest of a burst arrive
                 try:
                     self.flush()
-                except Exception:  # a bad object costs its own refresh, never the flusher
+                except Exception:  # one bad node costs its own facts, never the flusher
                     log.exception("DRA: re-applying changed nodes failed")
 
     def stop(self) -> None:
         self._stop.set()
 
-    # --- applying ----------------------------------------------------------------------------------
-    def _put(self, kind: str, obj: dict[str, Any], deleted: bool) -> tuple[set[str], list[dict[str, Any]]]:
-        """Fold one object in (lock held); returns (nodes to re-read, pods whose usage may change)."""
+    # --- applying (lock held) ----------------------------------------------------------------------
+    def _put(self, kind: str, obj: dict[str, Any], deleted: bool) -> set[str]:
+        """Fold one object in; returns the nodes whose facts must be computed again."""
         dra = self.snapshot.dra
         meta = obj.get("metadata") or {}
         name = str(meta.get("name") or "")
         key = f"{meta.get('namespace') or 'default'}/{name}"
         nodes: set[str] = set()
-        pods: list[dict[str, Any]] = []
         if kind == "resourceslices":
             node = dra.drop_slice(name) if deleted else dra.put_slice(obj)
-            if node:
-                nodes.add(node)
+            nodes |= {node} if node else set()
         elif kind == "deviceclasses":
             if deleted:
-                dra.classes.pop(name, None)
+                dra.drop_class(name)
             else:
                 dra.put_class(obj)
         elif kind == "resourceclaimtemplates":
@@ -118,119 +119,106 @@ class DraWatcher:
                 dra.templates.pop(key, None)
             else:
                 dra.put_template(obj)
+        elif kind == "devicetaintrules":
+            nodes |= dra.drop_taint_rule(name) if deleted else dra.put_taint_rule(obj)
+        elif kind in DOMAINS:
+            nodes |= dra.drop_domain(kind, obj) if deleted else dra.put_domain(kind, obj)
         else:
-            if deleted:
-                nodes |= dra.drop_claim(key)
-            else:
-                # Nodes whose MIG slices this claim takes or gives back: their free slices are
-                # node facts (docs/dra.md, "MIG").
-                nodes |= dra.put_claim(obj)
-                reserved = (obj.get("status") or {}).get("reservedFor") or []
-                pods = [r for r in reserved if isinstance(r, dict) and r.get("resource") == "pods"]
-                for r in pods:
-                    r.setdefault("namespace", meta.get("namespace") or "default")
+            # The nodes whose devices this claim takes or gives back count them as used or free,
+            # and the pods naming the claim are charged for it only while it is not allocated: both
+            # at once (docs/dra.md). Only free MIG slices are node facts to compute again.
+            changed = dra.drop_claim(key) if deleted else dra.put_claim(obj)
+            self.snapshot.refresh_dra(changed, (key,))
+            nodes |= {n for n in changed if (f := self.snapshot.nodes.get(n)) is not None and f.mig}
         self.snapshot.generation += 1
-        return nodes, pods
+        return nodes
 
-    def _refresh(self, nodes: set[str], pods: list[dict[str, Any]]) -> None:
-        """Re-apply nodes whose slices changed and pods whose claims' usage changed."""
+    def _reapply(self, nodes: set[str]) -> None:
+        """Compute the facts of ``nodes`` again, from what their last Node event said: no request to
+        the API server. A node not seen yet gets its DRA facts when it is."""
         for name in sorted(nodes):
-            with self.lock:
-                node = self.cache.node_objects.get(name)
-            if node is None:  # not watched yet (or gone): the node watch applies it when it comes
-                continue
-            with self.lock:
-                if name in self.snapshot.nodes:
-                    self.cache._guarded("nodes", node, apply_node, self.snapshot, self.cache.catalog,
-                                        self.cache.settings, node)
-        for ref in pods:
-            uid = str(ref.get("uid") or "")
-            with self.lock:
-                placed = self.snapshot.pods.get(uid)
-            if placed is None:
-                continue  # not bound yet: its demand is read afresh on every filter
-            try:
-                pod = json.loads(raw(self.core.read_namespaced_pod, str(ref.get("name")),
-                                     str(ref.get("namespace")), _request_timeout=30))
-            except ApiException:
-                continue
-            if not (pod.get("spec") or {}).get("nodeName"):
-                # Allocated in PreBind, bound a moment later: the pod watch's bind event counts
-                # the claim as allocated; until then the assumption made at bind stands.
-                continue
-            with self.lock:
-                if self.snapshot.pods.get(uid) is not None:
-                    # The claim was allocated (or changed) after the pod was counted: the pod as it
-                    # is now replaces its record (never "finished": it still runs).
-                    apply_pod(self.snapshot, self.cache.settings, pod)
+            node = self.snapshot.node_inputs.get(name)
+            if node is not None:
+                self.cache._guarded("nodes", node, apply_node, self.snapshot, self.cache.catalog,
+                                    self.cache.settings, node)
 
-    def _replace(self, kind: str, items: list[dict[str, Any]]) -> tuple[set[str], list[dict[str, Any]]]:
+    def _replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         dra = self.snapshot.dra
         nodes: set[str] = set()
-        pods: list[dict[str, Any]] = []
         with self.lock:
             if kind == "resourceslices":
-                nodes |= dra.forget_slices()
+                nodes |= set(dra.by_node)
+                dra.clear_slices()
             elif kind == "deviceclasses":
-                dra.classes.clear()
+                dra.clear_classes()
             elif kind == "resourceclaimtemplates":
                 dra.templates.clear()
+            elif kind == "devicetaintrules":
+                nodes |= dra.clear_taint_rules()
+            elif kind in DOMAINS:
+                nodes |= dra.clear_domains(kind)
             else:
                 nodes |= dra.clear_claims()
             for obj in items:
                 try:
-                    n, p = self._put(kind, obj, False)
+                    nodes |= self._put(kind, obj, False)
                 except Exception as exc:  # one unreadable object costs only itself
                     self.cache.skipped(kind, obj, exc)
-                    continue
-                nodes |= n
-                pods += p
             if kind == "resourceslices":
                 dra.enabled = True
+            if kind == "resourceclaims":
+                nodes |= {n for n, f in self.snapshot.nodes.items() if f.mig}
+            self._reapply(nodes)
+            self.snapshot.refresh_dra(list(self.snapshot.usage), list(self.snapshot.claim_pods))
             # Pods parsed from now on count their claims' GPUs.
             workload.CLAIM_GPUS = dra.pod_gpus
             workload.CLAIM_DEVICES = dra.pod_devices
-        return nodes, pods
 
     # --- list + watch ------------------------------------------------------------------------------
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
-        return list_all(self.custom.list_cluster_custom_object, GROUP, VERSION, kind)
+        return list_all(self.custom.list_cluster_custom_object, *APIS.get(kind, (GROUP, VERSION)), kind)
 
     def _run(self, kind: str) -> None:
         backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
         absent = absent_backoff()  # 403/404: soon at first, then every minute (app/backoff.py)
         told_absent = False
+        rv = ""
         while not self._stop.is_set():
             try:
-                items, rv = self._list(kind)
-                backoff.reset()
-                absent.reset()
-                self.present[kind], told_absent = True, False
-                self._refresh(*self._replace(kind, items))
-                self._listed(kind)  # after the nodes were re-read with their slices
-                self._notify()
-                self._watch(kind, rv)
+                if not rv:
+                    items, listed_rv = self._list(kind)
+                    backoff.reset()
+                    absent.reset()
+                    self.present[kind], told_absent = True, False
+                    self._replace(kind, items)
+                    rv = listed_rv
+                    self._listed(kind)  # after the nodes' facts were computed with their slices
+                    self._notify()
+                # A watch that times out is resumed where it stopped: nothing is listed again.
+                rv = self._watch(kind, rv, backoff)
+            except Gone:
+                rv = ""
             except ApiException as exc:
                 if exc.status in (403, 404):
                     # No DRA API on this cluster (or no right to read it): extended resources only.
                     if not told_absent:
                         log.info("DRA %s unavailable (%s); GPUs from extended resources only",
                                  kind, exc.status)
-                    self.present[kind], told_absent = False, True
+                    self.present[kind], told_absent, rv = False, True, ""
                     self._listed(kind)
                     self._notify()
                     backoff.reset()
                     self._stop.wait(absent.next())
                     continue
-                delay = backoff.next()
-                self._log.warning(f"dra:{kind}", f"DRA {kind} watch failed ({quote(str(exc.reason))}); "
-                                  f"retrying in {delay:.1f}s")
-                self._stop.wait(delay)
+                rv = "" if exc.status == 410 else rv
+                self._retry(kind, str(exc.reason), backoff)
             except Exception as exc:  # the watch must outlive API hiccups
-                delay = backoff.next()
-                self._log.warning(f"dra:{kind}", f"DRA {kind} watch failed ({quote(str(exc))}); "
-                                  f"retrying in {delay:.1f}s")
-                self._stop.wait(delay)
+                self._retry(kind, str(exc), backoff)
+
+    def _retry(self, kind: str, why: str, backoff: Backoff) -> None:
+        delay = backoff.next()
+        self._log.warning(f"dra:{kind}", f"DRA {kind} watch failed ({quote(why)}); retrying in {delay:.1f}s")
+        self._stop.wait(delay)
 
     def _listed(self, kind: str) -> None:
         with self.lock:
@@ -242,23 +230,28 @@ class DraWatcher:
         if self.cache.on_change:
             self.cache.on_change()
 
-    def _watch(self, kind: str, rv: str) -> None:
+    def _watch(self, kind: str, rv: str, backoff: Backoff) -> str:
+        """Apply the events of one watch from ``rv``; returns the resourceVersion to resume from."""
         resp: Any = self.custom.list_cluster_custom_object(
-            GROUP, VERSION, kind, watch=True, resource_version=rv, allow_watch_bookmarks=True,
-            timeout_seconds=240, _preload_content=False, _request_timeout=(10, 300),
+            *APIS.get(kind, (GROUP, VERSION)), kind, watch=True, resource_version=rv,
+            allow_watch_bookmarks=True, timeout_seconds=240, _preload_content=False,
+            _request_timeout=(10, 300),
         )
+        backoff.reset()  # the API server accepted the watch
         try:
             for etype, obj in watch_events(resp, self._stop, lambda exc: self.cache.skipped(kind, None, exc)):
                 if etype == "ERROR":
-                    return  # 410 Gone and friends: re-list
-                if etype == "BOOKMARK":
-                    continue
-                try:
-                    with self.lock:
-                        changed = self._put(kind, obj, etype == "DELETED")
-                except Exception as exc:
-                    self.cache.skipped(kind, obj, exc)
-                    continue
-                self.mark(*changed)
+                    if obj.get("code") == 410:
+                        raise Gone()
+                    raise RuntimeError(f"watch error: {quote(str(obj.get('message')))}")
+                if etype != "BOOKMARK":
+                    try:
+                        with self.lock:
+                            self.mark(self._put(kind, obj, etype == "DELETED"))
+                    except Exception as exc:
+                        self.cache.skipped(kind, obj, exc)
+                new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                rv = str(new_rv) if new_rv else rv
         finally:
             resp.release_conn()
+        return rv

@@ -175,7 +175,8 @@ def evaluate(
         # not try preemption here (it would evict pods for nothing). No node size in the text: one
         # reason for every too-small node keeps kube-scheduler's "0/N nodes" line short.
         return reject(ReasonCode.GPU_CAPACITY, f"pod needs {spec.gpus} GPUs, more than the node has")
-    if spec.gpus > 0 and free_gpus < spec.gpus:
+    # GPUs an allocated claim of the pod holds already are not needed free (docs/dra.md).
+    if spec.gpus > 0 and free_gpus < spec.gpus_needed_free:
         return reject(ReasonCode.GPUS_BUSY, "not enough free GPUs (in use or reserved for a gang)",
                       unresolvable=False)
 

@@ -253,6 +253,28 @@ def _valid_mig(mig: MigSlices, warnings: list[str]) -> MigSlices:
     return tuple(out)
 
 
+def node_inputs(node: dict[str, Any]) -> dict[str, Any]:
+    """Just what ``node_facts`` reads of a Node: kept per node so that facts can be computed again
+    when something else they depend on changes (DRA slices and claims, docs/dra.md) without asking
+    the API server for the Node again. Other annotations and taints are left out (memory)."""
+    def part(obj: Any, key: str) -> dict[str, Any]:
+        v = obj.get(key) if isinstance(obj, dict) else None
+        return v if isinstance(v, dict) else {}
+
+    meta, spec, status = part(node, "metadata"), part(node, "spec"), part(node, "status")
+    ann = part(meta, "annotations")
+    raw_taints = spec.get("taints")
+    taints: list[Any] = raw_taints if isinstance(raw_taints, list) else []
+    return {
+        "metadata": {"name": meta.get("name"), "labels": meta.get("labels"),
+                     "annotations": {k: v for k, v in ann.items() if str(k).startswith(ANN)}},
+        "spec": {"unschedulable": spec.get("unschedulable"),
+                 "taints": [t for t in taints if isinstance(t, dict)
+                            and t.get("effect") == "PreferNoSchedule"]},
+        "status": {"allocatable": status.get("allocatable"), "capacity": status.get("capacity")},
+    }
+
+
 def _prefer_no_schedule(node: dict[str, Any]) -> bool:
     taints = (node.get("spec") or {}).get("taints") or []
     return isinstance(taints, list) and any(

@@ -209,7 +209,7 @@ class Placer:
             reserved = self.gangs.reserved_map(spec.gang.key if spec.gang else None)
             if reserved:
                 free = np.where(free > 0, free - table.column(reserved)[r], free)
-        key = table.shape[r] * 4 + np.where(free >= spec.gpus, 2, 0) + (table.training[r] > 0)
+        key = table.shape[r] * 4 + np.where(free >= spec.gpus_needed_free, 2, 0) + (table.training[r] > 0)
         key[~known] = -1
         hard = self.gravity.hard_rejections(spec, names) if self.gravity else {}
         if hard:

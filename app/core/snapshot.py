@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.core.dra import DraIndex
 from app.core.node_table import NodeTable
@@ -26,7 +28,7 @@ class PlacedPod:
     uid: str
     key: str
     node: str
-    gpus: int
+    gpus: int  # charged to the node: extended resources, and claims not yet allocated
     cpu_millis: float
     memory_bytes: float
     stage: Stage | None
@@ -39,6 +41,12 @@ class PlacedPod:
     # latency can be attributed to a model on a GPU (app.core.live_profiles).
     serving: WorkloadSpec | None = None
     precision: Precision | None = None
+    # The pod's DRA claims (ns/name, full GPUs). Given with ``gpus`` holding every GPU the pod
+    # asks for; on placing, the snapshot charges only those of claims not yet allocated: an
+    # allocated claim's devices count on their node once, however many pods share the claim
+    # (``NodeUsage.dra_busy``, docs/dra.md).
+    claims: tuple[tuple[str, int], ...] = ()
+    base_gpus: int | None = None  # ``gpus`` less the claims' (set on placing)
 
 
 @dataclass(slots=True)
@@ -50,6 +58,9 @@ class NodeUsage:
     stages: Counter[str] = field(default_factory=Counter)
     interactive: int = 0
     training: int = 0  # kept as a plain counter: it is read for every node on the hot path
+    # Full GPUs of the node's DRA devices that are not free for a new claim (allocated, whether or
+    # not a pod of ours holds the claim; docs/dra.md). Included in ``gpus``.
+    dra_busy: int = 0
 
 
 class ClusterSnapshot:
@@ -57,12 +68,16 @@ class ClusterSnapshot:
 
     def __init__(self) -> None:
         self.nodes: dict[str, NodeFacts] = {}
+        # name -> what node facts are computed from (app.core.nodes.node_inputs): DRA events
+        # recompute a node's facts from it, not from a fresh GET of the Node (docs/dra.md).
+        self.node_inputs: dict[str, dict[str, Any]] = {}
         self.usage: dict[str, NodeUsage] = {}
         # name -> (facts, usage, shape id): one lookup per node on the filter hot path, and a small
         # int standing for the node's shape (hashing the shape tuple per node per request is slow).
         self.entries: dict[str, tuple[NodeFacts, NodeUsage, int]] = {}
         self._shape_ids: dict[tuple[object, ...], int] = {}
         self.pods: dict[str, PlacedPod] = {}  # uid -> running/bound pod
+        self.claim_pods: dict[str, set[str]] = {}  # DRA claim ns/name -> uids of placed pods naming it
         self.by_key: dict[str, str] = {}  # ns/name -> uid
         self.finished: dict[str, PlacedPod] = {}  # ns/name -> finished producer (data gravity)
         self.specs: dict[str, WorkloadSpec] = {}  # uid -> every live pod that parsed (bound or not)
@@ -97,6 +112,7 @@ class ClusterSnapshot:
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
+        self.node_inputs.pop(name, None)
         self.entries.pop(name, None)
         self.table.remove_node(name)
         self.generation += 1
@@ -104,6 +120,10 @@ class ClusterSnapshot:
     # --- pods ----------------------------------------------------------------------------------
     def place(self, pod: PlacedPod) -> None:
         """Record ``pod`` on its node (idempotent by UID; a move releases the old node)."""
+        if pod.claims:
+            if pod.base_gpus is None:
+                pod.base_gpus = pod.gpus - sum(n for _, n in pod.claims)
+            pod.gpus = self._charge(pod)
         old = self.pods.get(pod.uid)
         if old is not None:
             # Same node: keep the record, unless the watch reports other resources than were
@@ -122,6 +142,8 @@ class ClusterSnapshot:
         u.cpu_millis += pod.cpu_millis
         u.memory_bytes += pod.memory_bytes
         u.pods[pod.uid] = pod
+        for claim, _ in pod.claims:
+            self.claim_pods.setdefault(claim, set()).add(pod.uid)
         if pod.stage is not None:
             u.stages[pod.stage.value] += 1
             if pod.stage in TRAINING_STAGES:
@@ -153,6 +175,12 @@ class ClusterSnapshot:
         self.pods.pop(pod.uid, None)
         if self.by_key.get(pod.key) == pod.uid:
             self.by_key.pop(pod.key, None)
+        for claim, _ in pod.claims:
+            holders = self.claim_pods.get(claim)
+            if holders is not None:
+                holders.discard(pod.uid)
+                if not holders:
+                    del self.claim_pods[claim]
         u = self.usage.get(pod.node)
         if u is not None and u.pods.pop(pod.uid, None) is not None:
             u.gpus -= pod.gpus
@@ -166,6 +194,39 @@ class ClusterSnapshot:
                 u.interactive -= 1
             self._sync(pod.node, u)
         self.generation += 1
+
+    # --- DRA (docs/dra.md) ---------------------------------------------------------------------
+    def _charge(self, pod: PlacedPod) -> int:
+        base = pod.gpus if pod.base_gpus is None else pod.base_gpus
+        return base + sum(n for claim, n in pod.claims if not self.dra.is_allocated(claim))
+
+    def refresh_dra(self, nodes: Iterable[str] = (), claims: Iterable[str] = ()) -> None:
+        """After DRA objects changed: the busy devices of ``nodes`` and the charge of the pods that
+        name ``claims``. Both at once (under the caller's lock), so a claim's GPUs move from its
+        pods to its node without a moment where they count twice or not at all."""
+        for node in nodes:
+            u = self.usage.setdefault(node, NodeUsage())
+            busy = self.dra.busy_gpus(node)
+            if busy != u.dra_busy:
+                u.gpus += busy - u.dra_busy
+                u.dra_busy = busy
+                self._sync(node, u)
+                self.generation += 1
+        for claim in claims:
+            for uid in sorted(self.claim_pods.get(claim, ())):
+                pod = self.pods.get(uid)
+                if pod is None or (charge := self._charge(pod)) == pod.gpus:
+                    continue
+                u = self.usage.setdefault(pod.node, NodeUsage())
+                u.gpus += charge - pod.gpus
+                pod.gpus = charge
+                self._sync(pod.node, u)
+                self.generation += 1
+
+    def new_gpus(self, spec: WorkloadSpec) -> int:
+        """GPUs the pod still needs free: those of claims already allocated are held, shares need
+        room on a device rather than a free GPU (docs/dra.md)."""
+        return spec.charged_gpus - sum(n for claim, n in spec.claim_gpus if self.dra.is_allocated(claim))
 
     def _sync(self, node: str, u: NodeUsage) -> None:
         self.table.set_usage(node, u.gpus, u.cpu_millis, u.training, u.interactive)
@@ -251,7 +312,7 @@ def placed_from_spec(spec: WorkloadSpec, node: str, *, assumed: bool = False) ->
         uid=spec.uid or spec.key,
         key=spec.key,
         node=node,
-        gpus=spec.gpus,
+        gpus=spec.charged_gpus,
         cpu_millis=spec.cpu_millis,
         memory_bytes=spec.memory_bytes,
         stage=spec.stage,
@@ -260,6 +321,7 @@ def placed_from_spec(spec: WorkloadSpec, node: str, *, assumed: bool = False) ->
         priority=spec.priority,
         assumed=assumed,
         serving=serving_spec(spec),
+        claims=spec.claim_gpus,
     )
 
 

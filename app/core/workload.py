@@ -182,6 +182,14 @@ class WorkloadSpec(BaseModel):
     mig_profiles: tuple[str, ...] = ()  # empty: any profile
     mig_min_memory_gb: float = 0.0
     claim_notes: tuple[str, ...] = ()
+    # The pod's DRA claims as (ns/name, full GPUs), and how many of ``gpus`` claims already
+    # allocated hold: those devices count on their node once, whoever shares the claim, so the pod
+    # neither needs them free nor is charged for them (docs/dra.md).
+    claim_gpus: tuple[tuple[str, int], ...] = ()
+    held_gpus: int = 0
+    # Of ``gpus``, shares of a device that allows several allocations (consumable capacity): a GPU
+    # to run on but not a whole GPU taken; kube-scheduler checks the device has room for the share.
+    shared_gpus: int = 0
     # The pod has ResourceClaims: kube-scheduler reserves them for it in Reserve and releases them in
     # Unreserve, so only a bind call kube-scheduler is still waiting on may bind it.
     has_claims: bool = False
@@ -194,6 +202,18 @@ class WorkloadSpec(BaseModel):
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def gpus_needed_free(self) -> int:
+        """GPUs that must be free on the node: ``gpus`` less those allocated claims already hold
+        and the shares of devices (which need room on a device, not a whole free GPU)."""
+        return max(0, self.gpus - self.held_gpus - self.shared_gpus)
+
+    @property
+    def charged_gpus(self) -> int:
+        """GPUs counted as the pod's on its node: not shares (their device counts once, when
+        allocated); claims are charged only until allocated (ClusterSnapshot.place)."""
+        return max(0, self.gpus - self.shared_gpus)
 
     @property
     def effective_latency_class(self) -> LatencyClass | None:
@@ -283,19 +303,20 @@ def pod_resources(pod: dict[str, Any], gpu_resources: tuple[str, ...]) -> tuple[
         for i, v in enumerate(one(c)):
             totals[i] = max(totals[i], v)
     if CLAIM_GPUS is not None:
-        totals[0] += CLAIM_GPUS(pod)
+        totals[0] += CLAIM_GPUS(pod, gpu_resources)
     if not totals[0] <= MAX_GPUS:
         raise ValueError(f"pod requests {totals[0]:g} GPUs, more than any node has")
     return round(totals[0]), totals[1], totals[2]
 
 
 MAX_GPUS = 1e6
-# Full GPUs a pod holds or asks for through DRA ResourceClaims (docs/dra.md): installed by the
-# cluster adapter once the resource.k8s.io API answers; None counts extended resources only.
-CLAIM_GPUS: Callable[[dict[str, Any]], int] | None = None
-# The rest of what a pod's claims say (MIG slices, selector restrictions; app.core.dra.PodDevices),
-# installed alongside; called only for pods with spec.resourceClaims.
-CLAIM_DEVICES: Callable[[dict[str, Any]], Any] | None = None
+# Full GPUs a pod holds or asks for through DRA ResourceClaims, and through extended resources a
+# DeviceClass backs other than the GPU resources given (docs/dra.md): installed by the cluster
+# adapter once the resource.k8s.io API answers; None counts extended resources only.
+CLAIM_GPUS: Callable[[dict[str, Any], tuple[str, ...]], int] | None = None
+# The rest of what a pod's claims say (MIG slices, selector restrictions, the claims and how many
+# GPUs of them are held; app.core.dra.PodDevices), installed alongside.
+CLAIM_DEVICES: Callable[[dict[str, Any], tuple[str, ...]], Any] | None = None
 
 
 def _mapping(value: Any, what: str) -> dict[str, Any]:
@@ -561,8 +582,10 @@ def parse_workload(
         problems.append(AnnotationProblem("resources", str(exc)))
     if spec.get("resourceClaims"):
         fields["has_claims"] = True
-    if CLAIM_DEVICES is not None and spec.get("resourceClaims"):
-        fields.update(CLAIM_DEVICES(pod).fields())
+    # Claims, the claim kube-scheduler makes for extended resources a DeviceClass backs (named in
+    # the status), and those extended resources themselves: any pod may have them.
+    if CLAIM_DEVICES is not None:
+        fields.update(CLAIM_DEVICES(pod, gpu_resources).fields())
 
     if (raw := get("model")) is not None:
         _resolve_model(raw, fields, problems)

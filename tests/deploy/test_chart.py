@@ -330,7 +330,10 @@ def test_extender_rbac_is_least_privilege() -> None:
                    ("scheduling.x-k8s.io", "podgroups", "list"),
                    *[("scheduling.k8s.io", "podgroups", v) for v in ("get", "list", "watch")],
                    *[("resource.k8s.io", res, v) for res in ("resourceslices", "resourceclaims",
-                     "resourceclaimtemplates", "deviceclasses") for v in ("get", "list", "watch")]]:
+                     "resourceclaimtemplates", "deviceclasses", "devicetaintrules")
+                     for v in ("get", "list", "watch")],
+                   *[("resource.nvidia.com", res, v) for res in ("computedomaincliques", "computedomains")
+                     for v in ("get", "list", "watch")]]:
         assert needed in grants, needed
     assert not any("*" in t for t in grants), "wildcards in the extender's rules"
     dangerous = {"delete", "deletecollection", "escalate", "bind", "impersonate"}

@@ -63,8 +63,11 @@ EXTENDER_USES = [
     ("authentication.k8s.io", "tokenreviews", "create", "app/api/access.py: explain's caller"),
     ("authorization.k8s.io", "subjectaccessreviews", "create", "app/api/access.py: may the caller get the pod"),
     *[("resource.k8s.io", res, v, "app/cluster/dra.py: GPUs through DRA (docs/dra.md)")
-      for res in ("resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses")
+      for res in ("resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses",
+                  "devicetaintrules")
       for v in ("list", "watch")],
+    *[("resource.nvidia.com", res, v, "app/cluster/dra.py: NVLink cliques of ComputeDomains (docs/dra.md)")
+      for res in ("computedomaincliques", "computedomains") for v in ("list", "watch")],
 ]
 READ = {"get", "list", "watch"}
 
@@ -125,7 +128,8 @@ def _allowed(cp: ControlPlane, user: str, group: str, resource: str, verb: str, 
 def test_extender_may_make_every_call_it_makes_in_any_namespace(control_plane: ControlPlane) -> None:
     missing = [(g, r, v, why) for g, r, v, why in EXTENDER_USES
                for ns in ("", "default", "tenant-a")
-               if not (r in ("nodes", "namespaces", "deviceclasses", "resourceslices", "tokenreviews",
+               if not (r in ("nodes", "namespaces", "deviceclasses", "resourceslices", "devicetaintrules",
+                             "tokenreviews",
                              "subjectaccessreviews") and ns)
                and not _allowed(control_plane, EXTENDER_USER, g, r, v, ns)]
     assert not missing, f"denied although app/ needs it: {missing}"

@@ -58,7 +58,7 @@ def claim_spec(count: int = 1, cls: str = "gpu.nvidia.com", mode: str = "ExactCo
 @pytest.fixture(autouse=True)
 def no_resolver() -> Iterator[None]:
     yield
-    workload.CLAIM_GPUS = None
+    workload.CLAIM_GPUS = workload.CLAIM_DEVICES = None
 
 
 def h100_node_slices(dra: DraIndex, node: str = "big", n: int = 8) -> None:
@@ -179,7 +179,7 @@ def test_pod_gpus_from_claims_templates_and_generated_claims(settings: Settings,
     # Without the resolver installed, claims are invisible (clusters without DRA); with it, the
     # pod's spec and its usage on the node count them.
     assert workload.parse_workload(claim_pod("a", resourceClaimName="two")).gpus == 0
-    workload.CLAIM_GPUS = dra.pod_gpus
+    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices  # as the watcher does
     assert workload.parse_workload(claim_pod("a", resourceClaimName="two")).gpus == 2
     bound = claim_pod("a", node="big", resourceClaimName="two")
     apply_pod(snap, settings, bound)
@@ -219,7 +219,7 @@ def test_watched_pod_keeps_the_name_of_its_generated_claim(settings: Settings, c
                    "status": {"allocation": {"devices": {"results": [
                        {"request": "gpu", "driver": DRIVER, "pool": "big", "device": f"gpu-{i}"}
                        for i in range(4)]}}}})
-    workload.CLAIM_GPUS = dra.pod_gpus
+    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices  # as the watcher does
     lists = {"nodes": [node_object("big", gpus=0)], "pods": [dra_pod], "namespaces": []}
     cache, _, _ = run_cache(settings, catalog, lists, {"pods": [{"type": "MODIFIED", "object": dra_pod}]},
                             snapshot=snap)
@@ -230,15 +230,15 @@ def test_watched_pod_keeps_the_name_of_its_generated_claim(settings: Settings, c
 def test_watch_count_replaces_the_bind_time_assumption(settings: Settings, catalog: GpuCatalog) -> None:
     # The extender assumes a pod on its node at bind with what it knew at filter time; a claim is
     # allocated in kube-scheduler's PreBind, so the watch then reports what the claim really holds
-    # (here every device of the node, for "at least one"). The watch's count is the one that stays;
-    # a repeated assumption (a retried bind) does not undo it.
+    # (here every device of the node, for "at least one"). The claim's devices then count on the
+    # node instead of the pod's ask; a repeated assumption (a retried bind) does not undo it.
     snap = ClusterSnapshot()
     dra = snap.dra
     dra.put_class(GPU_CLASS)
     h100_node_slices(dra, "big", 4)
     apply_node(snap, catalog, settings, node_object("big", gpus=0))
     dra.put_claim({"metadata": {"name": "every", "namespace": "default"}, "spec": claim_spec(mode="All")})
-    workload.CLAIM_GPUS = dra.pod_gpus
+    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices  # as the watcher does
     pod = claim_pod("a", resourceClaimName="every")
     pod["metadata"]["uid"] = "uid-a"
     spec = workload.parse_workload(pod)
@@ -249,6 +249,9 @@ def test_watch_count_replaces_the_bind_time_assumption(settings: Settings, catal
                    "status": {"allocation": {"devices": {"results": [
                        {"request": "gpu", "driver": DRIVER, "pool": "big", "device": f"gpu-{i}"}
                        for i in range(4)]}}}})
+    snap.refresh_dra({"big"}, {"default/every"})  # what the watcher does on the claim's event
+    assert snap.free_gpus("big") == 0
+    assert snap.new_gpus(spec) == 0  # the bind gate: the spec read before PreBind needs none free
     pod["spec"]["nodeName"] = "big"
     apply_pod(snap, settings, pod)
     assert snap.free_gpus("big") == 0
@@ -257,29 +260,12 @@ def test_watch_count_replaces_the_bind_time_assumption(settings: Settings, catal
     assert snap.free_gpus("big") == 0 and not snap.pods["uid-a"].assumed
 
 
-class _PodReader:
-    """read_namespaced_pod of a fake CoreV1Api: always the given pod."""
-
-    def __init__(self, pod: dict[str, Any]) -> None:
-        self.pod = pod
-
-    def read_namespaced_pod(self, name: str, namespace: str, **_: Any) -> Any:
-        body = json.dumps(self.pod).encode()
-
-        class Resp:
-            data = body
-
-            def release_conn(self) -> None:
-                pass
-
-        return Resp()
-
-
 def test_claim_allocated_before_the_bind_is_seen_keeps_the_assumed_pod(
         settings: Settings, catalog: GpuCatalog) -> None:
     # kube-scheduler writes the claim's allocation (PreBind) and then asks us to bind; the claim's
-    # watch event can arrive while the pod, re-read, is not bound yet. Its assumed GPUs must stay
-    # counted and the pod must not be taken for finished (data gravity remembers finished pods).
+    # watch event can arrive before the pod's bind event. The claim's devices count on the node from
+    # that event on (and the assumed pod no longer for them), and the pod must not be taken for
+    # finished (data gravity remembers finished pods). No API request is made for it.
     from app.cluster.dra import DraWatcher
 
     snap = ClusterSnapshot()
@@ -289,27 +275,26 @@ def test_claim_allocated_before_the_bind_is_seen_keeps_the_assumed_pod(
     apply_node(snap, catalog, settings, node_object("big", gpus=0))
     claim = {"metadata": {"name": "two", "namespace": "default"}, "spec": claim_spec(2)}
     dra.put_claim(claim)
-    workload.CLAIM_GPUS = dra.pod_gpus
+    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices  # as the watcher does
     pod = claim_pod("a", resourceClaimName="two")
     pod["metadata"]["uid"] = "uid-a"
     snap.assume(workload.parse_workload(pod), "big")
+    assert snap.free_gpus("big") == 2
     cache = SimpleNamespace(snapshot=snap, lock=threading.RLock(), settings=settings, catalog=catalog,
-                            on_change=None)
+                            on_change=None, _guarded=lambda kind, obj, fn, *args: fn(*args))
     watcher = DraWatcher.__new__(DraWatcher)
     watcher.cache, watcher.snapshot, watcher.lock = cache, snap, cache.lock  # type: ignore[assignment]
-    watcher.core = _PodReader(pod)  # type: ignore[assignment]
     allocated = {**claim, "status": {
         "allocation": {"devices": {"results": [
             {"request": "gpu", "driver": DRIVER, "pool": "big", "device": f"gpu-{i}"} for i in range(3)]}},
         "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]}}
     with watcher.lock:
-        changed = watcher._put("resourceclaims", allocated, False)
-    watcher._refresh(*changed)
+        watcher._reapply(watcher._put("resourceclaims", allocated, False))
     assert "uid-a" in snap.pods and "default/a" not in snap.finished
-    assert snap.free_gpus("big") == 2
-    # Once the re-read pod is bound, the allocation's count replaces the assumption.
+    assert snap.free_gpus("big") == 1
+    # The pod's bind event: nothing is counted twice.
     pod["spec"]["nodeName"] = "big"
-    watcher._refresh(*changed)
+    apply_pod(snap, settings, pod)
     assert snap.free_gpus("big") == 1 and "default/a" not in snap.finished
 
 
@@ -345,7 +330,7 @@ def test_extender_is_not_ready_before_the_dra_objects_are_read(
     # once every DRA kind was listed, or found absent (a cluster without the API: GPUs from
     # extended resources only, as before).
     from app.cluster.dra import DraWatcher
-    from tests.unit.test_cache_poison import Resp, run_cache
+    from tests.unit.test_cache_poison import run_cache
 
     cache, _, _ = run_cache(settings, catalog, {"nodes": [node_object("big", gpus=0)], "pods": [],
                                                 "namespaces": []}, {})
@@ -355,8 +340,6 @@ def test_extender_is_not_ready_before_the_dra_objects_are_read(
         gpu_device(i, "NVIDIA H100 80GB HBM3", "81559Mi") for i in range(8)])]}, stop, status)
     watcher = DraWatcher(object(), cache)  # type: ignore[arg-type]
     watcher.custom = fake  # type: ignore[assignment]
-    watcher.core = SimpleNamespace(  # type: ignore[assignment]
-        read_node=lambda name, **_: Resp(json.dumps(node_object(name, gpus=0)).encode()))
     watcher.start()
     try:
         assert not cache.synced

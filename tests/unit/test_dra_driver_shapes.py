@@ -1,5 +1,5 @@
-"""DRA as NVIDIA's driver (gpu.nvidia.com) publishes and allocates GPUs: admin access, VFIO
-passthrough devices and claims shared by several pods (docs/dra.md).
+"""DRA as NVIDIA's driver (gpu.nvidia.com) publishes and allocates GPUs: admin access and VFIO
+passthrough devices (docs/dra.md; shared claims: tests/unit/test_dra_accounting.py).
 
 Shapes follow the resource.k8s.io/v1 types (DeviceRequestAllocationResult.adminAccess,
 ResourceClaimStatus.reservedFor) and the driver's device attributes (``type``: gpu, mig or vfio).
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.core.dra import DRIVER, DraIndex
-from tests.unit.test_dra import GPU_CLASS, claim_pod, claim_spec, gpu_device, rslice
+from tests.unit.test_dra import GPU_CLASS, claim_spec, gpu_device, rslice
 
 
 def result(device: str, admin: bool = False) -> dict[str, Any]:
@@ -44,29 +44,3 @@ def test_vfio_passthrough_devices_are_not_gpus_for_containers() -> None:
     dra.put_slice(rslice("n", [gpu_device(0, "NVIDIA H100 80GB HBM3", "81559Mi"), vfio]))
     got = dra.gpus_of("n")
     assert got is not None and got.count == 1
-
-
-def shared_claim(reserved: list[str]) -> dict[str, Any]:
-    return {"metadata": {"name": "shared", "namespace": "default"}, "spec": claim_spec(2),
-            "status": {"allocation": {"devices": {"results": [result("gpu-0"), result("gpu-1")]}},
-                       "reservedFor": [{"resource": "pods", "name": u, "uid": u} for u in reserved]}}
-
-
-def with_uid(pod: dict[str, Any], uid: str) -> dict[str, Any]:
-    pod["metadata"]["uid"] = uid
-    return pod
-
-
-def test_a_claim_shared_by_pods_is_charged_once() -> None:
-    dra = index_with_gpus()
-    dra.put_claim(shared_claim(["first"]))
-    first = with_uid(claim_pod("first", resourceClaimName="shared"), "first")
-    second = with_uid(claim_pod("second", resourceClaimName="shared"), "second")
-    assert dra.pod_gpus(first) == 2
-    # The second pod uses the GPUs the claim already holds: it needs no more of the node's.
-    assert dra.pod_gpus(second) == 0
-    dra.put_claim(shared_claim(["first", "second"]))
-    assert dra.pod_gpus(first) == 2 and dra.pod_gpus(second) == 0
-    # Nobody holds it yet: whichever pod is placed first takes the devices.
-    dra.put_claim(shared_claim([]))
-    assert dra.pod_gpus(second) == 2

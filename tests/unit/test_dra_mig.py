@@ -86,8 +86,8 @@ def test_mig_slices_are_node_facts_with_free_counts_from_allocated_claims(
     assert changed == {"m"}
     apply_node(snap, catalog, settings, node_object("m"))
     assert {p: free for p, _, _, free in snap.nodes["m"].mig} == {"1g.10gb": 4, "3g.40gb": 2}
-    # A full GPU held by a claim is not a MIG fact (pods count full GPUs).
-    assert dra.put_claim(held(claim("b", "gpu.nvidia.com"), "m", "gpu-2")) == set()
+    # A full GPU held by a claim changes the node too: it counts there as used (docs/dra.md).
+    assert dra.put_claim(held(claim("b", "gpu.nvidia.com"), "m", "gpu-2")) == {"m"}
     assert dra.drop_claim("default/a") == {"m"}
     assert dra.mig_of("m")[1][3] == 3
 
@@ -189,13 +189,13 @@ def test_memory_selectors_and_what_is_left_to_kube_scheduler() -> None:
     assert sel.min_memory_mib == 40 * 1024 and sel.unread == ()
     for expr in (f'{SEL} == "NVIDIA L4" || {SEL} == "NVIDIA T4"',  # a disjunction: not a restriction
                  f'!({SEL} == "NVIDIA L4")',
-                 'device.attributes["gpu.nvidia.com"].driverVersion.compareTo(semver("570.0.0")) >= 0',
+                 'device.attributes["gpu.nvidia.com"].driverVersion.isGreaterThan(semver("570.0.0"))',
                  f'{SEL} == "NVIDIA L4" && device.attributes["other.example.com"].productName == "x"'):
         got = read_selectors([{"cel": {"expression": expr}}])
         assert got.unread, expr
     # The readable half of a conjunction still restricts; the other half is named.
     half = read_selectors([{"cel": {"expression": f'{SEL} == "NVIDIA L4" && device.attributes'
-                                                  '["gpu.nvidia.com"].brand == "Nvidia"'}}])
+                                                  '["example.com"].brand == "Nvidia"'}}])
     assert half.products == (("in", ("NVIDIA L4",)),) and len(half.unread) == 1
 
 
