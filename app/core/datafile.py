@@ -76,3 +76,5 @@ def load_user_yaml(path: Path | str, error: type[ValueError], max_bytes: int) ->
         return yaml.load(text, Loader=_NoAliasLoader)
     except yaml.YAMLError as exc:
         raise error(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    except RecursionError:  # a list nested 100,000 deep: a few hundred KB, no alias needed
+        raise error(f"{path}: nested too deeply to read") from None

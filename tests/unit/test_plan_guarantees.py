@@ -175,3 +175,11 @@ def test_durations_naming_an_unknown_node_type_are_refused(tmp_path: Path) -> No
                     " durations: {Z9000: 10m}}\n")
     res = CliRunner().invoke(cli, ["plan", str(path), "--time-limit", "2"])
     assert res.exit_code == 2 and "Z9000" in res.output and "catalog" in res.output
+
+
+def test_a_list_nested_too_deeply_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text("tasks: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    res = CliRunner().invoke(cli, ["plan", str(path), "--time-limit", "2"])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and "nested too deeply" in out and "Traceback" not in out
