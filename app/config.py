@@ -11,7 +11,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,6 +22,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
+from app.core.datafile import load_user_yaml
 from app.core.live_profiles import LearnPolicy, LiveProfileBook
 from app.core.policy import (
     FeasibilityPolicy,
@@ -45,6 +45,10 @@ __all__ = ["ConfigError", "NodeLabelKeys", "Settings", "StageWeights", "TierBand
 
 MAX_HOURLY_COST = 1000.0  # dollars per hour for one GPU or one CPU node
 STAGES = ("data-prep", "pretraining", "alignment", "deployment", "serving")
+
+
+# A config file is a few KB; a profiles table lives in its own file (profiles_file).
+MAX_CONFIG_BYTES = 4 << 20
 
 
 class ConfigError(ValueError):
@@ -323,9 +327,11 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     data: dict[str, Any] = {}
     if path:
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+            # The same reader as every file a user hands the product: no aliases (a few hundred
+            # bytes of nested anchors expand to gigabytes), a size cap, nesting caught.
+            loaded = load_user_yaml(path, ConfigError, MAX_CONFIG_BYTES)
+        except ConfigError as exc:
+            raise ConfigError(f"cannot read config file {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: top level must be a mapping")
         data = loaded or {}

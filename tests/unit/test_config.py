@@ -124,3 +124,21 @@ def test_serve_refuses_unplaceable_settings_in_one_line(monkeypatch: pytest.Monk
     result = CliRunner().invoke(cli, ["serve"])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     assert "['data-prep'" in result.output  # printed as is, not eaten as console markup
+
+
+def test_a_config_file_with_an_alias_bomb_is_refused_in_one_line(tmp_path: Path) -> None:
+    # Nine levels of nine aliases under a real key: 600 bytes whose validation walks 387 million
+    # strings once the aliases are shared objects in Python.
+    lines = ['x0: &a0 "x"'] + [f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    lines.append(f"weights: {{serving: {{cost: [{', '.join(['*a8'] * 9)}]}}}}")
+    f = tmp_path / "bomb.yaml"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"cannot read config file .*aliases"):
+        load_settings(f)
+
+
+def test_an_oversized_config_file_is_refused_before_reading(tmp_path: Path) -> None:
+    f = tmp_path / "big.yaml"
+    f.write_text("# " + "x" * (5 << 20) + "\n")
+    with pytest.raises(ConfigError, match="bytes; at most"):
+        load_settings(f)
