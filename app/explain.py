@@ -16,7 +16,7 @@ from app.core.live_profiles import LIVE_SOURCE_PREFIX
 from app.core.placer import UNKNOWN
 from app.core.reasons import problem_key
 from app.core.scoring import GRAVITY_OPENS_AT_MOST
-from app.core.serving_model import error_band, error_group
+from app.core.serving_model import error_band, error_group, target_margin
 from app.core.workload import TRAINING_STAGES, WorkloadError, WorkloadSpec
 from app.service import ExtenderService
 
@@ -230,6 +230,8 @@ def _serving_note(service: ExtenderService, spec: WorkloadSpec, fit: NodeFit) ->
         "estimated_ttft_ms": round(fit.estimate.ttft_ms, 1),
         "parts_ms": {k: round(v, 3) for k, v in fit.estimate.parts},
         "error_band": error_band(policy.serving, group),
+        # What the estimate was multiplied by before it met the pod's targets (1 for measured).
+        "target_margin": {m: target_margin(policy.serving, group, m) for m in ("tpot", "ttft")},
         "decided_by": decided,
         # Which pods, engine and window a learnt profile came from; a measured one's own source.
         "profile_source": None if fit.profile is None else fit.profile.source,

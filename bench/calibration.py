@@ -10,6 +10,10 @@ and the count of wrong verdicts at a 1.3x margin:
 * after, cross-validated: each source predicted by a fit to all the other sources;
 * after, fit to all: the shipped calibration (what the filter uses).
 
+Then the verdicts of the filter's target check with each group's margin (docs/stage-policy.md,
+"Target margin"): from the shipped calibration, cross-validated (margins made without the judged
+source), and through the real filter.
+
 It also runs every corpus deployment through the real filter (``feasibility.evaluate``, default
 settings, the packaged catalog) with no latency target and counts the ones refused for memory:
 each of them is known to run, so every refusal is wrong.
@@ -33,11 +37,12 @@ from app.core.catalog import default_catalog
 from app.core.feasibility import NodeFit, evaluate
 from app.core.nodes import NodeFacts, NodeLabelKeys, node_facts
 from app.core.reasons import ReasonCode
-from app.core.serving_model import ServingCalibration, default_calibration
+from app.core.serving_model import MISS, ServingCalibration, default_calibration
 from app.core.sizing import allreduce_us, gpu_link, shape
 from app.core.snapshot import NodeUsage
 from app.core.workload import Stage, WorkloadSpec
 
+SHIPPED = "after, shipped calibration (fit to all)"
 LEGACY_BANDWIDTH_EFFICIENCY = 0.6
 LEGACY_PREFILL_EFFICIENCY = 0.5
 
@@ -84,6 +89,44 @@ def node_for(row: Measurement) -> NodeFacts:
     return node_facts(node, default_catalog(), NodeLabelKeys())
 
 
+def spec_for(row: Measurement, *, concurrency: bool, **targets: float) -> WorkloadSpec:
+    p = row.point
+    return WorkloadSpec(namespace="b", name="p", stage=Stage.SERVING, model_params=row.params,
+                        active_params=row.active_params, model=row.arch.name if row.arch else None,
+                        precision=p.precision, gpus=p.gpus, concurrency=p.concurrency if concurrency else 1,
+                        context_tokens=p.input_tokens + p.output_tokens, prompt_tokens=p.input_tokens,
+                        **targets)
+
+
+def filter_verdicts(rows: list[Measurement]) -> dict[str, int]:
+    """Each measured point through the real filter (``feasibility.evaluate``, shipped settings) with
+    a target the measurement misses by just over MISS (accepting it is wrong) and one it meets with
+    MISS to spare (refusing it is wrong), for per-token and first-token targets."""
+    from app.config import Settings
+
+    policy = Settings(cluster_source="none", metrics_port=0).policies().placement.feasibility
+    out = {"judged": 0, "accepted_but_misses": 0, "refused_but_runs": 0, "not_judged_memory": 0}
+    for row in rows:
+        p = row.point
+        for key, measured in (("max_ms_per_token", p.tpot_ms if p.tpot_stat != "e2e" else None),
+                              ("max_ttft_ms", p.ttft_ms)):
+            if measured is None:
+                continue
+            node = node_for(row)
+            missed = evaluate(spec_for(row, concurrency=True, **{key: measured / MISS * 0.999}), node,
+                              NodeUsage(), p.gpus, policy)
+            met = evaluate(spec_for(row, concurrency=True, **{key: measured * MISS}), node,
+                           NodeUsage(), p.gpus, policy)
+            if any(not isinstance(g, NodeFit) and g.code is not ReasonCode.LATENCY_SLO
+                   for g in (missed, met)):
+                out["not_judged_memory"] += 1
+                continue
+            out["judged"] += 1
+            out["accepted_but_misses"] += isinstance(missed, NodeFit)
+            out["refused_but_runs"] += not isinstance(met, NodeFit)
+    return out
+
+
 def memory_refusals(rows: list[Measurement], cal: ServingCalibration, *, concurrency: bool = False
                     ) -> list[tuple[Measurement, str]]:
     """Deployments the filter refuses for memory. By default with one sequence's KV cache: the
@@ -96,12 +139,7 @@ def memory_refusals(rows: list[Measurement], cal: ServingCalibration, *, concurr
     out = []
     for row in rows:
         p = row.point
-        spec = WorkloadSpec(namespace="b", name="p", stage=Stage.SERVING, model_params=row.params,
-                            active_params=row.active_params, model=row.arch.name if row.arch else None,
-                            precision=p.precision, gpus=p.gpus,
-                            concurrency=p.concurrency if concurrency else 1,
-                            context_tokens=p.input_tokens + p.output_tokens, prompt_tokens=p.input_tokens)
-        got = evaluate(spec, node_for(row), NodeUsage(), p.gpus, policy)
+        got = evaluate(spec_for(row, concurrency=concurrency), node_for(row), NodeUsage(), p.gpus, policy)
         if not isinstance(got, NodeFit) and got.code in (ReasonCode.GPU_MEMORY, ReasonCode.PRECISION):
             out.append((row, got.message))
     return out
@@ -131,13 +169,26 @@ def main(
     variants = {
         "before (former roofline)": legacy_ratios(rows),
         "after, cross-validated (leave one source out)": fit.cross_validate(rows, ServingCalibration()),
-        "after, shipped calibration (fit to all)": fit.predict(rows, shipped),
+        SHIPPED: fit.predict(rows, shipped),
     }
     for metric, label in (("tpot", "time per output token"), ("ttft", "time to first token")):
         for name, ratios in variants.items():
             stats = fit.table(ratios, metric)
             print(markdown(f"{label}, estimate / measured: {name}", stats))
             results[f"{metric}: {name}"] = [dataclasses.asdict(s) for s in stats]
+    print("**target verdicts (a target at MISS from the measurement either way), margins applied**\n")
+    print("| judged by | metric | group | n | margin | accepted, misses > 1.3x | refused, runs |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for label, got in (("shipped calibration", fit.verdicts(variants[SHIPPED], shipped)),
+                       ("cross-validated", fit.cross_validated_verdicts(rows, ServingCalibration()))):
+        for v in got:
+            print(f"| {label} | {v.metric} | {v.group} | {v.n} | {v.margin:.2f} | {v.accepted_but_misses} "
+                  f"| {v.refused_but_runs} |")
+        results[f"verdicts: {label}"] = [dataclasses.asdict(v) for v in got]
+    real = filter_verdicts(rows)
+    print(f"\nthrough the real filter (shipped settings, each point's concurrency; per-token rows "
+          f"measured end to end are left to the table above): {real}\n")
+    results["filter_verdicts"] = real
     refused = memory_refusals(rows, shipped)
     print(f"corpus deployments refused for memory by the filter: {len(refused)} of {len(rows)}")
     for row, why in refused:

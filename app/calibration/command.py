@@ -38,6 +38,16 @@ def render(title: str, stats: list[fit.GroupStats]) -> Table:
     return t
 
 
+def render_verdicts(title: str, rows: list[fit.Verdicts]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("metric", "group", "n", "margin", "accepted, misses >1.3x", "refused, runs"):
+        t.add_column(col, justify="left" if col in ("metric", "group") else "right")
+    for v in rows:
+        t.add_row(v.metric, v.group, str(v.n), f"{v.margin:.2f}", str(v.accepted_but_misses),
+                  str(v.refused_but_runs))
+    return t
+
+
 def calibrate(
     files: Annotated[list[Path] | None, typer.Argument(
         help="Measurement files or folders in the corpus format (default: the packaged corpus).")] = None,
@@ -94,6 +104,9 @@ def calibrate(
     before = fit.predict(rows, start)
     fitted = fit.fit(rows, start, provenance=provenance)
     after = fit.predict(rows, fitted)
+    # The filter's target check: each group's estimates scaled until none of its measurements would
+    # miss an accepted target by more than MISS.
+    fitted = fitted.model_copy(update={"target_margin": fit.margins(after)})
     for metric, label in (("tpot", "per output token"), ("ttft", "to first token")):
         console.print(render(f"estimate / measured, {label}: before (start values)",
                              fit.table(before, metric)))
@@ -102,6 +115,11 @@ def calibrate(
         if cv:
             console.print(render(f"estimate / measured, {label}: cross-validated (each source "
                                  "predicted by a fit to the others)", fit.table(cv, metric)))
+    console.print(render_verdicts("target verdicts with the fitted margins", fit.verdicts(after, fitted)))
+    if cv:
+        console.print(render_verdicts(
+            "target verdicts, cross-validated (each source judged by a fit and margins from the others)",
+            fit.cross_validated_verdicts(rows, start)))
     text = yaml.safe_dump(fitted.model_dump(), sort_keys=False, width=1000)
     if out is None:
         console.print(escape(text), highlight=False)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.calibration.corpus import Measurement
-from app.core.serving_model import ServingCalibration, estimate
+from app.core.serving_model import MISS, ServingCalibration, estimate, narrowest_group, target_margin
 
 # Bounds per parameter family: shares of a peak figure, or times.
 _BOUNDS = {
@@ -33,7 +33,6 @@ _BOUNDS = {
 }
 PRIOR_WEIGHT = 0.1  # log-units of residual per log-unit away from the default
 LOSS_SCALE = 0.25  # soft-L1 knee, in log ratio: rows off by more than ~1.3x count linearly
-MISS = 1.3  # a verdict is wrong when the measurement is more than this factor from the estimate
 
 
 def _bounds(name: str) -> tuple[float, float]:
@@ -161,3 +160,70 @@ def table(ratios: Sequence[Ratio], metric: str) -> list[GroupStats]:
                               int(np.sum(vals < 1 / MISS)), int(np.sum(vals > MISS)),
                               float(np.mean((vals >= 0.7) & (vals <= 1.4)))))
     return out
+
+
+def group_of(row: Measurement) -> str:
+    """The one group whose margin the filter would apply to this configuration."""
+    p = row.point
+    return narrowest_group(row.moe, p.precision, p.gpus, p.concurrency)
+
+
+def margins(ratios: Sequence[Ratio]) -> dict[str, dict[str, float]]:
+    """Per metric and group, the smallest factor (at least 1, rounded up to a hundredth) that keeps
+    every point's verdict right: estimate x margin never more than MISS below the measurement."""
+    out: dict[str, dict[str, float]] = {}
+    for r in ratios:
+        need = max(1.0, r.measured / r.estimated / MISS)
+        table = out.setdefault(r.metric, {})
+        for key in (group_of(r.row), "all"):
+            table[key] = max(table.get(key, 1.0), math.ceil(need * 100 - 1e-9) / 100)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Verdicts:
+    """How the filter's target check fares on the points of one group, margin applied."""
+
+    group: str
+    metric: str
+    n: int
+    margin: float  # the largest margin applied in the group
+    accepted_but_misses: int  # estimate x margin meets a target the measurement misses by > MISS
+    refused_but_runs: int  # estimate x margin exceeds a target the measurement meets with MISS to spare
+
+
+def verdicts(ratios: Sequence[Ratio], cal: ServingCalibration | None,
+             per_row: Callable[[Ratio], float] | None = None) -> list[Verdicts]:
+    """Verdict counts per group with ``cal``'s margins (or ``per_row``'s, for cross-validation)."""
+    def margin(r: Ratio) -> float:
+        if per_row is not None:
+            return per_row(r)
+        return target_margin(cal, group_of(r.row), r.metric) if cal is not None else 1.0
+
+    out = []
+    for metric in ("tpot", "ttft"):
+        for name, member in GROUPS.items():
+            rows = [r for r in ratios if r.metric == metric and member(r)]
+            if not rows:
+                continue
+            judged = [(r.ratio * margin(r), margin(r)) for r in rows]
+            out.append(Verdicts(name, metric, len(rows), max(m for _, m in judged),
+                                sum(1 for v, _ in judged if v < 1 / MISS),
+                                sum(1 for v, _ in judged if v > MISS)))
+    return out
+
+
+def cross_validated_verdicts(rows: Sequence[Measurement], start: ServingCalibration | None = None
+                             ) -> list[Verdicts]:
+    """Each source judged by a fit and margins made from every other source."""
+    judged: list[tuple[Ratio, float]] = []
+    for source in sorted({r.source.id for r in rows}):
+        held = [r for r in rows if r.source.id == source]
+        rest = [r for r in rows if r.source.id != source]
+        cal = fit(rest, start)
+        table = margins(predict(rest, cal))
+        for ratio in predict(held, cal):
+            got = table.get(ratio.metric, {})
+            judged.append((ratio, got.get(group_of(ratio.row), got.get("all", 1.0))))
+    lookup = {id(r): m for r, m in judged}
+    return verdicts([r for r, _ in judged], None, per_row=lambda r: lookup[id(r)])

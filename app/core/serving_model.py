@@ -80,6 +80,12 @@ class ServingCalibration(BaseModel):
     interleave: NonNegative = 1.0
     ttft_floor_ms: NonNegative = 10.0
     ttft_queue: NonNegative = 0.7
+    # Per metric ("tpot", "ttft") and corpus group: the factor an estimate is multiplied by before it
+    # is compared with a pod's target, so that no published measurement of the group would miss a
+    # target the filter accepts by more than MISS (docs/stage-policy.md, "Target margin"). Written by
+    # the calibrate command from the fit's own errors; not a fitted parameter.
+    target_margin: dict[str, dict[str, Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)]]] = \
+        Field(default_factory=dict)
     # Where the values came from (the calibrate command writes the corpus and the fit's figures).
     provenance: dict[str, Any] = Field(default_factory=dict)
 
@@ -288,19 +294,36 @@ def serving_estimate(spec: WorkloadSpec, precision: Precision, gpu: GpuSpec, ban
     return estimate(case, defaults.serving)
 
 
-def error_group(spec: WorkloadSpec, precision: Precision, default_concurrency: int) -> str:
-    """The corpus group whose cross-validated error describes this pod best (the narrowest)."""
-    if spec.active_params is not None and spec.model_params and spec.active_params < spec.model_params:
+# An estimate the filter accepts may be this far from what the engine measures (docs/stage-policy.md).
+MISS = 1.3
+
+
+def narrowest_group(moe: bool, precision: Precision, gpus: int, concurrency: int) -> str:
+    """The corpus group a configuration belongs to most specifically; every configuration has one."""
+    if moe:
         return "moe"
     if precision is Precision.INT4:
         return "int4"
     if precision in (Precision.FP8, Precision.INT8):
         return "int8/fp8"
-    if spec.gpus >= 4:
+    if gpus >= 4:
         return "tp>=4"
-    if (spec.concurrency or default_concurrency) >= 16:
+    if concurrency >= 16:
         return "concurrency>=16"
     return "dense"
+
+
+def error_group(spec: WorkloadSpec, precision: Precision, default_concurrency: int) -> str:
+    """The corpus group whose cross-validated error describes this pod best (the narrowest)."""
+    moe = (spec.active_params is not None and bool(spec.model_params)
+           and spec.active_params < (spec.model_params or 0))
+    return narrowest_group(moe, precision, spec.gpus, spec.concurrency or default_concurrency)
+
+
+def target_margin(cal: ServingCalibration, group: str, metric: str = "tpot") -> float:
+    """What an estimate of ``group`` is multiplied by before it is compared with a target."""
+    table = cal.target_margin.get(metric, {})
+    return table.get(group, table.get("all", 1.0))
 
 
 def error_band(cal: ServingCalibration, group: str, metric: str = "tpot") -> dict[str, Any] | None:
