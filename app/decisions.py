@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.core.batch_scoring import ScoreList
 from app.core.feasibility import NodeFit
 from app.core.placer import FilterDecision
-from app.core.ranking import Agreement, agreement, best_nodes
-from app.core.scoring import NodeScore
+from app.core.ranking import Agreement
+from app.core.score_list import NodeScore, ScoreList
 from app.core.workload import WorkloadSpec
 
 DECISION_MEMORY = 20_000
@@ -31,36 +30,27 @@ class Remembered:
     agreement: Agreement | None = None  # set at bind: how kube-scheduler's node ranked in ``scores``
     # prioritize's answer as computed; the by-node map is built only when a bind or explain asks
     # (a dict of 5,000 entries per scheduling cycle was measurable on the hot path).
-    score_list: Sequence[NodeScore] = field(default_factory=list)
-    _by_node: dict[str, NodeScore] | None = None
+    score_list: ScoreList = field(default_factory=ScoreList.empty)
 
-    def set_scores(self, scores: Sequence[NodeScore]) -> None:
-        self.score_list, self._by_node = scores, None
+    def set_scores(self, scores: ScoreList) -> None:
+        self.score_list = scores
 
     def score_of(self, node: str) -> NodeScore | None:
-        if isinstance(self.score_list, ScoreList):
-            return self.score_list.get(node)
-        return self.scores.get(node)
+        return self.score_list.get(node)
 
     def best_nodes(self) -> list[str]:
-        if isinstance(self.score_list, ScoreList):
-            return [self.score_list.names[i] for i in self.score_list.best_positions().tolist()]
-        return sorted(best_nodes({s.node: s.total for s in self.score_list}))
+        return self.score_list.best_nodes()
 
     @property
     def scores(self) -> dict[str, NodeScore]:
         """Every scored node by name (explain; builds them all: not for the hot path)."""
-        if self._by_node is None:
-            self._by_node = {s.node: s for s in self.score_list}
-        return self._by_node
+        return {s.node: s for s in self.score_list}
 
     def agreement_with(self, node: str) -> Agreement:
         """How ``node`` ranks in this cycle's scores (kube-scheduler skips prioritize for one node)."""
         if not self.score_list and self.fits is not None and len(self.fits) == 1 and node in self.fits:
             return Agreement.TOP
-        if isinstance(self.score_list, ScoreList):
-            return self.score_list.agreement(node)
-        return agreement(node, {s.node: s.total for s in self.score_list})
+        return self.score_list.agreement(node)
 
 
 class DecisionMemory:
@@ -85,7 +75,7 @@ class DecisionMemory:
         while len(self._by_uid) > self.capacity:
             self._by_uid.popitem(last=False)
 
-    def remember_scores(self, uid: str, scores: Sequence[NodeScore]) -> None:
+    def remember_scores(self, uid: str, scores: ScoreList) -> None:
         if uid and (r := self._by_uid.get(uid)) is not None:
             r.set_scores(scores)
 

@@ -10,20 +10,19 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from app import wire
 from app.bind_gate import BindGate
 from app.binding import BinderLike, PodBinding
 from app.config import Settings
-from app.core.batch_scoring import ScoreList
 from app.core.catalog import GpuCatalog
 from app.core.gravity import GravityModel
 from app.core.nodes import NodeFacts, facts_for
 from app.core.placer import FilterDecision, GangHook, Placer
 from app.core.reasons import MESSAGE_PREFIX, problem_key
-from app.core.scoring import NodeScore
+from app.core.score_list import ScoreList
 from app.core.snapshot import ClusterSnapshot
 from app.core.units import quote
 from app.core.workload import WorkloadError, WorkloadSpec
@@ -141,24 +140,21 @@ class ExtenderService:
                 fresh = prior is not None and time.time() - prior.at < FILTER_REUSE_SECONDS
                 known = prior.fits if prior is not None and fresh else None
                 names = args.names()
-                scored = prior.score_list if prior is not None and fresh else None
-                reused = scored.take(names) if isinstance(scored, ScoreList) else None
+                reused = prior.score_list.take(names) if prior is not None and fresh else None
                 if reused is not None:
                     # filter_to_best scored these nodes in this cycle's filter: reuse, not recompute.
-                    scores: Sequence[NodeScore] = reused
+                    scores: ScoreList = reused
                 else:
                     scores = self.placer.prioritize(args.pod, names, known)
                     self.memory.remember_scores(uid, scores)
-            if isinstance(scores, ScoreList):
-                return wire.priority_pairs(scores.names, scores.bands.tolist())
-            return wire.priority_list(scores)
+            return wire.priority_pairs(scores.names, scores.bands.tolist())
         except Exception as exc:
             # kube-scheduler ignores prioritize errors silently, so count them for alerting.
             kind = "malformed" if isinstance(exc, wire.WireError) else "internal"
             if kind == "internal":
                 log.exception("prioritize failed")
             self.metrics.request_errors.labels("prioritize", kind).inc()
-            return wire.priority_list([])
+            return wire.priority_pairs([], [])
         finally:
             self.metrics.request_duration.labels("prioritize").observe(time.perf_counter() - t0)
 

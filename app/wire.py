@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -175,15 +175,6 @@ def filter_result(
         items = [n for n in args.nodes or [] if (n.get("metadata") or {}).get("name") in keep]
         result["Nodes"] = {"metadata": {}, "items": items}
     return orjson.dumps(result)
-
-
-class Scored(Protocol):
-    node: str
-    score: int
-
-
-def priority_list(scores: Sequence[Scored]) -> bytes:
-    return priority_pairs([s.node for s in scores], [s.score for s in scores])
 
 
 def priority_pairs(hosts: Sequence[str], scores: Sequence[int]) -> bytes:

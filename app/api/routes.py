@@ -44,7 +44,7 @@ async def read_body(request: Request, limit: int) -> bytes | None:
 def too_large(verb: str, limit: int) -> bytes:
     msg = MESSAGE_PREFIX + f"{verb} request body larger than {limit} bytes (max_body_bytes)"
     if verb == "prioritize":
-        return wire.priority_list([])
+        return wire.priority_pairs([], [])
     if verb == "preempt":
         return wire.preemption_result({}, {})
     if verb == "bind":

@@ -13,14 +13,13 @@ from typing import Any, Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
-from app.core.batch_scoring import Floats, Ints, ScoreList, score_batch
 from app.core.feasibility import NodeFit, apply_default_target, evaluate
 from app.core.narrowing import soft_preference
 from app.core.nodes import NodeFacts
 from app.core.policy import PlacementPolicy
-from app.core.ranking import best_nodes
 from app.core.reasons import MESSAGE_CHARS, MESSAGE_PREFIX, ReasonCode, Rejection, clip, reject
-from app.core.scoring import GravityFn, NodeScore, score_nodes
+from app.core.score_list import Floats, Ints, ScoreList
+from app.core.scoring import GravityFn, Usage, score_batch, score_nodes
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import TRAINING_STAGES, WorkloadError, WorkloadSpec, parse_workload
 
@@ -271,7 +270,7 @@ class Placer:
                 decision.codes.setdefault(r.message, r.code)
         return decision
 
-    def narrow(self, decision: FilterDecision, pod: dict[str, Any]) -> Sequence[NodeScore] | None:
+    def narrow(self, decision: FilterDecision, pod: dict[str, Any]) -> ScoreList | None:
         """Keep only our best-ranked passing node(s) (policy ``filter_to_best``); return the scores.
 
         One node when the pod has no soft in-tree preference (kube-scheduler then skips scoring and
@@ -279,26 +278,23 @@ class Placer:
         """
         if not self.policy.filter_to_best or decision.spec is None or len(decision.passed) < 2:
             return None
-        scores: Sequence[NodeScore]
         c = decision.classified
         if c is not None:
-            batch = self._score_positions(decision.spec, c, c.passing)
-            best = batch.best_positions()
-            keep = [batch.names[i] for i in best.tolist()]
+            scores = self._score_positions(decision.spec, c, c.passing)
+            best = scores.best_positions()
+            keep = [scores.names[i] for i in best.tolist()]
             tainted = bool(self.snapshot.table.prefer_no_schedule[c.rows[c.passing[best]]].any())
-            scores = batch
         else:
             scores = self.score(decision.spec, [decision.fits[n] for n in decision.passed])
-            top = best_nodes({s.node: s.total for s in scores})
-            keep = [n for n in decision.passed if n in top]
+            keep = scores.best_nodes()
             tainted = any(decision.fits[n].node.prefer_no_schedule for n in keep)
         if len(keep) > 1 and not tainted and soft_preference(pod) is None:
             keep = keep[:1]
         decision.passed = keep  # the others are left out of the answer (docs/scoring.md)
         return scores
 
-    def score(self, spec: WorkloadSpec, fits: Sequence[NodeFit]) -> list[NodeScore]:
-        """Scores one node at a time (app.core.scoring, the readable definition): explain, plans."""
+    def score(self, spec: WorkloadSpec, fits: Sequence[NodeFit]) -> ScoreList:
+        """Scores of nodes given as fits (app.core.scoring): gangs, explain, plans."""
         term = None
         # Producers (depends-on) and serving-group partners pull through the same term.
         if self.gravity is not None and (spec.depends_on or spec.serving_group):
@@ -306,7 +302,7 @@ class Placer:
         return score_nodes(spec, fits, self.snapshot.usage, self.policy.scoring, term)
 
     def _score_positions(self, spec: WorkloadSpec, c: Classified, positions: Ints) -> ScoreList:
-        """Scores of the candidates at ``positions`` (feasible ones), as columns (app.core.batch_scoring)."""
+        """Scores of the candidates at ``positions`` (feasible ones), as columns (app.core.scoring)."""
         names = c.passing_names if positions is c.passing else [c.names[i] for i in positions.tolist()]
         rows = c.rows[positions]
         table = self.snapshot.table
@@ -315,16 +311,17 @@ class Placer:
             term = self.gravity.term(spec, names)
             if term is not None:
                 gravity = np.array([np.nan if (g := term(n)) is None else g for n in names], dtype=np.float64)
-        return score_batch(spec, names, cast(list[NodeFit], c.verdicts), c.class_of[positions],
-                           table.gpus_used[rows], table.cpu_used[rows], table.training[rows],
-                           table.interactive[rows], self.policy.scoring, gravity)
+        usage = Usage(table.gpus_used[rows], table.cpu_used[rows], table.training[rows],
+                      table.interactive[rows])
+        return score_batch(spec, names, cast(list[NodeFit], c.verdicts), c.class_of[positions], usage,
+                           self.policy.scoring, gravity)
 
     def prioritize(
         self,
         pod: dict[str, Any],
         node_names: Sequence[str],
         known_fits: Mapping[str, NodeFit] | None = None,
-    ) -> Sequence[NodeScore]:
+    ) -> ScoreList:
         """Scores for the nodes kube-scheduler kept; infeasible or unknown nodes score 0.
 
         ``known_fits``: the filter verdicts of this same pod on an unchanged snapshot, which spares
@@ -333,32 +330,21 @@ class Placer:
         try:
             spec = self.parse(pod)
         except WorkloadError:
-            return [NodeScore(n, 0, 0.0) for n in node_names]
+            return ScoreList.empty().padded(node_names)
         if spec.gang is not None and self.gangs is not None:
             # Gang members: the plan narrows the verdicts per node (GangHook.filter_member).
             if known_fits is not None and known_fits.keys() >= set(node_names):
                 fits: Mapping[str, NodeFit] = {n: known_fits[n] for n in node_names}
             else:
                 fits, _ = self.evaluate_nodes(spec, node_names)
-            scores = self.score(spec, list(fits.values()))
-            if len(scores) == len(node_names):
-                return scores
-            scored = {s.node: s for s in scores}
-            return [scored.get(n) or NodeScore(n, 0, 0.0) for n in node_names]
+            return self.score(spec, list(fits.values())).padded(node_names)
         c = known_fits.classified if isinstance(known_fits, FitMap) else None
         if c is not None and len(c.names) == len(node_names) and c.names == list(node_names):
             pass  # the same candidates filter judged in this cycle
         else:
             c = self.classify(spec, node_names)
-        batch = self._score_positions(spec, c, c.passing)
-        if len(c.passing) == len(node_names):
-            return batch  # every node kept, in request order: the common case, no re-mapping
-        by_name = {batch.names[i]: i for i in range(len(batch))}
-        out: list[NodeScore] = []
-        for n in node_names:
-            i = by_name.get(n)
-            out.append(NodeScore(n, 0, 0.0) if i is None else batch[i])
-        return out
+        # Every node kept, in request order, is the common case: no re-mapping then.
+        return self._score_positions(spec, c, c.passing).padded(node_names)
 
 
 @dataclass(slots=True)

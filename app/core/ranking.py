@@ -18,8 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 
+import numpy as np
+import numpy.typing as npt
+
 MAX_EXTENDER_PRIORITY = 10  # kube-scheduler's extenderv1.MaxExtenderPriority
 EQUAL_TOTAL = 1e-9
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
 
 
 class ScoreMapping(StrEnum):
@@ -27,27 +33,31 @@ class ScoreMapping(StrEnum):
     LINEAR = "linear"  # round(10 x total): the old mapping, kept for comparisons
 
 
-def band_scores(totals: Sequence[float], mapping: ScoreMapping = ScoreMapping.RANK) -> list[int]:
+def bands(totals: Floats | Sequence[float], mapping: ScoreMapping = ScoreMapping.RANK) -> Ints:
     """kube-scheduler's 0..10 for each total, in input order."""
+    totals = np.asarray(totals, dtype=np.float64)
     if mapping is ScoreMapping.LINEAR:
-        return [max(0, min(MAX_EXTENDER_PRIORITY, round(MAX_EXTENDER_PRIORITY * t))) for t in totals]
-    band_of: dict[float, int] = {}
-    band = MAX_EXTENDER_PRIORITY
-    previous: float | None = None
-    for value in sorted(set(totals), reverse=True):
+        return np.clip(np.round(MAX_EXTENDER_PRIORITY * totals), 0, MAX_EXTENDER_PRIORITY).astype(np.int64)
+    distinct = np.unique(totals)[::-1]  # descending
+    band_of = np.zeros(len(distinct), dtype=np.int64)
+    band, previous = MAX_EXTENDER_PRIORITY, None
+    for k, value in enumerate(distinct.tolist()):
         if previous is not None and previous - value > EQUAL_TOTAL:
-            band = max(0, band - 1)
-        band_of[value] = band
+            band -= 1
+            if band <= 0:
+                break  # the rest stay 0
+        band_of[k] = band
         previous = value
-    return [band_of[t] for t in totals]
+    # Map each total to its distinct value's index (``distinct`` is descending).
+    idx = len(distinct) - 1 - np.searchsorted(distinct[::-1], totals)
+    return band_of[idx]
 
 
-def best_nodes(totals: dict[str, float]) -> set[str]:
-    """The nodes whose total equals the best one (within ``EQUAL_TOTAL``)."""
-    if not totals:
-        return set()
-    top = max(totals.values())
-    return {n for n, t in totals.items() if top - t <= EQUAL_TOTAL}
+def best_positions(totals: Floats) -> Ints:
+    """Positions whose total equals the best one (within ``EQUAL_TOTAL``), in input order."""
+    if not len(totals):
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(totals.max() - totals <= EQUAL_TOTAL)
 
 
 class Agreement(StrEnum):
@@ -59,10 +69,8 @@ class Agreement(StrEnum):
     UNRANKED = "unranked"  # no ranking remembered for the pod (restart, or bound by someone else)
 
 
-def agreement(chosen: str, totals: dict[str, float] | None) -> Agreement:
-    if not totals or chosen not in totals:
-        return Agreement.UNRANKED
-    best = best_nodes(totals)
-    if chosen not in best:
+def agreement_at(totals: Floats, chosen: int) -> Agreement:
+    """How the candidate at position ``chosen`` ranks among ``totals``."""
+    if totals.max() - totals[chosen] > EQUAL_TOTAL:
         return Agreement.LOWER
-    return Agreement.TOP if len(best) == 1 else Agreement.TIED_TOP
+    return Agreement.TOP if len(best_positions(totals)) == 1 else Agreement.TIED_TOP

@@ -1,5 +1,11 @@
 """Soft preferences (prioritize): weighted terms in [0, 1], combined, then banded into kube-scheduler's 0-10.
 
+One scorer for every caller (prioritize, filter_to_best, explain, gangs, the planner and the
+simulator). Each term is defined once: terms that follow from a node's shape and the pod's fit there
+are computed once per class of identical nodes; terms that follow from live usage are element-wise
+over columns, one entry per candidate. At 5,000 candidates a Python loop per node cost tens of
+milliseconds per request (bench/extender_latency.py; current figures in BENCHMARKS.md, section 1).
+
 Relative terms (cost, bandwidth) are normalised against the best candidate in the same request, so a
 score says "how close to the best option here", not an absolute figure that drifts with prices.
 """
@@ -7,14 +13,20 @@ score says "how close to the best option here", not an absolute figure that drif
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from app.core.feasibility import NodeFit
 from app.core.nodes import NodeClass
 from app.core.policy import ScoringPolicy, StageWeights
-from app.core.ranking import band_scores
+from app.core.ranking import bands
+from app.core.score_list import Floats, Ints, NodeScore, ScoreList
 from app.core.snapshot import NodeUsage
 from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
+
+__all__ = ["GRAVITY_OPENS_AT_MOST", "TERMS", "GravityFn", "NodeScore", "ScoreList", "Usage",
+           "consolidates", "score_batch", "score_nodes", "work_cost"]
 
 TERMS = (
     "memory_fit", "bandwidth", "cost", "separation", "packing",
@@ -32,26 +44,32 @@ GravityFn = Callable[[str], float | None]
 # Among nodes of one size gravity ranks as usual. Serving groups are exempt (their partners' pull
 # is not a one-time read). docs/data-gravity.md.
 GRAVITY_OPENS_AT_MOST = 2
+GUARD_GAP = 1e-6  # well above ranking.EQUAL_TOTAL, far below any difference a weight produces
+# Terms in which a partly used node of another shape must be at least as good as the whole node it
+# stands in for: consolidating may cost more per hour, never slower or less preferred hardware.
+HARDWARE_TERMS = ("bandwidth", "preference", "precision", "node_class")
 
 
-@dataclass(slots=True)
-class NodeScore:
-    node: str
-    score: int
-    total: float  # the unrounded weighted mean in [0, 1]; breaks ties in explain output
-    terms: dict[str, float] = field(default_factory=dict)
-    weights: dict[str, float] = field(default_factory=dict)
-    # Set when the whole-node guard ranked this node below a partly used node of its shape.
-    guarded_by: str | None = None
-    # Set when this node's gravity was capped: the pod would open it, it has more than
-    # GRAVITY_OPENS_AT_MOST times the pod's GPUs, and a partly used or smaller node fits the pod.
-    gravity_capped: bool = False
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Live usage of each candidate, as columns in request order."""
 
-    def top_terms(self, n: int = 3) -> list[tuple[str, float]]:
-        contrib = {t: self.terms[t] * self.weights.get(t, 0.0) for t in self.terms}
-        ranked = sorted(contrib.items(), key=lambda kv: kv[1], reverse=True)
-        return [(t, self.terms[t]) for t, c in ranked[:n] if c > 0]
+    gpus: Ints
+    cpu_millis: Floats
+    training: Ints  # training pods on the node
+    interactive: Ints  # interactive serving pods on the node
 
+    @classmethod
+    def of(cls, names: Sequence[str], usage: Mapping[str, NodeUsage]) -> Usage:
+        empty = NodeUsage()
+        us = [usage.get(n) or empty for n in names]
+        return cls(np.array([u.gpus for u in us], dtype=np.int64),
+                   np.array([u.cpu_millis for u in us], dtype=np.float64),
+                   np.array([u.training for u in us], dtype=np.int64),
+                   np.array([u.interactive for u in us], dtype=np.int64))
+
+
+# Terms of a class of identical nodes (the pod's fit on one of them).
 
 def _weights_for(spec: WorkloadSpec, policy: ScoringPolicy) -> StageWeights:
     stage = spec.stage.value if spec.stage else ("serving" if spec.gpus else "data-prep")
@@ -78,36 +96,6 @@ def _node_class(spec: WorkloadSpec, fit: NodeFit) -> float:
     if spec.stage in CPU_STAGES or spec.stage is Stage.SERVING:
         return {NodeClass.CPU: 1.0, NodeClass.STORAGE: 0.6, NodeClass.GPU: 0.0}[cls]
     return 0.0 if cls is NodeClass.GPU else 1.0
-
-
-def _separation(spec: WorkloadSpec, usage: NodeUsage) -> float:
-    if spec.stage in TRAINING_STAGES:
-        return 0.0 if usage.interactive > 0 else 1.0
-    if spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE:
-        return 0.0 if usage.training > 0 else 1.0
-    return 1.0
-
-
-def _packing(spec: WorkloadSpec, fit: NodeFit, usage: NodeUsage) -> float:
-    """Fill nodes so whole nodes stay free, without stranding GPUs behind exhausted CPUs.
-
-    GPUs are only usable with CPU beside them. A placement that leaves a node's free GPUs with less
-    than their proportional share of the free CPU strands them (the "Beware of Fragmentation" FGD
-    lesson); replaying the Alibaba openb trace showed pure GPU bin-packing losing pods to that.
-    """
-    node = fit.node
-    if node.gpu_count > 0 and node.cpu_millis > 0:
-        cpu_per_gpu = node.cpu_millis / node.gpu_count
-        free_after = node.gpu_count - usage.gpus - spec.gpus
-        cpu_after = node.cpu_millis - usage.cpu_millis - spec.cpu_millis
-        balance = 1.0 if free_after <= 0 else min(1.0, max(0.0, cpu_after) / (free_after * cpu_per_gpu))
-        if spec.gpus > 0:
-            return min(1.0, (usage.gpus + spec.gpus) / node.gpu_count) * (0.5 + 0.5 * balance)
-        # CPU pods belong where the GPUs are already busy, then where CPU is plentiful per free GPU.
-        return 1.0 if free_after <= 0 else 0.5 * balance
-    if node.cpu_millis > 0:
-        return min(1.0, (usage.cpu_millis + spec.cpu_millis) / node.cpu_millis)
-    return NEUTRAL
 
 
 def _preference(spec: WorkloadSpec, fit: NodeFit) -> float:
@@ -157,120 +145,162 @@ def work_cost(spec: WorkloadSpec, f: NodeFit, interactive: bool) -> float:
     return f.pod_hourly_cost
 
 
+def _class_terms(spec: WorkloadSpec, class_fits: Sequence[NodeFit], present: list[int],
+                 policy: ScoringPolicy) -> list[dict[str, float]]:
+    """The terms that follow from the class alone, for each class present (others stay empty)."""
+    interactive = spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE
+    target_ms = spec.max_ms_per_token or policy.default_interactive_ms_per_token
+    # Relative terms need the best candidate; one representative per shape and precision suffices.
+    reps = list({(class_fits[c].node.shape_id, class_fits[c].sizing.precision): class_fits[c]
+                 for c in present}.values())
+    best_cost = min((work_cost(spec, f, interactive) for f in reps), default=0.0)
+    ms_values = [f.ms_per_token for f in reps if f.ms_per_token]
+    best_ms = min(ms_values) if ms_values else None
+    max_bw = max((f.node.gpu_bandwidth_tbs for f in reps), default=0.0)
+    out: list[dict[str, float]] = [{} for _ in class_fits]
+    for c in present:
+        f = class_fits[c]
+        cost = work_cost(spec, f, interactive)
+        out[c] = {
+            "memory_fit": _memory_fit(spec, f, policy.memory_headroom),
+            "cost": (best_cost / cost) if cost > 0 else 1.0,
+            "preference": _preference(spec, f),
+            "node_class": _node_class(spec, f),
+            "precision": _precision(spec, f),
+            "bandwidth": _bandwidth(f, interactive, target_ms, best_ms, max_bw, spec.gpus > 0),
+        }
+    return out
+
+
+# Terms of live usage, over columns.
+
+def _separation(spec: WorkloadSpec, usage: Usage) -> Floats:
+    """Training stays off nodes serving interactive traffic, and interactive serving off training."""
+    if spec.stage in TRAINING_STAGES:
+        return np.where(usage.interactive > 0, 0.0, 1.0)
+    if spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE:
+        return np.where(usage.training > 0, 0.0, 1.0)
+    return np.ones(len(usage.gpus))
+
+
+def _packing(spec: WorkloadSpec, cap_gpus: Ints, cap_cpu: Floats, usage: Usage) -> Floats:
+    """Fill nodes so whole nodes stay free, without stranding GPUs behind exhausted CPUs.
+
+    GPUs are only usable with CPU beside them. A placement that leaves a node's free GPUs with less
+    than their proportional share of the free CPU strands them (the "Beware of Fragmentation" FGD
+    lesson); replaying the Alibaba openb trace showed pure GPU bin-packing losing pods to that.
+    CPU pods belong where the GPUs are already busy, then where CPU is plentiful per free GPU.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gpu_node = (cap_gpus > 0) & (cap_cpu > 0)
+        cpu_per_gpu = np.where(gpu_node, cap_cpu / np.where(cap_gpus > 0, cap_gpus, 1), 1.0)
+        free_after = cap_gpus - usage.gpus - spec.gpus
+        cpu_after = cap_cpu - usage.cpu_millis - spec.cpu_millis
+        ratio = np.minimum(1.0, np.maximum(0.0, cpu_after) / (free_after * cpu_per_gpu))
+        balance = np.where(free_after <= 0, 1.0, ratio)
+        if spec.gpus > 0:
+            gpu_term = np.minimum(1.0, (usage.gpus + spec.gpus) / np.where(cap_gpus > 0, cap_gpus, 1)) * (
+                0.5 + 0.5 * balance)
+        else:
+            gpu_term = np.where(free_after <= 0, 1.0, 0.5 * balance)
+        cpu_term = np.minimum(1.0, (usage.cpu_millis + spec.cpu_millis) / np.where(cap_cpu > 0, cap_cpu, 1.0))
+        return np.where(gpu_node, gpu_term, np.where(cap_cpu > 0, cpu_term, NEUTRAL))
+
+
+def _gravity(spec: WorkloadSpec, gravity: Floats | None, cap_gpus: Ints, usage: Usage
+             ) -> tuple[Floats, frozenset[int]]:
+    """The data-gravity column (NaN: no pull, neutral) and the positions whose pull was capped."""
+    n = len(cap_gpus)
+    if gravity is None:
+        return np.full(n, NEUTRAL), frozenset()
+    grav = np.where(np.isnan(gravity), NEUTRAL, gravity)
+    capped: set[int] = set()
+    if spec.gpus > 0 and n and spec.serving_group is None:
+        # GRAVITY_OPENS_AT_MOST: no pull toward opening a node far bigger than the pod beyond the
+        # best pull of a candidate that fits it otherwise.
+        oversized = (cap_gpus > GRAVITY_OPENS_AT_MOST * spec.gpus) & (usage.gpus == 0) & ~np.isnan(gravity)
+        for size in np.unique(cap_gpus[oversized]).tolist():
+            # Partly used nodes and smaller whole nodes fit the pod without opening this size.
+            others = gravity[((usage.gpus > 0) | (cap_gpus < size)) & ~np.isnan(gravity)]
+            if others.size:
+                cap = others.max()
+                these = oversized & (cap_gpus == size) & (gravity > cap)
+                capped.update(np.flatnonzero(these).tolist())
+                grav = np.where(these, cap, grav)
+    return grav, frozenset(capped)
+
+
+def score_batch(
+    spec: WorkloadSpec,
+    names: list[str],
+    class_fits: Sequence[NodeFit],
+    class_of: Ints,
+    usage: Usage,
+    policy: ScoringPolicy,
+    gravity: Floats | None = None,
+) -> ScoreList:
+    """Score feasible candidates given as columns (one entry per node, request order).
+
+    ``class_fits[c]``: the pod's fit on a node of class ``c`` (same shape, so same fit); ``class_of``:
+    each node's class; ``usage``: the nodes' live counters. ``gravity``: the data-gravity term per
+    node, NaN where it has none (neutral).
+    """
+    w = _weights_for(spec, policy).model_dump()
+    present = sorted(set(class_of.tolist()))
+    class_terms = _class_terms(spec, class_fits, present, policy)
+    facts = [(f.node.gpu_count, f.node.cpu_millis, f.node.shape_id) if class_terms[c] else (0, 0.0, -1)
+             for c, f in enumerate(class_fits)]
+    cap_gpus = np.array([g for g, _, _ in facts], dtype=np.int64)[class_of]
+    cap_cpu = np.array([cpu for _, cpu, _ in facts], dtype=np.float64)[class_of]
+    shape = np.array([s for _, _, s in facts], dtype=np.int64)[class_of]
+    separation = _separation(spec, usage)
+    packing = _packing(spec, cap_gpus, cap_cpu, usage)
+    grav, capped = _gravity(spec, gravity, cap_gpus, usage)
+    columns = {"separation": separation, "packing": packing, "gravity": grav}
+    # The weighted mean, term by term in TERMS order.
+    acc = np.zeros(len(names))
+    for term in TERMS:
+        if term in columns:
+            acc = acc + columns[term] * w[term]
+        else:
+            per_class = np.array([t.get(term, 0.0) for t in class_terms], dtype=np.float64)
+            acc = acc + per_class[class_of] * w[term]
+    total_w = sum(w[t] for t in TERMS)
+    totals = acc / total_w if total_w > 0 else np.zeros(len(names))
+    guarded: dict[int, str] = {}
+    if spec.gpus > 0 and policy.whole_node_guard and len(names):
+        guarded = _guard(names, totals, packing, separation, shape, cap_gpus, usage.gpus, spec.gpus,
+                         class_of, class_terms, policy.stranded_idle_share)
+    return ScoreList(names, totals, bands(totals, policy.score_mapping), class_of, class_terms,
+                     columns, w, guarded, capped)
+
+
 def score_nodes(
     spec: WorkloadSpec,
     fits: Sequence[NodeFit],
     usage: Mapping[str, NodeUsage],
     policy: ScoringPolicy,
     gravity: GravityFn | None = None,
-) -> list[NodeScore]:
-    """Score every feasible node; output order follows ``fits``."""
+) -> ScoreList:
+    """Score nodes given as their fits (explain, gangs, the planner, the simulator); order follows
+    ``fits``. Nodes of one shape at one precision share a class."""
     if not fits:
-        return []
-    w = _weights_for(spec, policy).model_dump()
-
-    interactive = spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE
-    target_ms = spec.max_ms_per_token or policy.default_interactive_ms_per_token
-
-    def unit_cost(f: NodeFit) -> float:
-        return work_cost(spec, f, interactive)
-
-    # Relative terms need the best candidate; nodes of one shape and precision are all alike, so
-    # look at one representative of each instead of every node.
-    reps = list({(f.node.shape_id, f.sizing.precision): f for f in fits}.values())
-    best_cost = min(unit_cost(f) for f in reps)
-    ms_values = [f.ms_per_token for f in reps if f.ms_per_token]
-    best_ms = min(ms_values) if ms_values else None
-    max_bw = max((f.node.gpu_bandwidth_tbs for f in reps), default=0.0)
-    total_w = sum(w[t] for t in TERMS)
-    gpu_pod = spec.gpus > 0
-
-    def base_terms(f: NodeFit, u: NodeUsage) -> dict[str, float]:
-        cost = unit_cost(f)
-        terms: dict[str, float] = {
-            "memory_fit": _memory_fit(spec, f, policy.memory_headroom),
-            "cost": (best_cost / cost) if cost > 0 else 1.0,
-            "separation": _separation(spec, u),
-            "packing": _packing(spec, f, u),
-            "preference": _preference(spec, f),
-            "node_class": _node_class(spec, f),
-            "precision": _precision(spec, f),
-        }
-        terms["bandwidth"] = _bandwidth(f, interactive, target_ms, best_ms, max_bw, gpu_pod)
-        terms["gravity"] = NEUTRAL
-        return terms
-
-    # Terms other than gravity depend on the node's shape and a few usage counters only, so equal
-    # keys share one computation (5,000 candidate nodes typically collapse to a few dozen keys).
-    def weighted(terms: dict[str, float]) -> float:
-        return sum(terms[t] * w[t] for t in TERMS) / total_w if total_w > 0 else 0.0
-
-    # The whole-node guard's two facts about a node also follow from its key: does the pod open a
-    # whole node there, and may that node stand in for a whole one of its shape (see _guard).
-    guard = gpu_pod and policy.whole_node_guard
-    memo: dict[tuple[object, ...], tuple[dict[str, float], float, bool, bool]] = {}
-    out: list[NodeScore] = []
-    opening: list[tuple[NodeScore, int, int]] = []
-    best_sibling: dict[int, tuple[NodeScore, int]] = {}  # shape -> its best partly used node, position
-    empty = NodeUsage()
-    pulls: dict[str, float | None] = {}
-    caps: dict[int, float] = {}  # oversized node size -> best pull of a candidate that is not it
-
-    def oversized(f: NodeFit, u: NodeUsage) -> bool:
-        n = f.node
-        return gpu_pod and n.gpu_count > GRAVITY_OPENS_AT_MOST * spec.gpus and u.gpus == 0
-
+        return ScoreList.empty()
+    names = [f.node.name for f in fits]
+    classes: dict[tuple[int, object], int] = {}
+    class_fits: list[NodeFit] = []
+    class_of = np.empty(len(fits), dtype=np.int64)
+    for i, f in enumerate(fits):
+        key = (f.node.shape_id, f.sizing.precision)
+        c = classes.get(key)
+        if c is None:
+            c = classes[key] = len(class_fits)
+            class_fits.append(f)
+        class_of[i] = c
+    column = None
     if gravity is not None:
-        pulls = {f.node.name: gravity(f.node.name) for f in fits}
-        if spec.serving_group is None:
-            sizes = {f.node.gpu_count for f in fits if oversized(f, usage.get(f.node.name) or empty)}
-            for size in sizes:
-                # Partly used nodes and smaller whole nodes fit the pod without opening this size.
-                best = max((g for f in fits if (g := pulls[f.node.name]) is not None
-                            and ((usage.get(f.node.name) or empty).gpus > 0 or f.node.gpu_count < size)),
-                           default=None)
-                if best is not None:
-                    caps[size] = best
-    for f in fits:
-        node = f.node
-        name = node.name
-        u = usage.get(name) or empty
-        key = (node.shape_id, f.sizing.precision, u.gpus, u.cpu_millis, u.training > 0, u.interactive > 0)
-        hit = memo.get(key)
-        if hit is None:
-            terms = base_terms(f, u)
-            opens = node.gpu_count > 0 and u.gpus == 0 and spec.gpus < node.gpu_count
-            sibling = node.gpu_count > 0 and not opens and terms["separation"] >= 1.0
-            hit = memo[key] = (terms, weighted(terms), opens, sibling)
-        terms, total, opens, sibling = hit
-        capped = False
-        if (g := pulls.get(name)) is not None:
-            cap = caps.get(node.gpu_count)
-            if cap is not None and g > cap and oversized(f, u):
-                capped, g = True, cap
-            terms = {**terms, "gravity": g}
-            total = weighted(terms)
-        score = NodeScore(name, 0, total, terms, w, gravity_capped=capped)
-        out.append(score)
-        if guard:
-            if opens:
-                opening.append((score, node.shape_id, node.gpu_count))
-            elif sibling:
-                b = best_sibling.get(node.shape_id)
-                if b is None or total > b[0].total:
-                    best_sibling[node.shape_id] = (score, len(out) - 1)
-    if opening and best_sibling:
-        _guard(opening, best_sibling, spec.gpus, policy.stranded_idle_share)
-    # The integer kube-scheduler sees is a band relative to the other candidates (app.core.ranking).
-    for s, band in zip(out, band_scores([s.total for s in out], policy.score_mapping), strict=True):
-        s.score = band
-    return out
-
-
-GUARD_GAP = 1e-6  # well above ranking.EQUAL_TOTAL, far below any difference a weight produces
-# Terms in which a partly used node of another shape must be at least as good as the whole node it
-# stands in for: consolidating may cost more per hour, never slower or less preferred hardware.
-HARDWARE_TERMS = ("bandwidth", "preference", "precision", "node_class")
+        column = np.array([np.nan if (g := gravity(n)) is None else g for n in names], dtype=np.float64)
+    return score_batch(spec, names, class_fits, class_of, Usage.of(names, usage), policy, column)
 
 
 def consolidates(whole: Mapping[str, float], whole_gpus: int, partly: Mapping[str, float], pod_gpus: int,
@@ -293,8 +323,9 @@ def consolidates(whole: Mapping[str, float], whole_gpus: int, partly: Mapping[st
     return ratio <= 1.0 + (whole_gpus - pod_gpus) * idle_share / pod_gpus + 1e-12
 
 
-def _guard(opening: list[tuple[NodeScore, int, int]], best_sibling: dict[int, tuple[NodeScore, int]],
-           pod_gpus: int, idle_share: float) -> None:
+def _guard(names: list[str], totals: Floats, packing: Floats, separation: Floats, shape: Ints,
+           cap_gpus: Ints, gpus_used: Ints, pod_gpus: int, class_of: Ints,
+           class_terms: list[dict[str, float]], idle_share: float) -> dict[int, str]:
     """Never open a whole GPU node while a partly used node that may stand in for it can take the pod.
 
     The weighted mean trades packing against gravity and cost, and through the real kube-scheduler
@@ -306,21 +337,35 @@ def _guard(opening: list[tuple[NodeScore, int, int]], best_sibling: dict[int, tu
     whole node would strand. A pod that fills a whole node exactly does not open it. A sibling whose
     tenants the stage must keep apart from (separation) does not count: isolation is worth a whole
     node. Nor does one that packs worse than the whole node (CPU exhausted beside its free GPUs).
+    Lowers ``totals`` in place; returns position -> the node that outranked it.
     """
-    # Best first; on equal totals the earlier in request order (batch_scoring picks the same one).
-    siblings = [(shape, b) for shape, (b, _) in sorted(best_sibling.items(),
-                                                        key=lambda kv: (-kv[1][0].total, kv[1][1]))]
-    qualifying: dict[int, list[NodeScore]] = {}
-    for s, shape, gpus in opening:
-        cands = qualifying.get(shape)
-        if cands is None:
-            cands = qualifying[shape] = [
-                b for other, b in siblings
-                if other == shape or consolidates(s.terms, gpus, b.terms, pod_gpus, idle_share)
-            ]
-        # A sibling whose CPU is nearly gone packs worse (its free GPUs would be stranded behind it,
-        # the packing term's balance factor): then it does not stand in for the whole node.
-        b = next((c for c in cands if c.terms["packing"] >= s.terms["packing"]), None)
-        if b is not None and s.total > b.total - GUARD_GAP:
-            s.total = b.total - GUARD_GAP
-            s.guarded_by = b.node
+    opens = (cap_gpus > 0) & (gpus_used == 0) & (pod_gpus < cap_gpus)
+    sibling = (cap_gpus > 0) & ~opens & (separation >= 1.0)
+    guarded: dict[int, str] = {}
+    if not opens.any() or not sibling.any():
+        return guarded
+    original = totals.copy()  # siblings are judged on their own totals, before any lowering
+    # Each shape's best partly used node (first of the best in request order), best first; on
+    # equal totals the earlier in request order.
+    best: list[int] = []
+    for s in np.unique(shape[sibling]).tolist():
+        sib = np.flatnonzero(sibling & (shape == s))
+        best.append(int(sib[np.argmax(original[sib])]))
+    best.sort(key=lambda b: (-float(original[b]), b))
+    for s in np.unique(shape[opens]).tolist():
+        at = np.flatnonzero(opens & (shape == s))
+        whole_terms = class_terms[int(class_of[at[0]])]
+        whole_gpus = int(cap_gpus[at[0]])
+        cands = [b for b in best if int(shape[b]) == s or consolidates(
+            whole_terms, whole_gpus, class_terms[int(class_of[b])], pod_gpus, idle_share)]
+        left = at
+        for b in cands:  # each opening node stands behind the best candidate packing at least as well
+            fits = packing[b] >= packing[left]
+            hit = left[fits & (original[left] > original[b] - GUARD_GAP)]
+            if len(hit):
+                totals[hit] = original[b] - GUARD_GAP
+                guarded.update(dict.fromkeys(hit.tolist(), names[b]))
+            left = left[~fits]
+            if not len(left):
+                break
+    return guarded

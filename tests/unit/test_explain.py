@@ -21,7 +21,7 @@ from app.api.app import create_app
 from app.cli import cli
 from app.config import Settings
 from app.core.catalog import GpuCatalog
-from app.core.ranking import band_scores
+from app.core.ranking import bands
 from app.core.workload import parse_workload
 from app.explain import explain_pod
 from app.service import ExtenderService
@@ -151,7 +151,7 @@ def test_explain_matches_filter_and_prioritize(svc: ExtenderService) -> None:
         e = entries[node]
         weighted = sum(e["terms"][t] * w for t, w in e["weights"].items()) / sum(e["weights"].values())
         assert abs(weighted - e["total"]) < 1e-3, node
-    assert band_scores([entries[n]["total"] for n in ranked]) == [scores[n] for n in ranked]
+    assert bands([entries[n]["total"] for n in ranked]).tolist() == [scores[n] for n in ranked]
 
 
 def test_explain_after_bind_names_the_bound_node(svc: ExtenderService, binder: MemoryBinder) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from app.config import Settings
-from app.core.ranking import EQUAL_TOTAL, Agreement, ScoreMapping, agreement, band_scores, best_nodes
+from app.core.ranking import EQUAL_TOTAL, Agreement, ScoreMapping, agreement_at, bands, best_positions
+from app.core.score_list import ScoreList
 from app.core.snapshot import PlacedPod
 from app.core.workload import Stage
 from app.service import ExtenderService
@@ -20,44 +22,43 @@ totals = st.lists(st.floats(min_value=0.0, max_value=1.0, allow_nan=False), min_
 
 @given(totals)
 def test_bands_never_invert_and_best_is_ten(values: list[float]) -> None:
-    bands = band_scores(values)
-    assert all(0 <= b <= 10 for b in bands)
+    got = bands(values).tolist()
+    assert all(0 <= b <= 10 for b in got)
     best = max(values)
-    for v, b in zip(values, bands, strict=True):
+    for v, b in zip(values, got, strict=True):
         assert (b == 10) == (best - v <= EQUAL_TOTAL)
-    for (v1, b1) in zip(values, bands, strict=True):
-        for (v2, b2) in zip(values, bands, strict=True):
+    for (v1, b1) in zip(values, got, strict=True):
+        for (v2, b2) in zip(values, got, strict=True):
             if v1 > v2:
                 assert b1 >= b2  # order kept (equal only at 0 or within the tolerance)
 
 
 @given(totals)
 def test_top_ten_distinct_totals_get_distinct_bands(values: list[float]) -> None:
-    bands = band_scores(values)
+    got = bands(values).tolist()
     distinct = sorted(set(values), reverse=True)
     separated = [distinct[0]]
     for v in distinct[1:]:
         if separated[-1] - v > EQUAL_TOTAL:
             separated.append(v)
     for rank, v in enumerate(separated[:10]):
-        assert bands[values.index(v)] == 10 - rank
+        assert got[values.index(v)] == 10 - rank
 
 
 def test_small_difference_survives_rank_but_not_linear() -> None:
     # The measured case: one GPU used moves the weighted total by ~0.02.
     values = [0.71, 0.69, 0.69]
-    assert band_scores(values, ScoreMapping.LINEAR) == [7, 7, 7]
-    assert band_scores(values) == [10, 9, 9]
+    assert bands(values, ScoreMapping.LINEAR).tolist() == [7, 7, 7]
+    assert bands(values).tolist() == [10, 9, 9]
 
 
 def test_agreement_outcomes() -> None:
-    totals = {"a": 0.9, "b": 0.9, "c": 0.5}
-    assert best_nodes(totals) == {"a", "b"}
-    assert agreement("a", totals) is Agreement.TIED_TOP
-    assert agreement("c", totals) is Agreement.LOWER
-    assert agreement("a", {"a": 0.9, "c": 0.5}) is Agreement.TOP
-    assert agreement("x", totals) is Agreement.UNRANKED
-    assert agreement("a", None) is Agreement.UNRANKED
+    totals = np.array([0.9, 0.9, 0.5])
+    assert best_positions(totals).tolist() == [0, 1]
+    assert agreement_at(totals, 0) is Agreement.TIED_TOP
+    assert agreement_at(totals, 2) is Agreement.LOWER
+    assert agreement_at(np.array([0.9, 0.5]), 0) is Agreement.TOP
+    assert ScoreList.empty().agreement("x") is Agreement.UNRANKED
 
 
 def _eight_h100(service: ExtenderService) -> list[str]:

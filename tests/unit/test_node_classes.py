@@ -1,19 +1,17 @@
-"""The per-class / column path of filter and prioritize (app/core/node_table.py, Placer.classify,
-app/core/batch_scoring.py) must decide exactly what the one-node-at-a-time definitions decide
-(app.core.feasibility.evaluate, app.core.scoring.score_nodes): same verdicts, same totals, bands and
-whole-node guard, on generated clusters with varied usage."""
+"""Filter and prioritize judge one node per class of identical nodes (app/core/node_table.py,
+Placer.classify): every node judged on its own (app.core.feasibility.evaluate) must get its class's
+verdict, and scoring the filter's classes must rank exactly as scoring the same nodes' fits
+(the classes of app.core.scoring.score_nodes), on generated clusters with varied usage."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
-import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config import Settings
-from app.core.batch_scoring import score_batch
-from app.core.feasibility import NodeFit, evaluate
+from app.core.feasibility import evaluate
 from app.core.placer import FitMap
 from app.core.reasons import Rejection
 from app.core.scoring import score_nodes
@@ -81,7 +79,7 @@ def spec_for(svc: ExtenderService, pod: tuple[Any, ...]) -> Any:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes=st.lists(node_st, min_size=1, max_size=24), usage=st.lists(usage_st, max_size=24),
        pod=pod_st, order=st.randoms(use_true_random=False), idle_share=st.sampled_from([0.0, 0.5, 1.0]))
-def test_grouped_verdicts_and_column_scores_equal_the_per_node_definitions(
+def test_grouped_verdicts_and_scores_equal_the_per_node_ones(
         nodes: list[tuple[Any, ...]], usage: list[tuple[Any, ...]], pod: tuple[Any, ...], order: Any,
         idle_share: float) -> None:
     # idle_share > 0 also exercises the whole-node guard across shapes (docs/scoring.md).
@@ -115,7 +113,7 @@ def test_grouped_verdicts_and_column_scores_equal_the_per_node_definitions(
             else:  # only the default target may drop a feasible node
                 assert "default interactive target" in c.verdicts[int(c.class_of[i])].message  # type: ignore[union-attr]
 
-    # Scores: the column path against score_nodes over the same feasible nodes.
+    # Scores: the filter's classes against the classes of the same nodes' fits.
     passing = [fits[n] for n in fits]
     reference = score_nodes(spec, passing, svc.snapshot.usage, placer.policy.scoring)
     batch = placer._score_positions(spec, c, c.passing)
@@ -125,29 +123,6 @@ def test_grouped_verdicts_and_column_scores_equal_the_per_node_definitions(
         assert got.score == want.score
         assert got.guarded_by == want.guarded_by
         assert got.terms == want.terms
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(nodes=st.lists(node_st, min_size=2, max_size=16), usage=st.lists(usage_st, max_size=16),
-       pull=st.lists(st.one_of(st.none(), st.floats(0, 1)), min_size=16, max_size=16))
-def test_the_gravity_column_equals_the_per_node_gravity_term(
-        nodes: list[tuple[Any, ...]], usage: list[tuple[Any, ...]], pull: list[float | None]) -> None:
-    svc, names = build(nodes, usage)
-    spec = spec_for(svc, ("alignment", 1, "1B", None, "1"))
-    c = svc.placer.classify(spec, names)
-    fits = FitMap(c, svc.snapshot.entries)
-    term = {n: pull[i] for i, n in enumerate(names)}
-    reference = score_nodes(spec, [fits[n] for n in fits], svc.snapshot.usage, svc.placer.policy.scoring,
-                            term.get)
-    rows = c.rows[c.passing]
-    table = svc.snapshot.table
-    column = np.array([np.nan if term[n] is None else term[n] for n in c.passing_names])
-    class_fits = cast(list[NodeFit], c.verdicts)  # only feasible classes are indexed below
-    batch = score_batch(spec, c.passing_names, class_fits, c.class_of[c.passing], table.gpus_used[rows],
-                        table.cpu_used[rows], table.training[rows], table.interactive[rows],
-                        svc.placer.policy.scoring, column)
-    assert [(s.node, s.total, s.score, s.guarded_by) for s in batch] == [
-        (s.node, s.total, s.score, s.guarded_by) for s in reference]
 
 
 def test_the_node_table_follows_every_usage_change() -> None:

@@ -1,0 +1,145 @@
+"""What scoring answers: one request's candidates with their totals and kube-scheduler's bands,
+as columns, with a ``NodeScore`` built on demand for the node a bind or explain asks about."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar, cast, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core import ranking
+from app.core.ranking import Agreement
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+G = TypeVar("G", bound=np.generic)
+
+
+@dataclass(slots=True)
+class NodeScore:
+    node: str
+    score: int
+    total: float  # the unrounded weighted mean in [0, 1]; breaks ties in explain output
+    terms: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    # Set when the whole-node guard ranked this node below a partly used node of its shape.
+    guarded_by: str | None = None
+    # Set when this node's gravity was capped: the pod would open it, it has more than
+    # GRAVITY_OPENS_AT_MOST times the pod's GPUs, and a partly used or smaller node fits the pod.
+    gravity_capped: bool = False
+
+    def top_terms(self, n: int = 3) -> list[tuple[str, float]]:
+        contrib = {t: self.terms[t] * self.weights.get(t, 0.0) for t in self.terms}
+        ranked = sorted(contrib.items(), key=lambda kv: kv[1], reverse=True)
+        return [(t, self.terms[t]) for t, c in ranked[:n] if c > 0]
+
+
+class ScoreList(Sequence[NodeScore]):
+    """Scores of one request's candidates, in request order; ``NodeScore`` objects on demand.
+
+    Holds columns, not objects: a bind or explain asks about one or a few nodes, and building 5,000
+    objects per scheduling cycle to answer that was measurable.
+    """
+
+    def __init__(self, names: list[str], totals: Floats, bands: Ints, class_of: Ints,
+                 class_terms: list[dict[str, float]], columns: dict[str, Floats],
+                 weights: dict[str, float], guarded_by: dict[int, str],
+                 capped: frozenset[int] = frozenset()) -> None:
+        self.names = names
+        self.totals = totals
+        self.bands = bands
+        self._class_of = class_of
+        self._class_terms = class_terms
+        self._columns = columns
+        self._weights = weights
+        self._guarded_by = guarded_by  # position -> the partly used node that outranked it
+        self._capped = capped  # positions whose gravity pull was capped
+        self._pos: dict[str, int] | None = None
+
+    @classmethod
+    def empty(cls) -> ScoreList:
+        none = np.zeros(0, dtype=np.int64)
+        return cls([], np.zeros(0), none, none, [], {}, {}, {})
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, i: int) -> NodeScore: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[NodeScore]: ...
+
+    def __getitem__(self, i: int | slice) -> NodeScore | list[NodeScore]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        terms = {**self._class_terms[int(self._class_of[i])],
+                 **{t: float(col[i]) for t, col in self._columns.items()}}
+        return NodeScore(self.names[i], int(self.bands[i]), float(self.totals[i]), terms,
+                         self._weights, self._guarded_by.get(i), i in self._capped)
+
+    def __iter__(self) -> Iterator[NodeScore]:
+        return (self[i] for i in range(len(self)))
+
+    def position(self, node: str) -> int | None:
+        if self._pos is None:
+            self._pos = {n: i for i, n in enumerate(self.names)}
+        return self._pos.get(node)
+
+    def get(self, node: str) -> NodeScore | None:
+        i = self.position(node)
+        return None if i is None else self[i]
+
+    def take(self, names: Sequence[str]) -> ScoreList | None:
+        """The scores of ``names``, in that order; None when one of them was not scored here."""
+        if len(names) == len(self.names) and names == self.names:
+            return self
+        found = [self.position(n) for n in names]
+        if any(p is None for p in found):
+            return None
+        pos = cast(list[int], found)
+        idx = np.array(pos, dtype=np.int64)
+        guarded = {k: self._guarded_by[i] for k, i in enumerate(pos) if i in self._guarded_by}
+        capped = frozenset(k for k, i in enumerate(pos) if i in self._capped)
+        return ScoreList(list(names), self.totals[idx], self.bands[idx], self._class_of[idx],
+                         self._class_terms, {t: c[idx] for t, c in self._columns.items()},
+                         self._weights, guarded, capped)
+
+    def padded(self, names: Sequence[str]) -> ScoreList:
+        """These scores over ``names`` in that order; a name not scored here (infeasible, unknown)
+        scores 0 in band 0 with no terms."""
+        if len(names) == len(self.names) and list(names) == self.names:
+            return self
+        found = [self.position(n) for n in names]
+        missing = len(self._class_terms)  # an extra, empty class for the unscored
+        idx = np.array([-1 if p is None else p for p in found], dtype=np.int64)
+        hit = idx >= 0
+
+        def pick(col: npt.NDArray[G], fill: float) -> npt.NDArray[G]:
+            out = np.full(len(names), fill, dtype=col.dtype)
+            out[hit] = col[idx[hit]]
+            return out
+
+        class_of = pick(self._class_of, missing)
+        pairs = [(k, i) for k, i in enumerate(found) if i is not None]
+        guarded = {k: self._guarded_by[i] for k, i in pairs if i in self._guarded_by}
+        capped = frozenset(k for k, i in pairs if i in self._capped)
+        return ScoreList(list(names), pick(self.totals, 0.0), pick(self.bands, 0), class_of,
+                         [*self._class_terms, {}], {t: pick(c, 0.0) for t, c in self._columns.items()},
+                         self._weights, guarded, capped)
+
+    def best_positions(self) -> Ints:
+        """Positions whose total equals the best one (within ``EQUAL_TOTAL``), in request order."""
+        return ranking.best_positions(self.totals)
+
+    def best_nodes(self) -> list[str]:
+        return [self.names[i] for i in self.best_positions().tolist()]
+
+    def agreement(self, node: str) -> Agreement:
+        i = self.position(node)
+        return Agreement.UNRANKED if i is None else ranking.agreement_at(self.totals, i)
