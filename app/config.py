@@ -152,10 +152,6 @@ class Settings(BaseSettings):
     # /explain shows where pods run: "kubernetes" lets only callers whose bearer token may get the
     # pod read it (TokenReview + SubjectAccessReview); "none" leaves it open (no API server to ask).
     explain_auth: Literal["kubernetes", "none"] = "kubernetes"
-    # Where binds, events and annotations are sent from: threads of this process, or a child
-    # process with its own GIL; measured equal, so the simpler one is the default
-    # (docs/extender-protocol.md; BENCHMARKS.md, section 2, "Binds from threads or from a child process").
-    api_calls: Literal["process", "thread"] = "thread"
     # auto: filter answers only our best node(s), one when the pod has no soft in-tree preference
     # (docs/scoring.md); off: every feasible node, and prioritize ranks them.
     filter_to_best: Literal["auto", "off"] = "auto"

@@ -12,7 +12,6 @@ from dataclasses import replace
 from kubernetes import client
 
 from app.binding import BinderLike, PodBinding
-from app.cluster.api_process import ProcessRest
 from app.cluster.binder import Binder
 from app.cluster.cache import ClusterCache
 from app.cluster.client import api_client, raw
@@ -112,8 +111,7 @@ def build_live(
         start_live_profiles(service)
         return service, None
     api = api_client(settings.kubeconfig)
-    rest = ProcessRest(settings.kubeconfig) if settings.api_calls == "process" else None
-    service = build_core(settings, catalog, metrics, Binder(api, rest), live_gangs=True)
+    service = build_core(settings, catalog, metrics, Binder(api), live_gangs=True)
     gangs = service.gang_binder
     if isinstance(gangs, GangCoordinator):
         # Plans persisted on pods are restored before we serve a single filter, so a restarted

@@ -37,7 +37,7 @@ class BindError(RuntimeError):
 
 class Binder:
     def __init__(self, api: client.ApiClient, rest: RestLike | None = None) -> None:
-        # ``rest``: where the calls run (app/cluster/api_process.py); in our threads by default.
+        # ``rest``: how the calls are sent (tests hand a recorder); raw JSON over the client's pool.
         self.rest: RestLike = rest or JsonRest(api)
         # Events are written off the bind path: a Placed event used to double a bind's API time,
         # and kube-scheduler waits for the bind answer.
