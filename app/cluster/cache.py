@@ -123,7 +123,7 @@ def apply_pod(
         return
     gpu_res = tuple(settings.labels.gpu_resource)
     try:
-        spec = parse_workload(pod, gpu_res)
+        spec = parse_workload(pod, gpu_res, snapshot.claim_reader())
     except WorkloadError:
         spec = None
     # Specs are kept for pods still to be placed, for gang members (membership counts) and for
@@ -145,10 +145,10 @@ def apply_pod(
     else:
         # Bad annotations must never hide real GPU usage: count resources regardless.
         try:
-            gpus, cpu, mem = pod_resources(pod, gpu_res)
+            gpus, cpu, mem = pod_resources(pod, gpu_res, snapshot.claim_reader())
         except ValueError:
             gpus, cpu, mem = 0, 0.0, 0.0
-        claims, shares = _claims(pod)
+        claims, shares = _claims(pod, snapshot)
         placed = PlacedPod(uid=uid, key=key, node=node, gpus=max(0, gpus - shares), cpu_millis=cpu,
                            memory_bytes=mem, stage=None, latency_class=None, gang=None, claims=claims)
     snapshot.place(placed)
@@ -162,15 +162,14 @@ def _assigned_precision(meta: dict[str, Any]) -> Precision | None:
         return None
 
 
-def _claims(pod: dict[str, Any]) -> tuple[tuple[tuple[str, int], ...], int]:
+def _claims(pod: dict[str, Any], snapshot: ClusterSnapshot) -> tuple[tuple[tuple[str, int], ...], int]:
     """The pod's DRA claims (ns/name, whole GPUs) and its device shares, for a pod whose
     annotations do not parse (as WorkloadSpec.claim_gpus and shared_gpus)."""
-    from app.core import workload
-
-    if workload.CLAIM_DEVICES is None:
+    reader = snapshot.claim_reader()
+    if reader is None:
         return (), 0
     try:
-        got = workload.CLAIM_DEVICES(pod, ())
+        got = reader.pod_devices(pod, ())
         return tuple(got.claims), int(got.shares)
     except Exception:  # the usage must be counted however odd the pod is
         return (), 0

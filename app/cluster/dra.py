@@ -24,7 +24,6 @@ from kubernetes.client.exceptions import ApiException
 from app.backoff import Backoff, absent_backoff
 from app.cluster.cache import ClusterCache, Gone, apply_node, watch_events
 from app.cluster.client import list_all
-from app.core import workload
 from app.core.units import quote
 from app.ratelog import RateLimitedLog
 
@@ -171,8 +170,7 @@ class DraWatcher:
             self._reapply(nodes)
             self.snapshot.refresh_dra(list(self.snapshot.usage), list(self.snapshot.claim_pods))
             # Pods parsed from now on count their claims' GPUs.
-            workload.CLAIM_GPUS = dra.pod_gpus
-            workload.CLAIM_DEVICES = dra.pod_devices
+            dra.reads_claims = True
 
     # --- list + watch ------------------------------------------------------------------------------
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:

@@ -10,7 +10,9 @@ local-disk one, so a per-tier figure alone would rank "same NVLink domain" above
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import IntEnum
+from types import MappingProxyType
 
 from app.core.nodes import NodeFacts
 from app.core.policy import ZONE_LABEL, TierBandwidth
@@ -41,13 +43,13 @@ _LABELS = {
 MISSING = "missing"  # the distance label of an edge whose producer could not be found
 
 # llm-placement.io/colocation levels (the parser maps "required" to "node").
-LEVELS: dict[str, Distance] = {
+LEVELS: Mapping[str, Distance] = MappingProxyType({
     "node": Distance.NODE,
     "nvlink": Distance.NVLINK,
     "leaf": Distance.FABRIC,
     "fabric": Distance.FABRIC,
     "zone": Distance.ZONE,
-}
+})
 # Levels that accept only the inner-most fabric tiers: "leaf" is the same NVLink domain or the same
 # tier-0 domain (leaf switch), where a prefill/decode pair's KV-cache transfers stay one hop.
 MAX_RUNG = {"leaf": 0}

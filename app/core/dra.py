@@ -789,6 +789,9 @@ class DraIndex:
 
     driver: str = DRIVER
     enabled: bool = False  # the API exists and the slices were listed
+    # Set once the watcher has listed the resource.k8s.io kinds: pods parsed from then on count
+    # their claims' GPUs (ClusterSnapshot.claim_reader).
+    reads_claims: bool = False
     slices: dict[str, _Slice] = field(default_factory=dict)  # slice name -> parsed
     by_node: dict[str, set[str]] = field(default_factory=dict)  # node -> slice names
     classes: dict[str, Selection] = field(default_factory=dict)  # name -> what it selects

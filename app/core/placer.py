@@ -155,7 +155,7 @@ class Placer:
         self._gpu_resources = policy.gpu_resources
 
     def parse(self, pod: dict[str, Any]) -> WorkloadSpec:
-        return parse_workload(pod, self._gpu_resources)
+        return parse_workload(pod, self._gpu_resources, self.snapshot.claim_reader())
 
     def usage(self, node: str) -> NodeUsage:
         return self.snapshot.usage.get(node) or NodeUsage()

@@ -200,6 +200,10 @@ class ClusterSnapshot:
         base = pod.gpus if pod.base_gpus is None else pod.base_gpus
         return base + sum(n for claim, n in pod.claims if not self.dra.is_allocated(claim))
 
+    def claim_reader(self) -> DraIndex | None:
+        """How pods' DRA claims are read, once the cluster's claims are known (else None)."""
+        return self.dra if self.dra.reads_claims else None
+
     def refresh_dra(self, nodes: Iterable[str] = (), claims: Iterable[str] = ()) -> None:
         """After DRA objects changed: the busy devices of ``nodes`` and the charge of the pods that
         name ``claims``. Both at once (under the caller's lock), so a claim's GPUs move from its

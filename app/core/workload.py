@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import StrEnum
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -52,7 +53,7 @@ class Stage(StrEnum):
     SERVING = "serving"
 
 
-STAGE_ALIASES: dict[str, Stage] = {
+STAGE_ALIASES: Mapping[str, Stage] = MappingProxyType({
     **{s.value: s for s in Stage},
     "dataprep": Stage.DATA_PREP,
     "pretrain": Stage.PRETRAINING,
@@ -65,7 +66,7 @@ STAGE_ALIASES: dict[str, Stage] = {
     "inference": Stage.SERVING,
     "serve": Stage.SERVING,
     "eval": Stage.SERVING,
-}
+})
 
 TRAINING_STAGES = frozenset({Stage.PRETRAINING, Stage.ALIGNMENT})
 CPU_STAGES = frozenset({Stage.DATA_PREP, Stage.DEPLOYMENT})
@@ -272,8 +273,35 @@ class WorkloadError(ValueError):
         self.problems = problems
 
 
-def pod_resources(pod: dict[str, Any], gpu_resources: tuple[str, ...]) -> tuple[int, float, float]:
-    """Effective (gpus, cpu millis, memory bytes): max(sum of containers, largest init container)."""
+class ClaimReader(Protocol):
+    """What a pod's DRA claims hold or ask for (app.core.dra.DraIndex, once the cluster adapter has
+    read the resource.k8s.io API; docs/dra.md). Without one, extended resources only are counted."""
+
+    def pod_gpus(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> int:
+        """Full GPUs held or asked for through claims, and through extended resources a DeviceClass
+        backs other than ``counted``."""
+        ...
+
+    def pod_devices(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> ClaimFields:
+        """The rest of what the claims say (MIG slices, selector restrictions, the claims and how
+        many GPUs of them are held)."""
+        ...
+
+
+class ClaimFields(Protocol):
+    @property
+    def claims(self) -> Any: ...
+
+    @property
+    def shares(self) -> Any: ...
+
+    def fields(self) -> dict[str, Any]: ...
+
+
+def pod_resources(pod: dict[str, Any], gpu_resources: tuple[str, ...], claims: ClaimReader | None = None
+                  ) -> tuple[int, float, float]:
+    """Effective (gpus, cpu millis, memory bytes): max(sum of containers, largest init container),
+    plus the GPUs of the pod's claims when ``claims`` reads them."""
     spec = _mapping(pod.get("spec"), "spec")
 
     def one(container: dict[str, Any]) -> tuple[float, float, float]:
@@ -302,21 +330,14 @@ def pod_resources(pod: dict[str, Any], gpu_resources: tuple[str, ...]) -> tuple[
     for c in _sequence(spec.get("initContainers"), "spec.initContainers"):
         for i, v in enumerate(one(c)):
             totals[i] = max(totals[i], v)
-    if CLAIM_GPUS is not None:
-        totals[0] += CLAIM_GPUS(pod, gpu_resources)
+    if claims is not None:
+        totals[0] += claims.pod_gpus(pod, gpu_resources)
     if not totals[0] <= MAX_GPUS:
         raise ValueError(f"pod requests {totals[0]:g} GPUs, more than any node has")
     return round(totals[0]), totals[1], totals[2]
 
 
 MAX_GPUS = 1e6
-# Full GPUs a pod holds or asks for through DRA ResourceClaims, and through extended resources a
-# DeviceClass backs other than the GPU resources given (docs/dra.md): installed by the cluster
-# adapter once the resource.k8s.io API answers; None counts extended resources only.
-CLAIM_GPUS: Callable[[dict[str, Any], tuple[str, ...]], int] | None = None
-# The rest of what a pod's claims say (MIG slices, selector restrictions, the claims and how many
-# GPUs of them are held; app.core.dra.PodDevices), installed alongside.
-CLAIM_DEVICES: Callable[[dict[str, Any], tuple[str, ...]], Any] | None = None
 
 
 def _mapping(value: Any, what: str) -> dict[str, Any]:
@@ -439,9 +460,11 @@ def _split(text: str, key: str = "list") -> tuple[str, ...]:
 
 
 def parse_workload(
-    pod: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
+    pod: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu"),
+    claims: ClaimReader | None = None,
 ) -> WorkloadSpec:
-    """Parse a pod dict into a WorkloadSpec; raise WorkloadError listing every problem."""
+    """Parse a pod dict into a WorkloadSpec; raise WorkloadError listing every problem. ``claims``:
+    how the pod's DRA claims are read (None: the cluster has no DRA, or it is not read yet)."""
     if not isinstance(pod, dict):
         raise WorkloadError([AnnotationProblem("pod", "pod is not a JSON object")])
     meta = pod.get("metadata") or {}
@@ -577,15 +600,16 @@ def parse_workload(
 
     fields["gang"] = gang
     try:
-        fields["gpus"], fields["cpu_millis"], fields["memory_bytes"] = pod_resources(pod, gpu_resources)
+        resources = pod_resources(pod, gpu_resources, claims)
+        fields["gpus"], fields["cpu_millis"], fields["memory_bytes"] = resources
     except ValueError as exc:
         problems.append(AnnotationProblem("resources", str(exc)))
     if spec.get("resourceClaims"):
         fields["has_claims"] = True
     # Claims, the claim kube-scheduler makes for extended resources a DeviceClass backs (named in
     # the status), and those extended resources themselves: any pod may have them.
-    if CLAIM_DEVICES is not None:
-        fields.update(CLAIM_DEVICES(pod, gpu_resources).fields())
+    if claims is not None:
+        fields.update(claims.pod_devices(pod, gpu_resources).fields())
 
     if (raw := get("model")) is not None:
         _resolve_model(raw, fields, problems)

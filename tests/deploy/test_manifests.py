@@ -209,11 +209,7 @@ def test_dra_example_claims_gpus_the_extender_counts() -> None:
     claims = {c["name"] for c in spec["resourceClaims"]}
     assert {c["name"] for c in spec["containers"][0]["resources"]["claims"]} <= claims
     pod = {"metadata": {**meta, "name": "chat-70b-dra-0", "namespace": "llm-examples"}, "spec": spec}
-    workload.CLAIM_GPUS = dra.pod_gpus
-    try:
-        w = workload.parse_workload(pod)
-    finally:
-        workload.CLAIM_GPUS = None
+    w = workload.parse_workload(pod, claims=dra)
     assert (w.gpus, w.model_params, _stage(meta["annotations"])) == (4, 70e9, "serving")
 
 
@@ -231,11 +227,7 @@ def test_mig_example_claims_one_40gb_slice() -> None:
     dra.put_template(by_kind["ResourceClaimTemplate"])
     meta, spec = _pod_meta_spec(by_kind["Deployment"])  # type: ignore[misc]
     pod = {"metadata": {**meta, "name": "chat-7b-mig-0", "namespace": "llm-examples"}, "spec": spec}
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices
-    try:
-        w = workload.parse_workload(pod)
-    finally:
-        workload.CLAIM_GPUS = workload.CLAIM_DEVICES = None
+    w = workload.parse_workload(pod, claims=dra)
     assert (w.gpus, w.mig_slices, w.mig_profiles, w.claim_notes) == (0, 1, ("3g.40gb",), ())
 
 

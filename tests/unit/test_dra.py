@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -54,11 +53,6 @@ def claim_spec(count: int = 1, cls: str = "gpu.nvidia.com", mode: str = "ExactCo
         exactly["selectors"] = selectors
     return {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
 
-
-@pytest.fixture(autouse=True)
-def no_resolver() -> Iterator[None]:
-    yield
-    workload.CLAIM_GPUS = workload.CLAIM_DEVICES = None
 
 
 def h100_node_slices(dra: DraIndex, node: str = "big", n: int = 8) -> None:
@@ -179,8 +173,8 @@ def test_pod_gpus_from_claims_templates_and_generated_claims(settings: Settings,
     # Without the resolver installed, claims are invisible (clusters without DRA); with it, the
     # pod's spec and its usage on the node count them.
     assert workload.parse_workload(claim_pod("a", resourceClaimName="two")).gpus == 0
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices  # as the watcher does
-    assert workload.parse_workload(claim_pod("a", resourceClaimName="two")).gpus == 2
+    dra.reads_claims = True  # as the watcher does
+    assert workload.parse_workload(claim_pod("a", resourceClaimName="two"), claims=snap.claim_reader()).gpus == 2
     bound = claim_pod("a", node="big", resourceClaimName="two")
     apply_pod(snap, settings, bound)
     assert snap.free_gpus("big") == 2
@@ -219,7 +213,7 @@ def test_watched_pod_keeps_the_name_of_its_generated_claim(settings: Settings, c
                    "status": {"allocation": {"devices": {"results": [
                        {"request": "gpu", "driver": DRIVER, "pool": "big", "device": f"gpu-{i}"}
                        for i in range(4)]}}}})
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices  # as the watcher does
+    dra.reads_claims = True  # as the watcher does
     lists = {"nodes": [node_object("big", gpus=0)], "pods": [dra_pod], "namespaces": []}
     cache, _, _ = run_cache(settings, catalog, lists, {"pods": [{"type": "MODIFIED", "object": dra_pod}]},
                             snapshot=snap)
@@ -238,10 +232,10 @@ def test_watch_count_replaces_the_bind_time_assumption(settings: Settings, catal
     h100_node_slices(dra, "big", 4)
     apply_node(snap, catalog, settings, node_object("big", gpus=0))
     dra.put_claim({"metadata": {"name": "every", "namespace": "default"}, "spec": claim_spec(mode="All")})
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices  # as the watcher does
+    dra.reads_claims = True  # as the watcher does
     pod = claim_pod("a", resourceClaimName="every")
     pod["metadata"]["uid"] = "uid-a"
-    spec = workload.parse_workload(pod)
+    spec = workload.parse_workload(pod, claims=snap.claim_reader())
     assert spec.gpus == 1
     snap.assume(spec, "big")
     assert snap.free_gpus("big") == 3
@@ -275,10 +269,10 @@ def test_claim_allocated_before_the_bind_is_seen_keeps_the_assumed_pod(
     apply_node(snap, catalog, settings, node_object("big", gpus=0))
     claim = {"metadata": {"name": "two", "namespace": "default"}, "spec": claim_spec(2)}
     dra.put_claim(claim)
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices  # as the watcher does
+    dra.reads_claims = True  # as the watcher does
     pod = claim_pod("a", resourceClaimName="two")
     pod["metadata"]["uid"] = "uid-a"
-    snap.assume(workload.parse_workload(pod), "big")
+    snap.assume(workload.parse_workload(pod, claims=snap.claim_reader()), "big")
     assert snap.free_gpus("big") == 2
     cache = SimpleNamespace(snapshot=snap, lock=threading.RLock(), settings=settings, catalog=catalog,
                             on_change=None, _guarded=lambda kind, obj, fn, *args: fn(*args))

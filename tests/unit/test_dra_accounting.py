@@ -4,7 +4,6 @@ passthrough devices, consumable capacity, extended resources backed by DRA (docs
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,12 +17,6 @@ from app.sim.fleet import node_object, pod_object
 from tests.unit import dra_fixtures as fx
 
 
-@pytest.fixture(autouse=True)
-def no_resolver() -> Iterator[None]:
-    yield
-    workload.CLAIM_GPUS = workload.CLAIM_DEVICES = None
-
-
 def dra_snapshot(settings: Settings, catalog: GpuCatalog, *slices: dict[str, Any],
                  node: str = "n") -> ClusterSnapshot:
     snap = ClusterSnapshot()
@@ -32,7 +25,7 @@ def dra_snapshot(settings: Settings, catalog: GpuCatalog, *slices: dict[str, Any
     for s in slices:
         snap.dra.put_slice(s)
     snap.dra.enabled = True
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = snap.dra.pod_gpus, snap.dra.pod_devices
+    snap.dra.reads_claims = True
     apply_node(snap, catalog, settings, node_object(node, gpus=0))
     return snap
 
@@ -60,12 +53,12 @@ def test_admin_access_allocations_are_not_used_gpus(settings: Settings, catalog:
     snap.dra.put_claim(admin)
     refresh(snap, settings, catalog)
     pod = claim_pod("dcgm", "dcgm", node="n")
-    assert workload.parse_workload(pod).gpus == 0
+    assert workload.parse_workload(pod, claims=snap.claim_reader()).gpus == 0
     apply_pod(snap, settings, pod)
     assert snap.free_gpus("n") == 4
     # Not yet allocated: an admin-access request asks for no free GPU either.
     snap.dra.put_claim(fx.claim("dcgm2", fx.request(mode="All", admin=True)))
-    assert workload.parse_workload(claim_pod("dcgm2", "dcgm2")).gpus == 0
+    assert workload.parse_workload(claim_pod("dcgm2", "dcgm2"), claims=snap.claim_reader()).gpus == 0
 
 
 def test_admin_access_does_not_hold_mig_slices(settings: Settings, catalog: GpuCatalog) -> None:
@@ -102,7 +95,7 @@ def test_pods_sharing_an_allocated_claim_are_not_charged_again(settings: Setting
     for cls in (fx.GPU_CLASS, fx.MIG_CLASS):
         snap.dra.put_class(cls)
     snap.dra.put_slice(fx.slice_("n", [fx.gpu(i) for i in range(4)]))
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = snap.dra.pod_gpus, snap.dra.pod_devices
+    snap.dra.reads_claims = True
     apply_node(snap, svc.catalog, svc.settings, node_object("n", gpus=0))
     shared = fx.claim("shared", fx.request(count=2), node="n", results=[fx.result("n", "gpu-0"),
                       fx.result("n", "gpu-1")], reserved=fx.reserved_for("a", "b"))
@@ -119,7 +112,7 @@ def test_pods_sharing_an_allocated_claim_are_not_charged_again(settings: Setting
     refresh(snap, svc.settings, svc.catalog)
     apply_pod(snap, svc.settings, claim_pod("d", "shared", "own", node="n"))
     assert snap.free_gpus("n") == 0
-    spec = workload.parse_workload(claim_pod("c", "shared"))
+    spec = workload.parse_workload(claim_pod("c", "shared"), claims=snap.claim_reader())
     assert spec.gpus == 2
     assert svc.placer.filter(claim_pod("c", "shared"), ["n"]).passed == ["n"]
     snap.dra.put_claim(fx.claim("mine", fx.request(count=1)))
@@ -215,7 +208,7 @@ def test_shares_of_a_device_count_it_once(settings: Settings, catalog: GpuCatalo
     snap = svc.snapshot
     snap.dra.put_class(fx.GPU_CLASS)
     snap.dra.put_slice(fx.slice_("n", [fx.shareable_gpu(0), fx.shareable_gpu(1)]))
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = snap.dra.pod_gpus, snap.dra.pod_devices
+    snap.dra.reads_claims = True
     apply_node(snap, svc.catalog, svc.settings, node_object("n", gpus=0))
     share = fx.request(capacity={"memory": "20Gi"})
     for i in range(3):
@@ -229,7 +222,7 @@ def test_shares_of_a_device_count_it_once(settings: Settings, catalog: GpuCatalo
     # A fourth share asks for room on a device (kube-scheduler checks it has), not a whole free
     # GPU; a whole GPU is asked for as before.
     snap.dra.put_claim(fx.claim("s3", share))
-    spec = workload.parse_workload(claim_pod("p3", "s3"))
+    spec = workload.parse_workload(claim_pod("p3", "s3"), claims=snap.claim_reader())
     assert (spec.gpus, spec.gpus_needed_free) == (1, 0)
     snap.dra.put_claim(fx.claim("whole", fx.request(count=2)))
     assert svc.placer.filter(claim_pod("p3", "s3"), ["n"]).passed == ["n"]
@@ -247,14 +240,14 @@ def test_passthrough_devices_are_not_extra_gpus(settings: Settings, catalog: Gpu
     assert (snap.nodes["n"].gpu_count, snap.free_gpus("n")) == (4, 4)
     # A VM's claim of the vfio class asks for no container GPU ...
     snap.dra.put_claim(fx.claim("vm", fx.request("vfio.gpu.nvidia.com")))
-    assert workload.parse_workload(claim_pod("vm", "vm")).gpus == 0
+    assert workload.parse_workload(claim_pod("vm", "vm"), claims=snap.claim_reader()).gpus == 0
     # ... and, allocated, takes its twin away from containers.
     snap.dra.put_claim(fx.claim("vm", fx.request("vfio.gpu.nvidia.com"), node="n",
                                 results=[fx.result("n", "gpu-vfio-2")], reserved=fx.reserved_for("vm")))
     refresh(snap, settings, catalog)
     assert snap.free_gpus("n") == 3
     pod = claim_pod("vm", "vm", node="n")
-    assert workload.parse_workload(pod).gpus == 0
+    assert workload.parse_workload(pod, claims=snap.claim_reader()).gpus == 0
     apply_pod(snap, settings, pod)
     assert snap.free_gpus("n") == 3
 
@@ -285,7 +278,7 @@ def test_extended_resources_backed_by_device_classes_are_gpus(settings: Settings
     gpu_res = tuple(settings.labels.gpu_resource)
 
     def parse(pod: dict[str, Any]) -> workload.WorkloadSpec:
-        return workload.parse_workload(pod, gpu_res)
+        return workload.parse_workload(pod, gpu_res, claims=snap.claim_reader())
 
     assert parse(ext_pod("plain", {"nvidia.com/gpu": "2"})).gpus == 2  # counted once
     assert parse(ext_pod("implicit", {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "2"})).gpus == 2

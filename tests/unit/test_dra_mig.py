@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from app.cluster.cache import apply_node
 from app.config import Settings
-from app.core import workload
 from app.core.catalog import GpuCatalog
 from app.core.dra import DRIVER, DraIndex, product_matches, read_selectors
 from app.core.reasons import ReasonCode
@@ -23,11 +21,6 @@ from tests.unit.test_dra import GPU_CLASS, MIG_CLASS, gpu_device, rslice
 H100 = "NVIDIA H100 80GB HBM3"
 FULL, MIG1, MIG3 = "81559Mi", "9856Mi", "40192Mi"
 
-
-@pytest.fixture(autouse=True)
-def no_resolver() -> Iterator[None]:
-    yield
-    workload.CLAIM_GPUS = workload.CLAIM_DEVICES = None
 
 
 def mig_device(gpu: int, profile: str, start: int, memory: str) -> dict[str, Any]:
@@ -109,7 +102,7 @@ def _mig_core() -> Any:
     dra.put_class(MIG_CLASS)
     dra.put_class(GPU_CLASS)
     dra.put_slice(partitioned("m"))
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices
+    dra.reads_claims = True
     return svc
 
 
@@ -126,13 +119,13 @@ def test_mig_demand_is_fitted_to_slice_memory() -> None:
     dra.put_claim(claim("any"))
     _absorb(svc)
     seven_b = {"model-params": "7B", "latency-class": "batch"}
-    spec = parse_workload(claim_pod("b", "big", **seven_b))
+    spec = parse_workload(claim_pod("b", "big", **seven_b), claims=svc.snapshot.claim_reader())
     assert (spec.gpus, spec.mig_slices, spec.mig_profiles) == (0, 1, ("3g.40gb",))
     # A class of the driver that names no device type, and a profile in the request: MIG too.
     dra.put_class({"metadata": {"name": "any"}, "spec": {"selectors": [{"cel": {
         "expression": "device.driver == 'gpu.nvidia.com'"}}]}})
     dra.put_claim(claim("by-profile", "any", 1, prof.format("3g.40gb")))
-    assert parse_workload(claim_pod("p", "by-profile")).mig_slices == 1
+    assert parse_workload(claim_pod("p", "by-profile"), claims=svc.snapshot.claim_reader()).mig_slices == 1
 
     # 7B bf16 (~16 GB with its KV cache) does not fit a 10 GB slice, fits a 40 GB one.
     small = svc.placer.filter(claim_pod("s", "small", **seven_b), ["m"])
@@ -209,7 +202,7 @@ def test_selectors_restrict_feasible_gpus_and_explain_names_the_rest(
     dra.put_slice(rslice("l", [gpu_device(i, "NVIDIA L4", "23034Mi") for i in range(8)]))
     for n in ("h", "l"):
         _absorb(svc, n)
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices
+    dra.reads_claims = True
     dra.put_claim(claim("model", "gpu.nvidia.com", 1, f"{SEL}.startsWith('NVIDIA L')"))
     dra.put_claim(claim("mem", "gpu.nvidia.com", 1, MEM.format("40Gi")))
     dra.put_claim(claim("odd", "gpu.nvidia.com", 1, f'{SEL} == "NVIDIA L4" || {SEL} == "NVIDIA T4"'))
@@ -219,7 +212,7 @@ def test_selectors_restrict_feasible_gpus_and_explain_names_the_rest(
     assert svc.placer.filter(claim_pod("b", "mem", **batch), ["h", "l"]).passed == ["h"]
     # Not read: both nodes stay ours to rank, kube-scheduler applies the selector, explain says so.
     assert svc.placer.filter(claim_pod("c", "odd", **batch), ["h", "l"]).passed == ["h", "l"]
-    out = explain_spec(svc, parse_workload(claim_pod("c", "odd", **batch)))
+    out = explain_spec(svc, parse_workload(claim_pod("c", "odd", **batch), claims=svc.snapshot.claim_reader()))
     assert out["claims"]["left_to_kube_scheduler"][0].startswith(
         "selector not interpreted, left to kube-scheduler: device.attributes")
 
@@ -265,7 +258,7 @@ def test_gang_lands_inside_one_clique_when_one_fits() -> None:
                        annotations={"llm-placement.io/gang-size": "3"},
                        labels={"scheduling.x-k8s.io/pod-group": "g"}) for i in range(3)]
     for p in pods:
-        svc.snapshot.track_spec(parse_workload(p))
+        svc.snapshot.track_spec(parse_workload(p, claims=svc.snapshot.claim_reader()))
     names = sorted(svc.snapshot.nodes)
     chosen = []
     for p in pods:
@@ -307,7 +300,7 @@ def test_placed_message_describes_a_mig_pod_whose_own_slice_is_held() -> None:
     dra.put_claim(held(claim("mine"), "m", "gpu-1-mig-3-0-3"))
     dra.put_claim(held(claim("other"), "m", "gpu-1-mig-3-4-3", "gpu-0-mig-3-0-3"))
     _absorb(svc)
-    spec = parse_workload(claim_pod("p", "mine", **{"model-params": "7B", "latency-class": "batch"}))
+    spec = parse_workload(claim_pod("p", "mine", **{"model-params": "7B", "latency-class": "batch"}), claims=svc.snapshot.claim_reader())
     assert spec.mig_profiles == ("3g.40gb",)
     facts, usage = svc.snapshot.nodes["m"], svc.snapshot.usage["m"]
     policy = svc.policies.placement.feasibility

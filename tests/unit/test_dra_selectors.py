@@ -3,7 +3,6 @@ productName and memory (docs/dra.md, "What is read from selectors")."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,11 +19,6 @@ L4 = "NVIDIA L4"
 A = "device.attributes['gpu.nvidia.com']"
 
 
-@pytest.fixture(autouse=True)
-def no_resolver() -> Iterator[None]:
-    yield
-    workload.CLAIM_GPUS = workload.CLAIM_DEVICES = None
-
 
 def two_nodes() -> Any:
     svc = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
@@ -38,7 +32,7 @@ def two_nodes() -> Any:
                             + [fx.static_mig(1, "3g.40gb", 0)]))
     for n in ("h", "l", "m"):
         apply_node(svc.snapshot, svc.catalog, svc.settings, node_object(n, gpus=0))
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices
+    dra.reads_claims = True
     return svc
 
 
@@ -74,5 +68,5 @@ def test_mig_capacity_predicates_restrict_the_profiles() -> None:
     svc = two_nodes()
     pod = claim_pod(svc, "c", "device.capacity['gpu.nvidia.com'].multiprocessors.compareTo(quantity('60')) >= 0",
                     "mig.nvidia.com")
-    spec = workload.parse_workload(pod)
+    spec = workload.parse_workload(pod, claims=svc.snapshot.claim_reader())
     assert (spec.mig_slices, spec.mig_profiles) == (1, ("3g.40gb",))

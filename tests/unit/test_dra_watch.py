@@ -6,24 +6,16 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from app.config import Settings
-from app.core import workload
 from app.core.catalog import GpuCatalog
 from app.core.snapshot import ClusterSnapshot
 from app.sim.fleet import node_object, pod_object
 from tests.unit import dra_fixtures as fx
 from tests.unit.test_cache_poison import Resp, run_cache
-
-
-@pytest.fixture(autouse=True)
-def no_resolver() -> Iterator[None]:
-    yield
-    workload.CLAIM_GPUS = workload.CLAIM_DEVICES = None
 
 
 class CountingApi:
@@ -73,7 +65,7 @@ def test_watcher_applies_watch_events_without_reading_nodes_or_pods(
     for obj in (full, mig):
         snap.dra.put_slice(obj)
     snap.dra.put_claim(c1)
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = snap.dra.pod_gpus, snap.dra.pod_devices
+    snap.dra.reads_claims = True
     pod = pod_object("p", gpus=0, stage="serving", uid="u-p")
     pod["spec"].update(nodeName="n", resourceClaims=[{"name": "g", "resourceClaimName": "c1"}])
     cache, _, _ = run_cache(settings, catalog, {"nodes": [node_object("n", gpus=0), node_object("m", gpus=0)],

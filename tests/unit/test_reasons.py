@@ -4,7 +4,7 @@ read the same verdict. Bounded answers: a huge annotation value is never multipl
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -73,27 +73,16 @@ def _gang(svc: ExtenderService) -> tuple[dict[str, Any], str]:
 
 def _device_selector(svc: ExtenderService) -> tuple[dict[str, Any], str]:
     """A claim whose selector asks for an L4 (docs/dra.md): the H100 node is not one."""
-    from app.core import workload
-    from app.core.dra import DraIndex
-
-    dra = DraIndex()
+    dra = svc.snapshot.dra
     dra.put_class({"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [{"cel": {
         "expression": "device.driver == 'gpu.nvidia.com'"}}]}})
     dra.put_template({"metadata": {"namespace": "default", "name": "l4"}, "spec": {"spec": {"devices": {
         "requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1, "selectors": [
             {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA L4"'}}]}}]}}}})
-    workload.CLAIM_GPUS, workload.CLAIM_DEVICES = dra.pod_gpus, dra.pod_devices
+    dra.reads_claims = True
     pod = serving("p", gpus=0, **{"model-params": "7B"})
     pod["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimTemplateName": "l4"}]
     return pod, "h100-0"
-
-
-@pytest.fixture(autouse=True)
-def _no_claim_hooks() -> Iterator[None]:
-    from app.core import workload
-
-    yield
-    workload.CLAIM_GPUS = workload.CLAIM_DEVICES = None
 
 
 Case = Callable[[ExtenderService], tuple[dict[str, Any], str]]
