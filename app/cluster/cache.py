@@ -8,17 +8,14 @@ short exponential backoff (app/backoff.py); node facts are computed here, once p
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from kubernetes import client
-from kubernetes.watch.watch import iter_resp_lines
 
-from app.backoff import Backoff
 from app.cluster.client import list_all
 from app.config import Settings
 from app.core.catalog import GpuCatalog
@@ -37,6 +34,7 @@ from app.core.workload import (
 from app.gang.takeover import PlannedPods
 from app.metrics import Metrics
 from app.ratelog import RateLimitedLog
+from app.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
 
 log = logging.getLogger(__name__)
 KINDS = ("nodes", "pods", "namespaces")
@@ -87,10 +85,6 @@ def _name_of(obj: dict[str, Any]) -> str:
 def _uid_of(obj: dict[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("uid") or "") if isinstance(meta, dict) else ""
-
-
-class Gone(Exception):
-    """The watch's resourceVersion is too old (HTTP 410): re-list."""
 
 
 def apply_node(
@@ -173,29 +167,6 @@ def _claims(pod: dict[str, Any], snapshot: ClusterSnapshot) -> tuple[tuple[tuple
         return tuple(got.claims), int(got.shares)
     except Exception:  # the usage must be counted however odd the pod is
         return (), 0
-
-
-def watch_events(
-    resp: Any, stop: threading.Event, unreadable: Callable[[Exception], None]
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(type, object) for each event of a watch stream, until ``stop``.
-
-    An unreadable line costs only itself: it goes to ``unreadable`` and the stream goes on.
-    """
-    for line in iter_resp_lines(resp):
-        if stop.is_set():
-            return
-        if not line.strip():
-            continue
-        try:
-            event = json.loads(line)
-            etype, obj = str(event.get("type")), event.get("object") or {}
-            if not isinstance(obj, dict):
-                raise TypeError(f"watch event object is {type(obj).__name__}, not an object")
-        except Exception as exc:
-            unreadable(exc)
-            continue
-        yield etype, obj
 
 
 class ClusterCache:
@@ -401,52 +372,24 @@ class ClusterCache:
         )
 
     def _run(self, kind: str) -> None:
-        # Short, reset as soon as the API server answers: after an outage new pods are seen within
-        # a couple of seconds of its return (app/backoff.py).
-        backoff = Backoff()
-        rv = ""
-        while not self._stop.is_set():
-            try:
-                if not rv:
-                    items, listed_rv = self._list(kind)
-                    backoff.reset()
-                    self._replace(kind, items)
-                    # Only now: a watch resumed from this version must not skip objects that were
-                    # listed but never applied.
-                    rv = listed_rv
-                    if kind in self._synced:
-                        self._synced[kind].set()
-                    if self.on_change:
-                        self.on_change()
-                rv = self._watch(kind, rv, backoff)
-            except Gone:
-                self.metrics.watch_restarts.labels(kind, "gone").inc()
-                rv = ""
-            except Exception as exc:  # reconnect on anything: the cache must outlive API hiccups
-                self.metrics.watch_restarts.labels(kind, "error").inc()
-                delay = backoff.next()
-                self._log.warning(f"watch:{kind}", f"watch {kind} failed ({quote(str(exc))}); "
-                                  f"retrying in {delay:.1f}s")
-                self._stop.wait(delay)
+        def listed() -> None:
+            if kind in self._synced:
+                self._synced[kind].set()
+            if self.on_change:
+                self.on_change()
 
-    def _watch(self, kind: str, rv: str, backoff: Backoff) -> str:
-        fn = self._lister(kind)
-        resp = fn(watch=True, resource_version=rv, allow_watch_bookmarks=True, timeout_seconds=240,
-                  _preload_content=False, _request_timeout=(10, 300))
-        backoff.reset()  # the API server accepted the watch
-        try:
-            for etype, obj in watch_events(resp, self._stop, lambda exc: self.skipped(kind, None, exc)):
-                new_rv = (obj.get("metadata") or {}).get("resourceVersion")
-                if etype == "ERROR":
-                    if obj.get("code") == 410:
-                        raise Gone()
-                    raise RuntimeError(f"watch error: {quote(str(obj.get('message')))}")
-                if etype != "BOOKMARK":
-                    self._guarded(kind, obj, self._apply, kind, etype, _slim(kind, obj))
-                    if self.on_change:
-                        self.on_change()
-                if new_rv:
-                    rv = str(new_rv)
-        finally:
-            resp.release_conn()
-        return rv
+        def apply(etype: str, obj: dict[str, Any]) -> None:
+            self._guarded(kind, obj, self._apply, kind, etype, _slim(kind, obj))
+            if self.on_change:
+                self.on_change()
+
+        Reflector(kind, list_objects=lambda: self._list(kind),
+                  open_watch=lambda rv: self._open_watch(kind, rv),
+                  replace=lambda items: self._replace(kind, items), apply=apply, stop=self._stop,
+                  log=self._log, skipped=lambda obj, exc: self.skipped(kind, obj, exc), listed=listed,
+                  restarted=lambda cause: self.metrics.watch_restarts.labels(kind, cause).inc()).run()
+
+    def _open_watch(self, kind: str, rv: str) -> Any:
+        return self._lister(kind)(watch=True, resource_version=rv, allow_watch_bookmarks=True,
+                                  timeout_seconds=WATCH_SECONDS, _preload_content=False,
+                                  _request_timeout=READ_TIMEOUT)

@@ -19,13 +19,11 @@ import threading
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from app.backoff import Backoff, absent_backoff
-from app.cluster.cache import ClusterCache, Gone, apply_node, watch_events
+from app.cluster.cache import ClusterCache, apply_node
 from app.cluster.client import list_all
-from app.core.units import quote
 from app.ratelog import RateLimitedLog
+from app.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
 
 log = logging.getLogger(__name__)
 GROUP, VERSION = "resource.k8s.io", "v1"
@@ -177,46 +175,33 @@ class DraWatcher:
         return list_all(self.custom.list_cluster_custom_object, *APIS.get(kind, (GROUP, VERSION)), kind)
 
     def _run(self, kind: str) -> None:
-        backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
-        absent = absent_backoff()  # 403/404: soon at first, then every minute (app/backoff.py)
         told_absent = False
-        rv = ""
-        while not self._stop.is_set():
-            try:
-                if not rv:
-                    items, listed_rv = self._list(kind)
-                    backoff.reset()
-                    absent.reset()
-                    self.present[kind], told_absent = True, False
-                    self._replace(kind, items)
-                    rv = listed_rv
-                    self._listed(kind)  # after the nodes' facts were computed with their slices
-                    self._notify()
-                # A watch that times out is resumed where it stopped: nothing is listed again.
-                rv = self._watch(kind, rv, backoff)
-            except Gone:
-                rv = ""
-            except ApiException as exc:
-                if exc.status in (403, 404):
-                    # No DRA API on this cluster (or no right to read it): extended resources only.
-                    if not told_absent:
-                        log.info("DRA %s unavailable (%s); GPUs from extended resources only",
-                                 kind, exc.status)
-                    self.present[kind], told_absent, rv = False, True, ""
-                    self._listed(kind)
-                    self._notify()
-                    backoff.reset()
-                    self._stop.wait(absent.next())
-                    continue
-                rv = "" if exc.status == 410 else rv
-                self._retry(kind, str(exc.reason), backoff)
-            except Exception as exc:  # the watch must outlive API hiccups
-                self._retry(kind, str(exc), backoff)
 
-    def _retry(self, kind: str, why: str, backoff: Backoff) -> None:
-        delay = backoff.next()
-        self._log.warning(f"dra:{kind}", f"DRA {kind} watch failed ({quote(why)}); retrying in {delay:.1f}s")
-        self._stop.wait(delay)
+        def replace(items: list[dict[str, Any]]) -> None:
+            nonlocal told_absent
+            self.present[kind], told_absent = True, False
+            self._replace(kind, items)
+
+        def listed() -> None:
+            self._listed(kind)  # after the nodes' facts were computed with their slices
+            self._notify()
+
+        def absent(status: int) -> None:
+            # No DRA API on this cluster (or no right to read it): extended resources only.
+            nonlocal told_absent
+            if not told_absent:
+                log.info("DRA %s unavailable (%s); GPUs from extended resources only", kind, status)
+            self.present[kind], told_absent = False, True
+
+        def apply(etype: str, obj: dict[str, Any]) -> None:
+            with self.lock:
+                self.mark(self._put(kind, obj, etype == "DELETED"))
+
+        Reflector(f"DRA {kind}", list_objects=lambda: self._list(kind),
+                  open_watch=lambda rv: self._open_watch(kind, rv), replace=replace, apply=apply,
+                  stop=self._stop, log=self._log, skipped=lambda obj, exc: self.cache.skipped(kind, obj, exc),
+                  listed=listed, on_absent=absent,
+                  restarted=lambda cause: self.cache.metrics.watch_restarts.labels(kind, cause).inc()).run()
 
     def _listed(self, kind: str) -> None:
         with self.lock:
@@ -228,28 +213,9 @@ class DraWatcher:
         if self.cache.on_change:
             self.cache.on_change()
 
-    def _watch(self, kind: str, rv: str, backoff: Backoff) -> str:
-        """Apply the events of one watch from ``rv``; returns the resourceVersion to resume from."""
-        resp: Any = self.custom.list_cluster_custom_object(
+    def _open_watch(self, kind: str, rv: str) -> Any:
+        return self.custom.list_cluster_custom_object(
             *APIS.get(kind, (GROUP, VERSION)), kind, watch=True, resource_version=rv,
-            allow_watch_bookmarks=True, timeout_seconds=240, _preload_content=False,
-            _request_timeout=(10, 300),
+            allow_watch_bookmarks=True, timeout_seconds=WATCH_SECONDS, _preload_content=False,
+            _request_timeout=READ_TIMEOUT,
         )
-        backoff.reset()  # the API server accepted the watch
-        try:
-            for etype, obj in watch_events(resp, self._stop, lambda exc: self.cache.skipped(kind, None, exc)):
-                if etype == "ERROR":
-                    if obj.get("code") == 410:
-                        raise Gone()
-                    raise RuntimeError(f"watch error: {quote(str(obj.get('message')))}")
-                if etype != "BOOKMARK":
-                    try:
-                        with self.lock:
-                            self.mark(self._put(kind, obj, etype == "DELETED"))
-                    except Exception as exc:
-                        self.cache.skipped(kind, obj, exc)
-                new_rv = (obj.get("metadata") or {}).get("resourceVersion")
-                rv = str(new_rv) if new_rv else rv
-        finally:
-            resp.release_conn()
-        return rv

@@ -15,14 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
-from app.backoff import Backoff, absent_backoff
 from app.core.snapshot import ClusterSnapshot
 from app.core.units import quote
 from app.gang.persist import ANNOTATION, PlanRecord, records_from_pods
 from app.ratelog import RateLimitedLog
+from app.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
 
 log = logging.getLogger(__name__)
 
@@ -137,80 +135,60 @@ class PodGroupWatcher:
         self._stop.set()
 
     def _run(self, kind: WatchedKind = COSCHEDULING) -> None:
-        backoff = Backoff()  # short and reset when the API server answers (app/backoff.py)
-        absent = absent_backoff()  # 403/404: soon at first, then every minute (app/backoff.py)
         told_absent = False
-        while not self._stop.is_set():
-            try:
-                rv = self._list(kind)
-                backoff.reset()
-                absent.reset()
-                self.present[kind.group], told_absent = True, False
-                self._listed(kind)
-                self._watch(kind, rv)
-            except ApiException as exc:
-                if exc.status in (403, 404):
-                    # API not served (CRD absent, feature gate off) or no right to read it: the
-                    # sizes come from the other conventions.
-                    if not told_absent:
-                        log.info("%s unavailable (%s); gang sizes from the other conventions",
-                                 kind.label, exc.status)
-                    self.present[kind.group], told_absent = False, True
-                    self._listed(kind)
-                    backoff.reset()
-                    self._stop.wait(absent.next())
-                    continue
-                delay = backoff.next()
-                self._log.warning(kind.label, f"{kind.label} watch failed ({quote(str(exc.reason))}); "
-                                  f"retrying in {delay:.1f}s")
-                self._stop.wait(delay)
-            except Exception as exc:
-                delay = backoff.next()
-                self._log.warning(kind.label, f"{kind.label} watch failed ({quote(str(exc))}); "
-                                  f"retrying in {delay:.1f}s")
-                self._stop.wait(delay)
 
-    def _list(self, kind: WatchedKind) -> str:
+        def replace(items: list[dict[str, Any]]) -> None:
+            nonlocal told_absent
+            self.present[kind.group], told_absent = True, False
+            sizes = kind.parse(items)
+            with self.lock:
+                target = kind.target(self.snapshot)
+                target.clear()
+                target.update(sizes)
+                self.snapshot.generation += 1
+
+        def absent(status: int) -> None:
+            # API not served (CRD absent, feature gate off) or no right to read it: the sizes come
+            # from the other conventions.
+            nonlocal told_absent
+            if not told_absent:
+                log.info("%s unavailable (%s); gang sizes from the other conventions", kind.label, status)
+            self.present[kind.group], told_absent = False, True
+
+        def apply(etype: str, obj: dict[str, Any]) -> None:
+            meta = obj.get("metadata") or {}
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            with self.lock:
+                target = kind.target(self.snapshot)
+                if etype == "DELETED":
+                    target.pop(key, None)
+                else:
+                    got = kind.parse([obj])
+                    if key in got:
+                        target[key] = got[key]
+                self.snapshot.generation += 1
+
+        def skipped(obj: dict[str, Any] | None, exc: Exception) -> None:
+            log.warning("%s watch: skipped an unreadable event (%s)", kind.label, quote(str(exc)))
+
+        Reflector(kind.label, list_objects=lambda: self._list(kind),
+                  open_watch=lambda rv: self._open_watch(kind, rv), replace=replace, apply=apply,
+                  stop=self._stop, log=self._log, skipped=skipped, listed=lambda: self._listed(kind),
+                  on_absent=absent).run()
+
+    def _list(self, kind: WatchedKind) -> tuple[list[dict[str, Any]], str]:
+        # Raw JSON: the client's models would cost milliseconds per object under the GIL.
         data = json.loads(self.raw(self.custom.list_cluster_custom_object, kind.group, kind.version,
                                    PLURAL, _request_timeout=30))
-        sizes = kind.parse(data.get("items") or [])
-        with self.lock:
-            target = kind.target(self.snapshot)
-            target.clear()
-            target.update(sizes)
-            self.snapshot.generation += 1
-        return str((data.get("metadata") or {}).get("resourceVersion") or "")
+        items = data.get("items") or []
+        return (items if isinstance(items, list) else [],
+                str((data.get("metadata") or {}).get("resourceVersion") or ""))
 
-    def _watch(self, kind: WatchedKind, rv: str) -> None:
-        resp: Any = self.custom.list_cluster_custom_object(
-            kind.group, kind.version, PLURAL, watch=True, resource_version=rv, timeout_seconds=240,
-            _preload_content=False, _request_timeout=(10, 300),
+    def _open_watch(self, kind: WatchedKind, rv: str) -> Any:
+        return self.custom.list_cluster_custom_object(
+            kind.group, kind.version, PLURAL, watch=True, resource_version=rv, allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_SECONDS, _preload_content=False, _request_timeout=READ_TIMEOUT,
         )
-        try:
-            for line in iter_resp_lines(resp):
-                if self._stop.is_set():
-                    return
-                try:
-                    event = json.loads(line)
-                    obj = event.get("object") or {}
-                    if event.get("type") == "ERROR":
-                        return  # 410 Gone and friends: re-list
-                    meta = obj.get("metadata") or {}
-                    key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-                except Exception as exc:  # one unreadable event costs only itself
-                    log.warning("%s watch: skipped an unreadable event (%s)", kind.label, quote(str(exc)))
-                    continue
-                with self.lock:
-                    target = kind.target(self.snapshot)
-                    if event.get("type") == "DELETED":
-                        target.pop(key, None)
-                    else:
-                        got = kind.parse([obj])
-                        if key in got:
-                            target[key] = got[key]
-                    self.snapshot.generation += 1
-        finally:
-            resp.release_conn()
 
 
 def load_plan_records(

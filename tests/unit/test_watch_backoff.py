@@ -132,16 +132,16 @@ def test_pod_created_during_an_outage_is_seen_soon_after_it_ends(settings: Setti
 def test_podgroup_watch_reconnects_soon_after_an_outage() -> None:
     clock = Clock()
     stop = VirtualStop(clock)
-    lists: list[float] = []
+    lists: list[float] = []  # when the API server was reached again: a list or a resumed watch
 
     class Custom:
         def list_cluster_custom_object(self, *args: Any, watch: bool = False, **_: Any) -> Stream:
             if _down(clock.now):
                 raise ConnectionRefusedError("connection refused")
+            lists.append(clock.now)
+            if clock.now >= FIRST_OUTAGE[1]:
+                stop.set()
             if not watch:
-                lists.append(clock.now)
-                if clock.now >= FIRST_OUTAGE[1]:
-                    stop.set()
                 return Stream([json.dumps({"metadata": {"resourceVersion": "1"}, "items": []}).encode()])
             clock.now = max(clock.now, FIRST_OUTAGE[0])  # the outage starts: the open watch breaks
             return Stream([], broken=True)
@@ -206,12 +206,13 @@ def test_a_refusal_while_the_api_server_starts_is_looked_at_again_within_seconds
             dra = DraWatcher.__new__(DraWatcher)  # only the list loop: no cache, no nodes
             dra._stop, dra.present = stop, {}  # type: ignore[assignment]
             dra._log = RateLimitedLog(logging.getLogger(__name__))
+            dra.cache = ClusterCache.__new__(ClusterCache)
+            dra.cache.metrics = Metrics()
             dra._list = lambda kind, api=custom: (api.list_cluster_custom_object() and [], "1")  # type: ignore[method-assign]
-            dra._replace = lambda kind, items: (set(), [])  # type: ignore[method-assign]
-            dra._refresh = lambda nodes, pods: None  # type: ignore[method-assign]
+            dra._replace = lambda kind, items: None  # type: ignore[method-assign]
             dra._listed = lambda kind: None  # type: ignore[method-assign]
             dra._notify = lambda: None  # type: ignore[method-assign]
-            dra._watch = lambda kind, rv: None  # type: ignore[method-assign]
+            dra._open_watch = lambda kind, rv: Stream([])  # type: ignore[method-assign]
             dra._run("deviceclasses")
         assert lists, make
         assert lists[0] - 1.5 <= 2.0, (make, stop.waits)
