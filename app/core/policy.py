@@ -10,13 +10,13 @@ Tests that need another value build another policy (``dataclasses.replace``), ne
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.core.live_profiles import ProfileSource
 from app.core.ranking import ScoreMapping
-from app.core.serving_model import ServingCalibration, default_calibration
+from app.core.serving_model import ServingCalibration
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
@@ -113,7 +113,9 @@ class TierBandwidth(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class FeasibilityPolicy:
-    """The hard rules' knobs (app.core.feasibility, docs/stage-policy.md)."""
+    """The hard rules' knobs (app.core.feasibility, docs/stage-policy.md). Policies carry no defaults
+    of their own: ``Settings.policies()`` fills every field, so each default is stated once, in
+    app/config.py."""
 
     cpu_stages_may_use_gpu_nodes: bool
     memory_headroom: float  # fraction of GPU memory kept free
@@ -122,14 +124,14 @@ class FeasibilityPolicy:
     default_concurrency: int
     # Interactive serving without max-ms-per-token: the target it is held to, and whether a node
     # missing it is filtered out when another candidate meets it (docs/stage-policy.md).
-    default_interactive_ms_per_token: float = 50.0
-    default_target_filter: bool = True
+    default_interactive_ms_per_token: float
+    default_target_filter: bool
     # The serving model's fitted parameters (docs/stage-policy.md, "The serving model").
-    serving: ServingCalibration = field(default_factory=default_calibration)
+    serving: ServingCalibration
     # Measured ms/token, TTFT and max concurrency that replace the estimates where a pod matches
     # (settings profiles_file, docs/stage-policy.md "Measured profiles"), and those learnt from live
     # serving metrics when live_profiles is set ("Learnt profiles").
-    profiles: ProfileSource | None = None
+    profiles: ProfileSource | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +143,10 @@ class ScoringPolicy:
     default_interactive_ms_per_token: float
     score_mapping: ScoreMapping
     # Rank a whole GPU node below a partly used node of the same shape that fits (docs/scoring.md).
-    whole_node_guard: bool = True
+    whole_node_guard: bool
     # Across shapes the guard also prefers a partly used node of at least as good hardware when its
     # price premium is below this share of the price of the GPUs opening a whole node would strand.
-    stranded_idle_share: float = 0.0
+    stranded_idle_share: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +157,7 @@ class PlacementPolicy:
     scoring: ScoringPolicy
     gpu_resources: tuple[str, ...]
     # Filter answers only our best node(s) (app/core/narrowing.py); False: every feasible node.
-    filter_to_best: bool = True
+    filter_to_best: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +176,7 @@ class GravityPolicy:
     fabric_tiers: tuple[tuple[str, ...], ...]
     tier_bandwidth: TierBandwidth
     producer_memory_seconds: float
-    negligible_seconds: float = 0.0  # added to both sides of the term's ratio (docs/data-gravity.md)
+    negligible_seconds: float  # added to both sides of the term's ratio (docs/data-gravity.md)
 
 
 @dataclass(frozen=True, slots=True)
