@@ -22,8 +22,8 @@ demo: $(STAMP)
 
 ## Everything CI runs: lint, types, unit tests, then the real control plane, helm and Prometheus suites.
 test: $(STAMP) system-deps controlplane etcd kwok kustomize helm
-	$(BIN)/ruff check app tests bench scripts
-	$(BIN)/mypy app
+	$(BIN)/ruff check app testkit tests bench scripts
+	$(BIN)/mypy app testkit
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 	$(BIN)/pytest -q -p no:cacheprovider tests --ignore=tests/unit
 
@@ -34,10 +34,10 @@ e2e: $(STAMP) controlplane etcd kwok
 	$(BIN)/pytest -q -m integration tests/integration
 
 lint: $(STAMP)
-	$(BIN)/ruff check app tests bench scripts
+	$(BIN)/ruff check app testkit tests bench scripts
 
 typecheck: $(STAMP)
-	$(BIN)/mypy app
+	$(BIN)/mypy app testkit
 
 ## Debian packages the suites use (Prometheus + promtool, openssl for the test PKI).
 system-deps:

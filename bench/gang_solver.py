@@ -29,6 +29,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,7 +42,9 @@ from rich.table import Table
 
 from app.gang.problem import Assessment, Problem, Shape
 from app.gang.solver import PlanResult, plan
-from app.gang.synth import FleetSpec, fleet, gang_problem
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testkit/, beside app/
+from testkit.gang_synth import FleetSpec, fleet, gang_problem
 
 console = Console(width=240)
 GPUS_PER_POD = (8, 8, 8, 4, 2, 1)

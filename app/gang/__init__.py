@@ -7,7 +7,6 @@ Pure planning (no Kubernetes, no HTTP):
   ``greedy``    the Kueue-TAS-like topology best-fit baseline;
   ``ledger``    reservations with TTL;
   ``diagnose``  domains chosen / why a gang cannot be placed, in words;
-  ``synth``     synthetic fleets for the benchmark and property tests.
 Around the core (each part handed what it needs; nothing here imports the service layer):
   ``instance``    snapshot + members -> problem, and the capacity re-check of a finished plan;
   ``book``        the gang table: per-gang state and the ledger (one owner);

@@ -9,7 +9,6 @@ Module map, one job each:
 * ``schedule``  the schedule type, its checker and the earliest-start rule the list schedulers share;
 * ``cpsat``     the exact model (OR-Tools CP-SAT), lexicographic makespan then cost or transfer;
 * ``heft``      the HEFT baseline;  ``greedy``  one pod at a time through our own placer;
-* ``brute``     exhaustive search for tiny instances (tests);
 * ``explain``   critical path and co-locations in words;  ``gantt``  the PNG;
 * ``manifest``  the plan as pods carrying the plan (annotations + node affinity);
 * ``cluster``   node objects from a cluster file;  ``live``  from the API server (the only module

@@ -15,7 +15,7 @@ from app.gang.dp import tree_dp
 from app.gang.greedy import greedy
 from app.gang.problem import Assignment, Candidate, Index, Problem, Shape, assess, prune, weights
 from app.gang.solver import plan
-from app.gang.synth import FleetSpec, fleet, gang_problem
+from testkit.gang_synth import FleetSpec, fleet, gang_problem
 
 TIERS = ("nvlink", "leaf", "spine", "zone")
 

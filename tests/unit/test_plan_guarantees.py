@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from typer.testing import CliRunner
 
 from app.cli import cli
-from app.plan.brute import brute_force
 from app.plan.heft import heft
 from app.plan.problem import OTHER, PlanNode, PlanProblem, PlanTask
 from app.plan.run import lower_bound, plan_problem
 from app.plan.schedule import verify
+from testkit.plan_brute import brute_force
 from tests.unit.test_plan_solver import problems
 
 

@@ -11,13 +11,13 @@ import yaml
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog
-from app.plan.brute import brute_force
 from app.plan.cluster import cluster_nodes
 from app.plan.problem import PlanProblem, build_problem, node_facts_of
 from app.plan.run import PlanRun, plan_problem
 from app.plan.schedule import metrics, verify
 from app.plan.workflow import Workflow, load_workflow
 from app.sim.fleet import expand_cluster
+from testkit.plan_brute import brute_force
 
 INSTANCES = Path(__file__).parents[1] / "plan_instances"
 FILES = sorted(INSTANCES.glob("*.yaml"))

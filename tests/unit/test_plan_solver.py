@@ -5,11 +5,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.plan.brute import brute_force
 from app.plan.cpsat import solve
 from app.plan.heft import heft
 from app.plan.problem import OTHER, SERVE, TRAIN, PlanNode, PlanProblem, PlanTask
 from app.plan.schedule import Schedule, Slot, verify
+from testkit.plan_brute import brute_force
 
 
 @st.composite
