@@ -155,7 +155,11 @@ def demo(
 
     # --profiles wins over the settings' profiles_file; the example fills in only when neither names one.
     settings = _settings(config, profiles_file=str(profiles) if profiles else None)
-    service, placements = run_demo(settings, cluster, workload, profiles=EXAMPLE_PROFILES)
+    try:
+        service, placements = run_demo(settings, cluster, workload, profiles=EXAMPLE_PROFILES)
+    except (OSError, ValueError) as exc:  # a user's cluster or workload file: one line, no traceback
+        Console(stderr=True).print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
     if as_json:
         print(json.dumps([{"pod": p.pod, "stage": p.stage, "node": p.node, "reason": p.reason,
                            "precision": p.precision, "ms_per_token": p.ms_per_token,

@@ -24,7 +24,7 @@ from rich.table import Table
 from app.api.app import create_app, create_fastapi
 from app.config import Settings
 from app.core.catalog import GpuCatalog
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from app.wiring import build_core
 
 console = Console()

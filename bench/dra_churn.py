@@ -17,7 +17,7 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.dra import DRIVER
 from app.core.snapshot import ClusterSnapshot
-from app.sim.fleet import node_object
+from app.objects import node_object
 
 console = Console()
 

@@ -28,7 +28,7 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.snapshot import PlacedPod
 from app.core.workload import Stage
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from app.wiring import build_core
 
 PRODUCTS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-L4", "Tesla-T4", "NVIDIA-H200"]

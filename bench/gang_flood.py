@@ -22,7 +22,7 @@ from rich.table import Table
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.workload import parse_workload
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from app.wiring import build_core
 
 console = Console()

@@ -89,7 +89,7 @@ from app.core.nodes import NodeFacts, node_facts  # noqa: E402
 from app.core.policy import FeasibilityPolicy  # noqa: E402
 from app.core.snapshot import NodeUsage  # noqa: E402
 from app.core.workload import LatencyClass, Stage, WorkloadSpec, parse_workload  # noqa: E402
-from app.sim.fleet import expand_cluster, node_object, pod_object  # noqa: E402
+from app.objects import expand_cluster, node_object, pod_object  # noqa: E402
 from tests.integration.harness import (  # noqa: E402
     ControlPlane,
     create_nodes,

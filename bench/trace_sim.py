@@ -46,8 +46,8 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.ranking import ScoreMapping
 from app.core.snapshot import ClusterSnapshot
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.sim.profile import SchedulerProfile, default_profile, most_allocated_profile, shipped_profile
 from app.sim.scheduler import WHAT_IF, SimScheduler
 

@@ -8,8 +8,8 @@ import pytest
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog
+from app.objects import node_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object
 
 ZONE = "topology.kubernetes.io/zone"
 

@@ -31,7 +31,6 @@ from app.core.workload import (
     pod_resources,
     unknown_keys,
 )
-from app.gang.takeover import PlannedPods
 from app.metrics import Metrics
 from app.ratelog import RateLimitedLog
 from app.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
@@ -169,6 +168,15 @@ def _claims(pod: dict[str, Any], snapshot: ClusterSnapshot) -> tuple[tuple[tuple
         return (), 0
 
 
+class PodFollower(Protocol):
+    """Something else that follows every pod the watch sees (a standby replica's planned pods,
+    app/gang/takeover.py): a fresh list, then one event at a time."""
+
+    def replace(self, pods: list[Any]) -> None: ...
+
+    def update(self, pod: Any, deleted: bool = False) -> None: ...
+
+
 class ClusterCache:
     """Background threads that keep ``snapshot`` in step with the API server."""
 
@@ -182,7 +190,7 @@ class ClusterCache:
         metrics: Metrics,
         on_change: Callable[[], None] | None = None,
         events: EventSink | None = None,
-        planned: PlannedPods | None = None,
+        planned: PodFollower | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
         # Pending pods carrying a gang plan, for a standby replica's takeover (app/gang/takeover.py).

@@ -12,8 +12,8 @@ from pathlib import Path
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.workload import TRAINING_STAGES, FinetuneMethod, ServingRole
+from app.objects import expand_cluster, expand_workload, load_yaml
 from app.service import ExtenderService
-from app.sim.fleet import expand_cluster, expand_workload, load_yaml
 from app.sim.profile import SchedulerProfile, shipped_profile
 from app.sim.scheduler import WHAT_IF, Placement, SimScheduler
 from app.wiring import build_core

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.core.datafile import load_user_yaml, problems
-from app.sim.fleet import expand_cluster, load_yaml
+from app.objects import expand_cluster, load_yaml
 
 MAX_FILE_BYTES = 64 * 1024 * 1024  # kubectl get nodes -o yaml of a 5,000-node cluster fits
 MAX_NODES = 20_000

@@ -30,9 +30,9 @@ from app.core.workload import (
     WorkloadSpec,
     parse_workload,
 )
+from app.objects import pod_object
 from app.plan.estimate import EstimateError, task_seconds
 from app.plan.workflow import Task, Workflow
-from app.sim.fleet import pod_object
 
 ANN = "llm-placement.io/"
 TRAIN, SERVE, OTHER = "train", "serve", "other"

@@ -28,8 +28,8 @@ from app.core.catalog import GpuCatalog
 from app.core.live_profiles import LiveProfileBook
 from app.core.workload import parse_workload
 from app.explain import explain_spec
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core, start_live_profiles
 from tests.integration.harness import free_port, wait_until
 from tests.integration.harness.procs import Component

@@ -5,7 +5,7 @@ evaluation, loaded with deploy/prometheus/rules.yaml):
 
 * a standalone ``llm-placement serve`` with ``LLMP_CLUSTER_SOURCE=none`` (non-cache mode: it learns
   nodes from the full Node objects in each request), driven with kube-scheduler-shaped filter,
-  prioritize, bind and preempt bodies built with app.sim.fleet, invalid pods and malformed bodies;
+  prioritize, bind and preempt bodies built with app.objects, invalid pods and malformed bodies;
 * the extender of the integration suite's real control plane (etcd, kube-apiserver, kube-scheduler,
   tests/integration/harness), where kube-scheduler schedules real pods through it, so the bind-time
   quality metrics, the watch-fed cache gauges and the data-gravity edges come from the real bind path;
@@ -40,7 +40,7 @@ import orjson
 import pytest
 import yaml
 
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from tests.integration.harness import (
     ControlPlane,
     build_binaries,

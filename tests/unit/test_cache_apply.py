@@ -6,7 +6,7 @@ from app.cluster.cache import apply_node, apply_pod
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.snapshot import ClusterSnapshot
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 
 
 def test_bound_pods_count_and_terminal_pods_free(settings: Settings, catalog: GpuCatalog) -> None:

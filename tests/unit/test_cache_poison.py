@@ -16,7 +16,7 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.snapshot import ClusterSnapshot
 from app.metrics import Metrics
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 
 
 class Resp:

@@ -14,8 +14,8 @@ from app.core.catalog import normalize
 from app.core.serving_model import serving_estimate
 from app.demo.run import EXAMPLE_PROFILES, run_demo, with_profiles
 from app.explain import explain_spec
+from app.objects import load_yaml
 from app.service import ExtenderService
-from app.sim.fleet import load_yaml
 from app.sim.scheduler import Placement
 
 
@@ -204,7 +204,7 @@ def test_explain_cli_renders_a_live_extender(monkeypatch, tmp_path) -> None:
 
     from app.api.app import create_app
     from app.core.catalog import GpuCatalog
-    from app.sim.fleet import expand_cluster, expand_workload, load_yaml
+    from app.objects import expand_cluster, expand_workload, load_yaml
     from app.wiring import build_core
 
     service = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
@@ -244,7 +244,7 @@ def test_explain_finds_pods_seen_only_in_filter_requests() -> None:
 
     from app.core.catalog import GpuCatalog
     from app.explain import explain_pod
-    from app.sim.fleet import node_object, pod_object
+    from app.objects import node_object, pod_object
     from app.wiring import build_core
 
     service = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
@@ -255,3 +255,13 @@ def test_explain_finds_pods_seen_only_in_filter_requests() -> None:
     out = explain_pod(service, "ml", "chat")
     assert out is not None and out["chosen"] == "h100"
     assert "GPU memory too small" in next(e["reason"] for e in out["nodes"] if e["node"] == "t4")
+
+
+def test_a_bad_cluster_or_workload_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bomb = tmp_path / "alias.yaml"
+    bomb.write_text('a: &a ["x"]\nnodes: *a\n')
+    missing = tmp_path / "missing.yaml"
+    for option, path, words in (("--cluster", bomb, "aliases"), ("--workload", missing, "cannot read")):
+        got = CliRunner().invoke(cli, ["demo", option, str(path)])
+        assert got.exit_code == 2, got.output
+        assert words in got.output and "Traceback" not in got.output

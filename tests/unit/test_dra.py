@@ -15,7 +15,7 @@ from app.core import workload
 from app.core.catalog import GpuCatalog
 from app.core.dra import DRIVER, DraIndex
 from app.core.snapshot import ClusterSnapshot
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 
 GPU_CLASS = {"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [{"cel": {"expression": (
     "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'")}}]}}

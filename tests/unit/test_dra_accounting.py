@@ -13,7 +13,7 @@ from app.config import Settings
 from app.core import workload
 from app.core.catalog import GpuCatalog
 from app.core.snapshot import ClusterSnapshot
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from tests.unit import dra_fixtures as fx
 
 

@@ -14,7 +14,7 @@ from app.core.dra import DRIVER, DraIndex, product_matches, read_selectors
 from app.core.reasons import ReasonCode
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import parse_workload
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from app.wiring import build_core
 from tests.unit.test_dra import GPU_CLASS, MIG_CLASS, gpu_device, rslice
 

@@ -11,7 +11,7 @@ from app.cluster.cache import apply_node
 from app.config import Settings
 from app.core import workload
 from app.core.catalog import GpuCatalog
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from app.wiring import build_core
 from tests.unit import dra_fixtures as fx
 

@@ -13,7 +13,7 @@ import pytest
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.snapshot import ClusterSnapshot
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from tests.unit import dra_fixtures as fx
 from tests.unit.test_cache_poison import Resp, run_cache
 

@@ -24,8 +24,8 @@ from app.core.catalog import GpuCatalog
 from app.core.ranking import bands
 from app.core.workload import parse_workload
 from app.explain import explain_pod
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 
 ANN = "llm-placement.io/"
 NS = "team-a"

@@ -11,8 +11,8 @@ import pytest
 from app.config import Settings
 from app.core.narrowing import soft_preference
 from app.core.ranking import Agreement
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from tests.conftest import mixed_nodes, mixed_service
 
 

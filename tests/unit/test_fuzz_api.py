@@ -37,7 +37,7 @@ from app.core.units import (
 )
 from app.core.workload import ANNOTATION_KEYS, PREFIX, WorkloadError, parse_workload, unknown_keys
 from app.gang.persist import decode, records_from_pods
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from app.wiring import build_core
 
 EXAMPLES = int(os.environ.get("LLMP_FUZZ_EXAMPLES", "60"))

@@ -18,8 +18,8 @@ from app.demo.run import run_demo
 from app.gang.coordinator import RESERVED_ELSEWHERE, GangCoordinator, GangRuntime
 from app.gang.persist import ANNOTATION, BackgroundWriter, decode
 from app.gang.planning import SolveFn
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core
 
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -11,7 +11,7 @@ from typing import Any
 
 from app.core.workload import parse_workload
 from app.gang.instance import FAR, NEAR_LEAF, NEAR_NODE, NEAR_NVLINK, match_inputs, near_rank
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from tests.unit.test_gang_coordinator import Cluster
 
 A100 = "NVIDIA-A100-SXM4-80GB"

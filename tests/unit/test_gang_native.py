@@ -13,7 +13,7 @@ import pytest
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import parse_workload
 from app.gang.kube import NATIVE, PodGroupWatcher, native_min_counts
-from app.sim.fleet import pod_object
+from app.objects import pod_object
 from tests.unit.test_gang_coordinator import Cluster
 
 ANN = "llm-placement.io/"

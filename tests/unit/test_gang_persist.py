@@ -24,7 +24,7 @@ from app.gang.persist import (
     load_key,
     records_from_pods,
 )
-from app.sim.fleet import pod_object
+from app.objects import pod_object
 from tests.unit.test_gang_coordinator import Cluster
 
 GPU = ("nvidia.com/gpu",)

@@ -14,7 +14,7 @@ from app.core.workload import parse_workload
 from app.gang.persist import ANNOTATION
 from app.gang.problem import Index, Problem
 from app.gang.solver import PlanResult, plan
-from app.sim.fleet import pod_object
+from app.objects import pod_object
 from tests.unit.test_gang_coordinator import Cluster
 
 WAIT = 30.0  # only a guard against a hung test; nothing below depends on how long anything takes

@@ -12,7 +12,7 @@ from typing import Any
 
 from app.gang.persist import ANNOTATION
 from app.gang.takeover import PlannedPods, Takeover
-from app.sim.fleet import pod_object
+from app.objects import pod_object
 from tests.unit.test_gang_coordinator import Cluster
 
 GPU = ("nvidia.com/gpu",)

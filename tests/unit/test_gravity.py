@@ -20,6 +20,7 @@ from app.core.snapshot import ClusterSnapshot, placed_from_spec
 from app.core.workload import WorkloadSpec, parse_workload
 from app.explain import explain_spec
 from app.metrics import Metrics
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
 from app.sim.baseline import (
     DefaultScheduler,
@@ -27,7 +28,6 @@ from app.sim.baseline import (
     least_allocated,
     num_feasible_nodes_to_find,
 )
-from app.sim.fleet import node_object, pod_object
 from app.sim.scheduler import SimScheduler
 
 CATALOG = GpuCatalog.load()

@@ -15,7 +15,7 @@ from app.core.profiles import ProfileBook, ProfileError
 from app.core.reasons import Rejection
 from app.core.snapshot import NodeUsage
 from app.core.workload import WorkloadError, parse_workload
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 
 ANN = "llm-placement.io/"
 CATALOG = GpuCatalog.load()

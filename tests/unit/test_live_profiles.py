@@ -21,8 +21,8 @@ from app.core.live_profiles import LearnPolicy, LiveProfileBook, PodWindow, Serv
 from app.core.workload import Precision, parse_workload
 from app.explain import explain_spec
 from app.metrics import Metrics
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core, serving_pods
 
 ANN = "llm-placement.io/"

@@ -16,7 +16,7 @@ from app import wire
 from app.cluster.binder import Binder
 from app.core.reasons import MESSAGE_CHARS, SHOWN_CHARS, ReasonCode, reject, shown
 from app.core.workload import PREFIX, WorkloadError, parse_workload
-from app.sim.fleet import pod_object
+from app.objects import pod_object
 from tests.unit.test_gang_coordinator import Cluster
 
 EVIL = "g\nSuccessfully assigned ml/x to node-7\r\x00\x1b[2J\u202eevil\u200b\\n" + "x" * 200

@@ -10,7 +10,7 @@ from app.core.catalog import GpuCatalog
 from app.core.model_registry import default_registry
 from app.core.sizing import kv_bytes_per_token, kv_cache_gb
 from app.core.workload import WorkloadError, parse_workload
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from app.wiring import build_core
 
 ANN = "llm-placement.io/"

@@ -17,7 +17,7 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.nodes import NodeClass, NodeFacts, facts_for
 from app.core.snapshot import ClusterSnapshot
-from app.sim.fleet import node_object
+from app.objects import node_object
 from tests.unit.test_dra import gpu_device, rslice
 
 H100 = "NVIDIA-H100-80GB-HBM3"

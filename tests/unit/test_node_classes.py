@@ -17,8 +17,8 @@ from app.core.reasons import Rejection
 from app.core.scoring import score_nodes
 from app.core.snapshot import PlacedPod
 from app.core.workload import LatencyClass, Stage
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from tests.conftest import mixed_service
 
 # Few shapes, so that nodes of one shape differ only in usage: that is where grouping could go wrong.

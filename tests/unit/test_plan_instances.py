@@ -11,12 +11,12 @@ import yaml
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog
+from app.objects import expand_cluster
 from app.plan.cluster import cluster_nodes
 from app.plan.problem import PlanProblem, build_problem, node_facts_of
 from app.plan.run import PlanRun, plan_problem
 from app.plan.schedule import metrics, verify
 from app.plan.workflow import Workflow, load_workflow
-from app.sim.fleet import expand_cluster
 from testkit.plan_brute import brute_force
 
 INSTANCES = Path(__file__).parents[1] / "plan_instances"

@@ -13,12 +13,12 @@ from app.cli import cli
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.workload import parse_workload
+from app.objects import expand_cluster
 from app.plan.explain import colocations, critical_path
 from app.plan.manifest import SLOT, planned_node, planned_pods, to_yaml
 from app.plan.problem import ProblemError, build_problem, node_facts_of
 from app.plan.run import plan_problem
 from app.plan.workflow import Workflow, WorkflowError, load_workflow, parse_duration
-from app.sim.fleet import expand_cluster
 
 TRAP = Path(__file__).parents[1] / "plan_instances" / "tiny-heft-trap.yaml"
 

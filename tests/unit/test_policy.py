@@ -7,8 +7,8 @@ from typing import Any
 from app.config import Settings
 from app.core.snapshot import PlacedPod
 from app.core.workload import LatencyClass, Stage
+from app.objects import pod_object
 from app.service import ExtenderService
-from app.sim.fleet import pod_object
 from tests.conftest import mixed_nodes, mixed_service
 
 NAMES = [n["metadata"]["name"] for n in mixed_nodes()]
@@ -123,7 +123,7 @@ def test_precision_fallback_quantizes_before_scaling(service: ExtenderService) -
 
 
 def test_unknown_gpu_product_is_conservative(service: ExtenderService) -> None:
-    from app.sim.fleet import node_object
+    from app.objects import node_object
 
     service.absorb_node(node_object("mystery-0", gpus=8, product="NVIDIA-Z9000"))
     facts = service.snapshot.nodes["mystery-0"]
@@ -136,7 +136,7 @@ def test_unknown_gpu_product_is_conservative(service: ExtenderService) -> None:
 
 
 def test_node_without_gpu_labels_does_not_crash(service: ExtenderService) -> None:
-    from app.sim.fleet import node_object
+    from app.objects import node_object
 
     n = node_object("bare-gpu", gpus=2)  # advertises GPUs, no product label at all
     service.absorb_node(n)
@@ -160,7 +160,7 @@ def test_weights_per_stage_come_from_config(service: ExtenderService) -> None:
 
 
 def test_fp8_runs_weight_only_before_hopper_and_not_at_all_on_volta(service: ExtenderService) -> None:
-    from app.sim.fleet import node_object
+    from app.objects import node_object
 
     service.absorb_node(node_object("v100-0", gpus=8, product="Tesla-V100-SXM2-32GB"))
     names = [*NAMES, "v100-0"]
@@ -178,7 +178,7 @@ def test_fp8_runs_weight_only_before_hopper_and_not_at_all_on_volta(service: Ext
 
 
 def test_unknown_gpu_node_is_not_priced_like_a_cpu_node(service: ExtenderService) -> None:
-    from app.sim.fleet import node_object
+    from app.objects import node_object
 
     service.absorb_node(node_object("mystery-1", gpus=8, product="G3"))
     facts = service.snapshot.nodes["mystery-1"]
@@ -187,7 +187,7 @@ def test_unknown_gpu_node_is_not_priced_like_a_cpu_node(service: ExtenderService
 
 
 def test_cpu_pod_on_gpu_nodes_avoids_stranding_free_gpus(service: ExtenderService) -> None:
-    from app.sim.fleet import node_object
+    from app.objects import node_object
 
     for name in ("busy", "idle"):
         service.absorb_node(node_object(name, gpus=8, product="Tesla-T4", cpu="64", memory="256Gi"))
@@ -199,7 +199,7 @@ def test_cpu_pod_on_gpu_nodes_avoids_stranding_free_gpus(service: ExtenderServic
 
 
 def test_gpu_pod_packing_penalises_leaving_gpus_without_cpu(service: ExtenderService) -> None:
-    from app.sim.fleet import node_object
+    from app.objects import node_object
 
     for name in ("starved", "roomy"):
         service.absorb_node(node_object(name, gpus=8, product="Tesla-T4", cpu="64", memory="256Gi"))

@@ -14,8 +14,8 @@ from app.core.catalog import GpuCatalog
 from app.core.profiles import ProfileBook, ProfileError
 from app.core.workload import parse_workload
 from app.explain import explain_spec
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core
 
 ANN = "llm-placement.io/"

@@ -15,6 +15,7 @@ from app.core.nodes import NodeFacts, node_facts
 from app.core.snapshot import ClusterSnapshot, PlacedPod
 from app.core.workload import Stage, parse_workload
 from app.metrics import Metrics
+from app.objects import node_object, pod_object
 from app.quality import (
     UNKNOWN_GPU,
     QualityPublisher,
@@ -23,7 +24,6 @@ from app.quality import (
     snapshot_quality,
 )
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.wiring import start_quality_refresher
 
 CLIQUE = "nvidia.com/gpu.clique"

@@ -14,8 +14,8 @@ from app.core.ranking import EQUAL_TOTAL, Agreement, ScoreMapping, agreement_at,
 from app.core.score_list import ScoreList
 from app.core.snapshot import PlacedPod
 from app.core.workload import Stage
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 
 totals = st.lists(st.floats(min_value=0.0, max_value=1.0, allow_nan=False), min_size=1, max_size=60)
 

@@ -23,8 +23,8 @@ from app.core.snapshot import PlacedPod
 from app.core.workload import Stage, WorkloadError, parse_workload
 from app.explain import explain_spec
 from app.metrics import INVALID_KEYS, Metrics
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core
 from tests.conftest import mixed_nodes
 

@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 import typer
 
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from tests.integration.harness.replay import ReplayPod, ReplayResult, Sample
 
 ANN = "llm-placement.io/"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.sim.fleet import node_object, pod_object
+from app.objects import node_object, pod_object
 from tests.integration.harness.runtime import TrainingSpeed, node_gpus
 
 SEVEN_B = "6.658859008B"  # the measured MPT-7B's parameter count (the rows' NumParams)

@@ -15,8 +15,8 @@ from app.core.nodes import node_facts
 from app.core.snapshot import ClusterSnapshot, placed_from_spec
 from app.core.workload import WorkloadError, WorkloadSpec, parse_workload
 from app.explain import explain_spec
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core
 
 CATALOG = GpuCatalog.load()

@@ -20,8 +20,8 @@ from app.core.ranking import ScoreMapping
 from app.core.scoring import NodeScore
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import parse_workload
+from app.objects import node_object, pod_object
 from app.sim.baseline import Req, balanced_score, fit_score
-from app.sim.fleet import node_object, pod_object
 from app.sim.profile import (
     BALANCED,
     CHART_SCHEDULER_CONFIG,

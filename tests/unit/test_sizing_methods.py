@@ -11,8 +11,8 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.sizing import decode_ms_per_token, size
 from app.core.workload import FinetuneMethod, Precision, WorkloadError, parse_workload
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core
 
 ANN = "llm-placement.io/"

@@ -12,8 +12,8 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.serving_model import MISS, ServingCalibration, default_calibration, target_margin
 from app.core.workload import parse_workload
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core
 
 ANN = "llm-placement.io/"

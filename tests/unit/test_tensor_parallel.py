@@ -22,8 +22,8 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog, default_catalog
 from app.core.sizing import allreduce_us, gpu_link, shape
 from app.core.workload import parse_workload
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core
 
 ANN = "llm-placement.io/"

@@ -17,8 +17,8 @@ from app.core.nodes import NodeClass, NodeFacts
 from app.core.reasons import ReasonCode, Rejection
 from app.core.snapshot import NodeUsage
 from app.core.workload import WorkloadSpec, parse_workload
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from app.wiring import build_core
 
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -23,8 +23,8 @@ from app.core.catalog import GpuCatalog
 from app.core.snapshot import ClusterSnapshot
 from app.gang.kube import PodGroupWatcher
 from app.metrics import Metrics
+from app.objects import node_object, pod_object
 from app.ratelog import RateLimitedLog
-from app.sim.fleet import node_object, pod_object
 
 
 def test_delays_double_with_jitter_up_to_a_low_cap_and_restart_after_success() -> None:

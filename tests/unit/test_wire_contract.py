@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from app.api.app import create_app
 from app.config import Settings
 from app.core.catalog import GpuCatalog
+from app.objects import node_object, pod_object
 from app.service import ExtenderService
-from app.sim.fleet import node_object, pod_object
 from tests.conftest import mixed_nodes, mixed_service
 
 NAMES = [n["metadata"]["name"] for n in mixed_nodes()]

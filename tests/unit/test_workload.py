@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from app.core.sizing import decode_ms_per_token, kv_bytes_per_token, size, weights_gb
 from app.core.units import parse_bandwidth_tbs, parse_param_count, parse_quantity
 from app.core.workload import LatencyClass, Precision, Stage, WorkloadError, parse_workload
-from app.sim.fleet import pod_object
+from app.objects import pod_object
 
 
 def pod(**ann: str) -> dict:

@@ -1,7 +1,7 @@
-"""Expand compact cluster/workload descriptions into Node and Pod objects shaped like the API's.
+"""Node and Pod objects shaped like the API's, from compact cluster and workload descriptions.
 
-The demo, the simulator and tests build clusters this way, so every path goes through the same
-node_facts / parse_workload code the live service uses.
+The demo, the simulator, the planner and the tests build clusters this way, so every path goes
+through the same node_facts / parse_workload code the live service uses.
 """
 
 from __future__ import annotations
@@ -13,12 +13,21 @@ from typing import Any
 
 import yaml
 
+from app.core.datafile import load_user_yaml
+
 STAGE = "llm-placement.io/stage"
 
 
+# A cluster or workload description a user hands the demo: the planner's own limit.
+MAX_FILE_BYTES = 64 << 20
+
+
 def load_yaml(path: str | Path | None, default: str) -> dict[str, Any]:
-    text = Path(path).read_text() if path else (files("app.demo") / default).read_text()
-    data = yaml.safe_load(text)
+    """A user's file (no aliases, bounded size) or the packaged description ``default``."""
+    if path:
+        data = load_user_yaml(path, ValueError, MAX_FILE_BYTES)
+    else:
+        data = yaml.safe_load((files("app.demo") / default).read_text())
     if not isinstance(data, dict):
         raise ValueError(f"{path or default}: expected a mapping at the top level")
     return data
