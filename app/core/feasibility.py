@@ -153,6 +153,22 @@ def evaluate(
     """Apply the stage's hard rules; return the best feasible precision or a Rejection."""
     if spec.mig_slices > 0 and spec.gpus == 0:
         return _evaluate_mig(spec, node, usage, free_gpus, policy)
+    problem = _node_rules(spec, node, usage, free_gpus, policy)
+    if problem is not None:
+        return problem
+    first_problem: Rejection | None = None
+    for i, precision in enumerate(spec.precisions):
+        got = _at_precision(spec, node, usage, precision, policy, fallback=i > 0)
+        if isinstance(got, NodeFit):
+            return got
+        first_problem = first_problem or got
+    assert first_problem is not None
+    return first_problem
+
+
+def _node_rules(spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, free_gpus: int,
+                policy: FeasibilityPolicy) -> Rejection | None:
+    """The rules that do not depend on the precision: GPUs, their selectors and count, the stage."""
     if spec.gpus > 0 and not node.has_gpus:
         if node.mig:
             return PARTITIONED
@@ -179,108 +195,114 @@ def evaluate(
     if spec.gpus > 0 and free_gpus < spec.gpus_needed_free:
         return reject(ReasonCode.GPUS_BUSY, "not enough free GPUs (in use or reserved for a gang)",
                       unresolvable=False)
-
     sized_gpu = spec.gpus > 0 and spec.model_params is not None
     if sized_gpu and not node.gpu_known and node.gpu_memory_gb <= 0:
         return reject(ReasonCode.UNKNOWN_GPU,
                       "GPU product unknown to the catalog; not used for sized LLM workloads")
-
     lat = spec.effective_latency_class
     if spec.stage is Stage.SERVING and lat is LatencyClass.INTERACTIVE and usage.training > 0:
         return reject(ReasonCode.SEPARATION, "interactive serving is kept off nodes running training")
+    return None
 
+
+def _at_precision(spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, precision: Precision,
+                  policy: FeasibilityPolicy, fallback: bool) -> NodeFit | Rejection:
+    """Memory, FP8 support and the serving targets at one precision."""
+    sizing = size(spec, precision, default_context=policy.default_context_tokens,
+                  default_concurrency=policy.default_concurrency,
+                  alignment_extra_headroom=policy.alignment_extra_headroom)
+    problem = _memory_problem(spec, node, usage, sizing, policy)
+    if (problem is None and precision is Precision.FP8 and spec.gpus > 0 and node.gpu
+            and not (node.gpu.fp8 or node.gpu.fp8_weight_only)):
+        problem = reject(ReasonCode.PRECISION, "fp8 needs FP8 tensor cores or weight-only "
+                         "FP8 kernels (compute capability 7.5+)")
+    if problem is not None:
+        return problem
+    at = f" at {precision.value}" if len(spec.precisions) > 1 else ""
+    profile = (policy.profiles.match(spec, node.gpu, precision)
+               if policy.profiles is not None and node.gpu is not None and spec.gpus > 0
+               and spec.stage is Stage.SERVING else None)
+    if (profile is not None and profile.max_concurrency is not None
+            and (spec.concurrency or policy.default_concurrency) > profile.max_concurrency):
+        return reject(ReasonCode.LATENCY_SLO,
+                      f"measured: serves at most {profile.max_concurrency} sequences at once{at}")
+    est: Estimate | None = None
+    tp: TensorParallel | None = None
     # A GPU-served pod is estimated by the calibrated serving model (docs/stage-policy.md, "The
     # serving model"); its tensor-parallel share is kept apart so a rejection can name it.
-    serving_gpu = (spec.stage is Stage.SERVING and spec.model_params is not None and spec.gpus > 0
-                   and node.gpu is not None)
-    first_problem: Rejection | None = None
-    for i, precision in enumerate(spec.precisions):
-        sizing = size(
-            spec,
-            precision,
-            default_context=policy.default_context_tokens,
-            default_concurrency=policy.default_concurrency,
-            alignment_extra_headroom=policy.alignment_extra_headroom,
-        )
-        problem = _memory_problem(spec, node, usage, sizing, policy)
-        if (problem is None and precision is Precision.FP8 and spec.gpus > 0 and node.gpu
-                and not (node.gpu.fp8 or node.gpu.fp8_weight_only)):
-            problem = reject(ReasonCode.PRECISION, "fp8 needs FP8 tensor cores or weight-only "
-                             "FP8 kernels (compute capability 7.5+)")
-        ms: float | None = None
-        estimated_ms: float | None = None
-        profile = (policy.profiles.match(spec, node.gpu, precision)
-                   if policy.profiles is not None and node.gpu is not None and spec.gpus > 0
-                   and spec.stage is Stage.SERVING else None)
-        if problem is None and profile is not None and profile.max_concurrency is not None:
-            sequences = spec.concurrency or policy.default_concurrency
-            if sequences > profile.max_concurrency:
-                problem = reject(ReasonCode.LATENCY_SLO,
-                                 f"measured: serves at most {profile.max_concurrency} sequences at once"
-                                 + (f" at {precision.value}" if len(spec.precisions) > 1 else ""))
-        est: Estimate | None = None
-        tp: TensorParallel | None = None
-        if problem is None and serving_gpu and node.gpu is not None:
-            est = serving_estimate(spec, precision, node.gpu, node.gpu_bandwidth_tbs, policy)
-            if spec.gpus > 1:
-                tp = TensorParallel(gpu_link(node.gpu), spec.gpus, est.tp_per_token_ms, est.tp_prefill_ms)
-        if problem is None and spec.stage is Stage.SERVING and spec.model_params is not None:
-            if est is not None:
-                ms = est.ms_per_token
-            else:  # served from host memory: a CPU reads the weights at its memory bandwidth
-                ms = decode_ms_per_token(sizing, spec.gpus, CPU_MEMORY_BANDWIDTH_TBS,
-                                         policy.serving.bandwidth_efficiency["w16"])
-            estimated_ms = ms
-            if profile is not None and profile.ms_per_token is not None:
-                ms = profile.ms_per_token  # a measurement beats the estimate, all-reduces included
-            decodes = spec.serving_role is not ServingRole.PREFILL
-            measured = profile is not None and profile.ms_per_token is not None
-            # An estimate meets a target only with its group's margin: the published measurements
-            # of similar setups were that much slower than the model at worst (docs/stage-policy.md).
-            margin = 1.0 if measured or est is None else target_margin(
-                policy.serving, error_group(spec, precision, policy.default_concurrency))
-            if decodes and spec.max_ms_per_token is not None and (
-                    ms is None or ms * margin > spec.max_ms_per_token):
-                # Name the cause: bandwidth alone would have met the target, the all-reduces did not.
-                comm = (not measured and ms is not None and tp is not None
-                        and (ms - tp.per_token_ms) * margin <= spec.max_ms_per_token)
-                problem = reject(
-                    ReasonCode.LATENCY_SLO,
-                    f"cannot meet {spec.max_ms_per_token:g} ms/token: "
-                    + ("measured too slow" if measured
-                       else f"tensor-parallel all-reduce over {tp.link.kind} too slow" if comm and tp
-                       else "memory bandwidth too low")
-                    + (f" at {precision.value}" if len(spec.precisions) > 1 else "")
-                    + (f" (estimate {ms:.1f} ms x margin {margin:g})" if margin > 1 and ms else "")
-                )
-        ttft: float | None = None
-        estimated_ttft: float | None = None
-        if (problem is None and spec.max_ttft_ms is not None and spec.stage is Stage.SERVING
-                and spec.serving_role is not ServingRole.DECODE and spec.model_params is not None):
-            ttft = est.ttft_ms if est is not None else None
-            estimated_ttft = ttft
-            measured_ttft = profile.ttft_for(serving_lengths(spec, policy)[0]) \
-                if profile is not None else None
-            if measured_ttft is not None:
-                ttft = measured_ttft
-            ttft_margin = 1.0 if measured_ttft is not None or est is None else target_margin(
-                policy.serving, error_group(spec, precision, policy.default_concurrency), "ttft")
-            if ttft is None or ttft * ttft_margin > spec.max_ttft_ms:
-                comm = (measured_ttft is None and ttft is not None and tp is not None
-                        and (ttft - tp.prefill_ms) * ttft_margin <= spec.max_ttft_ms)
-                why = ("GPU compute unknown" if ttft is None
-                       else "measured too slow" if measured_ttft is not None
-                       else f"tensor-parallel all-reduce over {tp.link.kind} too slow" if comm and tp
-                       else "compute too low")
-                problem = reject(ReasonCode.LATENCY_SLO,
-                                 f"cannot meet {spec.max_ttft_ms:g} ms to first token: {why}")
-        if problem is None:
-            return NodeFit(node, sizing, ms, pod_hourly_cost(spec, node), fallback_used=i > 0,
-                           ttft_ms=ttft, tp=tp, profile=profile, estimated_ms_per_token=estimated_ms,
-                           estimated_ttft_ms=estimated_ttft, estimate=est)
-        first_problem = first_problem or problem
-    assert first_problem is not None
-    return first_problem
+    if spec.stage is Stage.SERVING and spec.model_params is not None and spec.gpus > 0 and node.gpu:
+        est = serving_estimate(spec, precision, node.gpu, node.gpu_bandwidth_tbs, policy)
+        if spec.gpus > 1:
+            tp = TensorParallel(gpu_link(node.gpu), spec.gpus, est.tp_per_token_ms, est.tp_prefill_ms)
+    ms: float | None = None
+    estimated_ms: float | None = None
+    if spec.stage is Stage.SERVING and spec.model_params is not None:
+        if est is not None:
+            ms = est.ms_per_token
+        else:  # served from host memory: a CPU reads the weights at its memory bandwidth
+            ms = decode_ms_per_token(sizing, spec.gpus, CPU_MEMORY_BANDWIDTH_TBS,
+                                     policy.serving.bandwidth_efficiency["w16"])
+        estimated_ms = ms
+        if profile is not None and profile.ms_per_token is not None:
+            ms = profile.ms_per_token  # a measurement beats the estimate, all-reduces included
+        problem = _decode_target(spec, precision, ms, est, tp, profile, policy, at)
+    ttft: float | None = None
+    first_token = (spec.max_ttft_ms is not None and spec.stage is Stage.SERVING
+                   and spec.serving_role is not ServingRole.DECODE and spec.model_params is not None)
+    if problem is None and first_token:
+        ttft = est.ttft_ms if est is not None else None
+        measured_ttft = profile.ttft_for(serving_lengths(spec, policy)[0]) if profile is not None else None
+        problem = _first_token_target(spec, precision, ttft, measured_ttft, est, tp, policy)
+        ttft = measured_ttft if measured_ttft is not None else ttft
+    if problem is not None:
+        return problem
+    return NodeFit(node, sizing, ms, pod_hourly_cost(spec, node), fallback_used=fallback,
+                   ttft_ms=ttft, tp=tp, profile=profile, estimated_ms_per_token=estimated_ms,
+                   estimated_ttft_ms=est.ttft_ms if est is not None and ttft is not None else None,
+                   estimate=est)
+
+
+def _decode_target(spec: WorkloadSpec, precision: Precision, ms: float | None, est: Estimate | None,
+                   tp: TensorParallel | None, profile: Profile | None, policy: FeasibilityPolicy, at: str
+                   ) -> Rejection | None:
+    """``max-ms-per-token``: a measurement as it is, an estimate with its group's margin (the
+    published measurements of similar setups were that much slower at worst; docs/stage-policy.md)."""
+    if spec.serving_role is ServingRole.PREFILL or spec.max_ms_per_token is None:
+        return None
+    measured = profile is not None and profile.ms_per_token is not None
+    margin = 1.0 if measured or est is None else target_margin(
+        policy.serving, error_group(spec, precision, policy.default_concurrency))
+    if ms is not None and ms * margin <= spec.max_ms_per_token:
+        return None
+    # Name the cause: bandwidth alone would have met the target, the all-reduces did not.
+    comm = (not measured and ms is not None and tp is not None
+            and (ms - tp.per_token_ms) * margin <= spec.max_ms_per_token)
+    why = ("measured too slow" if measured
+           else f"tensor-parallel all-reduce over {tp.link.kind} too slow" if comm and tp
+           else "memory bandwidth too low")
+    shown = f" (estimate {ms:.1f} ms x margin {margin:g})" if margin > 1 and ms else ""
+    return reject(ReasonCode.LATENCY_SLO,
+                  f"cannot meet {spec.max_ms_per_token:g} ms/token: {why}{at}{shown}")
+
+
+def _first_token_target(spec: WorkloadSpec, precision: Precision, ttft: float | None,
+                        measured_ttft: float | None, est: Estimate | None, tp: TensorParallel | None,
+                        policy: FeasibilityPolicy) -> Rejection | None:
+    """``max-ttft-ms``, the same way as the per-token target."""
+    assert spec.max_ttft_ms is not None
+    if measured_ttft is not None:
+        ttft = measured_ttft
+    margin = 1.0 if measured_ttft is not None or est is None else target_margin(
+        policy.serving, error_group(spec, precision, policy.default_concurrency), "ttft")
+    if ttft is not None and ttft * margin <= spec.max_ttft_ms:
+        return None
+    comm = (measured_ttft is None and ttft is not None and tp is not None
+            and (ttft - tp.prefill_ms) * margin <= spec.max_ttft_ms)
+    why = ("GPU compute unknown" if ttft is None
+           else "measured too slow" if measured_ttft is not None
+           else f"tensor-parallel all-reduce over {tp.link.kind} too slow" if comm and tp
+           else "compute too low")
+    return reject(ReasonCode.LATENCY_SLO, f"cannot meet {spec.max_ttft_ms:g} ms to first token: {why}")
 
 
 def apply_default_target(
