@@ -66,11 +66,16 @@ class Metrics:
         self.cache_pods = Gauge(
             "llm_placement_cache_pods", "Pods holding resources in the extender cache.", registry=r
         )
+        self._watch_and_gang_metrics(r)
+        self._quality_metrics(r)
+        self._cluster_metrics(r)
+        self._initialise_closed_label_sets()
+
+    def _watch_and_gang_metrics(self, r: CollectorRegistry) -> None:
         self.watch_restarts = Counter(
             "llm_placement_watch_restarts_total", "Watch streams restarted, by resource and cause.",
             ["resource", "cause"], registry=r,
         )
-        # --- gangs ---------------------------------------------------------------------------
         self.solver_duration = Histogram(
             "llm_placement_solver_duration_seconds", "CP-SAT gang plan time.", ["status"],
             buckets=SOLVER_BUCKETS, registry=r,
@@ -92,7 +97,9 @@ class Metrics:
         self.reservations_expired = Counter(
             "llm_placement_reservations_expired_total", "Gang reservations dropped at TTL.", registry=r
         )
-        # --- placement quality (observed at bind) --------------------------------------------
+
+    def _quality_metrics(self, r: CollectorRegistry) -> None:
+        """Placement quality, observed at bind."""
         self.bandwidth_fit = Histogram(
             "llm_placement_bandwidth_fit_ratio",
             "Node memory bandwidth / bandwidth the SLO needs, for serving pods with an SLO.",
@@ -143,7 +150,9 @@ class Metrics:
             "llm_placement_free_gpus", "Free GPUs per NVLink domain and GPU model.", ["domain", "gpu"],
             registry=r,
         )
-        # --- cluster quality (app.quality defines each; refreshed periodically from the snapshot) --
+
+    def _cluster_metrics(self, r: CollectorRegistry) -> None:
+        """Cluster quality (app.quality defines each; refreshed periodically from the snapshot)."""
         self.stranded_gpus = Gauge(
             "llm_placement_stranded_gpus",
             "Free GPUs on partly used nodes with fewer free GPUs than any pending GPU pod requests.",
@@ -182,7 +191,6 @@ class Metrics:
             "Pods of ours carrying keys under llm-placement.io/ that the extender does not read "
             "(a warning event names the nearest known key).", registry=r,
         )
-        self._initialise_closed_label_sets()
 
     def invalid_annotation(self, key: str) -> None:
         """Count one annotation problem; a key outside the closed set is counted as "other"."""
