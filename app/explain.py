@@ -15,6 +15,7 @@ from app.core.gravity import GravityModel
 from app.core.live_profiles import LIVE_SOURCE_PREFIX
 from app.core.placer import UNKNOWN
 from app.core.reasons import problem_key
+from app.core.score_list import NodeScore
 from app.core.scoring import GRAVITY_OPENS_AT_MOST
 from app.core.serving_model import error_band, error_group, target_margin
 from app.core.workload import TRAINING_STAGES, WorkloadError, WorkloadSpec
@@ -57,55 +58,7 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
     for n in names:
         entry: dict[str, Any] = {"node": n}
         if n in fits:
-            f, s = fits[n], scores.get(n)
-            entry |= {
-                "feasible": True,
-                "gpu": f.node.gpu.name if f.node.gpu else None,
-                "precision": f.sizing.precision.value,
-                "per_gpu_gb": round(f.sizing.per_gpu_gb, 2),
-                # What per_gpu_gb (or the host memory) is made of (docs/stage-policy.md).
-                "memory_breakdown": {k: round(v, 2) for k, v in f.sizing.breakdown},
-                "ms_per_token": round(f.ms_per_token, 2) if f.ms_per_token else None,
-                "ttft_ms": round(f.ttft_ms, 1) if f.ttft_ms else None,
-                # Whether each figure is a measurement (settings profiles_file) or the estimate
-                # (docs/stage-policy.md, "Measured profiles"); the estimate is kept for calibration.
-                "ms_per_token_source": f.ms_source if f.ms_per_token else None,
-                "ttft_source": f.ttft_source if f.ttft_ms else None,
-                "estimated_ms_per_token": (round(f.estimated_ms_per_token, 2)
-                                           if f.profile is not None and f.estimated_ms_per_token else None),
-                "estimated_ttft_ms": (round(f.estimated_ttft_ms, 1)
-                                      if f.profile is not None and f.estimated_ttft_ms else None),
-                "profile": None if f.profile is None else {
-                    "model": f.profile.model, "gpu": f.profile.gpu, "gpus": f.profile.gpus,
-                    "precision": f.profile.precision.value, "source": f.profile.source,
-                    "max_concurrency": f.profile.max_concurrency,
-                },
-                # The all-reduce part of ms_per_token and ttft_ms for multi-GPU serving
-                # (docs/stage-policy.md, "Tensor-parallel communication").
-                "tensor_parallel": None if f.tp is None else {
-                    "gpus": f.tp.gpus, "link": f.tp.link.name, "link_kind": f.tp.link.kind,
-                    "link_gb_per_s": f.tp.link.gb_per_s,
-                    "ms_per_token": round(f.tp.per_token_ms, 3),
-                    "prefill_ms": round(f.tp.prefill_ms, 1),
-                },
-                # The serving model's parts, how far off it was on published measurements of
-                # pods like this one, and what decided (docs/stage-policy.md, "The serving model").
-                "serving_model": None if f.estimate is None else _serving_note(service, spec, f),
-                "hourly_cost": round(f.pod_hourly_cost, 4),
-                "score": s.score if s else 0,
-                "total": round(s.total, 4) if s else 0.0,
-                "terms": {t: round(v, 3) for t, v in (s.terms if s else {}).items()},
-                "weights": s.weights if s else {},
-            }
-            if s is not None and s.guarded_by:
-                # Ranked just below a partly used node (docs/scoring.md, "The whole-node guard").
-                entry["whole_node_guard"] = _guard_note(service, n, s.guarded_by)
-            if s is not None and s.gravity_capped:
-                # docs/data-gravity.md, "Never a whole node far bigger than the pod".
-                entry["gravity_not_counted"] = (
-                    f"the pod would open this whole {f.node.gpu_count}-GPU node for {spec.gpus} GPU(s): data "
-                    f"gravity opens no node of more than {GRAVITY_OPENS_AT_MOST}x the pod's GPUs while a "
-                    "partly used or smaller node fits; its pull is capped at theirs")
+            entry |= _feasible_entry(service, spec, fits[n], scores.get(n))
         else:
             r = rejections.get(n) or UNKNOWN
             # "rule" is the rejections metric's label for the same verdict (docs/metrics.md).
@@ -159,6 +112,60 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         },
         "nodes": nodes,
     }
+
+
+def _feasible_entry(service: ExtenderService, spec: WorkloadSpec, f: NodeFit, s: NodeScore | None
+                    ) -> dict[str, Any]:
+    """What explain says about a node that passes: the fit, its figures' sources and the score."""
+    out: dict[str, Any] = {
+        "feasible": True,
+        "gpu": f.node.gpu.name if f.node.gpu else None,
+        "precision": f.sizing.precision.value,
+        "per_gpu_gb": round(f.sizing.per_gpu_gb, 2),
+        # What per_gpu_gb (or the host memory) is made of (docs/stage-policy.md).
+        "memory_breakdown": {k: round(v, 2) for k, v in f.sizing.breakdown},
+        "ms_per_token": round(f.ms_per_token, 2) if f.ms_per_token else None,
+        "ttft_ms": round(f.ttft_ms, 1) if f.ttft_ms else None,
+        # Whether each figure is a measurement (settings profiles_file) or the estimate
+        # (docs/stage-policy.md, "Measured profiles"); the estimate is kept for calibration.
+        "ms_per_token_source": f.ms_source if f.ms_per_token else None,
+        "ttft_source": f.ttft_source if f.ttft_ms else None,
+        "estimated_ms_per_token": (round(f.estimated_ms_per_token, 2)
+                                   if f.profile is not None and f.estimated_ms_per_token else None),
+        "estimated_ttft_ms": (round(f.estimated_ttft_ms, 1)
+                              if f.profile is not None and f.estimated_ttft_ms else None),
+        "profile": None if f.profile is None else {
+            "model": f.profile.model, "gpu": f.profile.gpu, "gpus": f.profile.gpus,
+            "precision": f.profile.precision.value, "source": f.profile.source,
+            "max_concurrency": f.profile.max_concurrency,
+        },
+        # The all-reduce part of ms_per_token and ttft_ms for multi-GPU serving
+        # (docs/stage-policy.md, "Tensor-parallel communication").
+        "tensor_parallel": None if f.tp is None else {
+            "gpus": f.tp.gpus, "link": f.tp.link.name, "link_kind": f.tp.link.kind,
+            "link_gb_per_s": f.tp.link.gb_per_s,
+            "ms_per_token": round(f.tp.per_token_ms, 3),
+            "prefill_ms": round(f.tp.prefill_ms, 1),
+        },
+        # The serving model's parts, how far off it was on published measurements of
+        # pods like this one, and what decided (docs/stage-policy.md, "The serving model").
+        "serving_model": None if f.estimate is None else _serving_note(service, spec, f),
+        "hourly_cost": round(f.pod_hourly_cost, 4),
+        "score": s.score if s else 0,
+        "total": round(s.total, 4) if s else 0.0,
+        "terms": {t: round(v, 3) for t, v in (s.terms if s else {}).items()},
+        "weights": s.weights if s else {},
+    }
+    if s is not None and s.guarded_by:
+        # Ranked just below a partly used node (docs/scoring.md, "The whole-node guard").
+        out["whole_node_guard"] = _guard_note(service, f.node.name, s.guarded_by)
+    if s is not None and s.gravity_capped:
+        # docs/data-gravity.md, "Never a whole node far bigger than the pod".
+        out["gravity_not_counted"] = (
+            f"the pod would open this whole {f.node.gpu_count}-GPU node for {spec.gpus} GPU(s): data "
+            f"gravity opens no node of more than {GRAVITY_OPENS_AT_MOST}x the pod's GPUs while a "
+            "partly used or smaller node fits; its pull is capped at theirs")
+    return out
 
 
 def _gravity_tradeoff(pull: dict[str, Any], fits: Mapping[str, NodeFit], chosen: str | None
