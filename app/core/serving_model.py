@@ -80,11 +80,14 @@ class ServingCalibration(BaseModel):
     interleave: NonNegative = 1.0
     ttft_floor_ms: NonNegative = 10.0
     ttft_queue: NonNegative = 0.7
+    # Decode steps a new request of a running batch waits before its prompt is computed (the
+    # engine finishes the steps in flight and batches prompts by a token budget).
+    ttft_steps: NonNegative = 1.0
     # Per metric ("tpot", "ttft") and corpus group: the factor an estimate is multiplied by before it
     # is compared with a pod's target, so that no published measurement of the group would miss a
     # target the filter accepts by more than MISS (docs/stage-policy.md, "Target margin"). Written by
     # the calibrate command from the fit's own errors; not a fitted parameter.
-    target_margin: dict[str, dict[str, Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)]]] = \
+    target_margin: dict[str, dict[str, Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)]]] = \
         Field(default_factory=dict)
     # Where the values came from (the calibrate command writes the corpus and the fit's figures).
     provenance: dict[str, Any] = Field(default_factory=dict)
@@ -96,7 +99,7 @@ class ServingCalibration(BaseModel):
             for kind, value in getattr(self, key).items():
                 out[f"{key}.{kind}"] = value
         for key in ("kv_bandwidth_efficiency", "decode_compute_efficiency", "step_floor_ms",
-                    "layer_overhead_us", "interleave", "ttft_floor_ms", "ttft_queue"):
+                    "layer_overhead_us", "interleave", "ttft_floor_ms", "ttft_queue", "ttft_steps"):
             out[key] = getattr(self, key)
         return out
 
@@ -253,6 +256,7 @@ def estimate(case: Case, cal: ServingCalibration) -> Estimate:
     # Closed loop of ``batch`` clients: the share of time spent on other prompts, as a queue.
     busy = min(0.9, (batch - 1) * first / (first + case.output_tokens * per_token))
     queue = first * cal.ttft_queue * busy / (1 - busy)
+    queue += cal.ttft_steps * step * (batch - 1) / batch
     return Estimate(per_token, first + queue, parts, tp_decode, tp_prefill)
 
 
