@@ -16,7 +16,8 @@ docs/stage-policy.md ("The serving model") states the model and its cross-valida
 * First-token time is the prompt's matrix and attention work at the precision's tensor throughput
   (fp8 on GPUs with FP8 tensor cores runs faster than bf16; weight-only int4 computes in 16 bits),
   never less than one pass over the weights, plus a fixed floor, the tensor-parallel all-reduces of
-  the prompt, and the wait for prompts of other requests already queued.
+  the prompt, the wait for prompts of other requests already queued, and a fitted number of decode
+  steps a new request of a running batch waits before its prompt is computed.
 
 The free parameters (efficiencies, floors, latencies) live in ``ServingCalibration``; the shipped
 values are produced by ``llm-placement calibrate`` from the measurement corpus in
@@ -37,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.core.catalog import GpuSpec
 from app.core.model_registry import ModelArch
 from app.core.sizing import ACTIVATION_BYTES, allreduce_us, gpu_link, shape
-from app.core.workload import Precision, WorkloadSpec
+from app.core.workload import Precision, ServingRole, WorkloadSpec
 
 PACKAGE = "app.data"
 RESOURCE = "serving_calibration.yaml"
@@ -190,6 +191,7 @@ class Case:
     bandwidth_tbs: float | None = None  # the node's measured bandwidth, else the catalog's
     kv_bytes_per_value: float = 2.0
     static: bool = False  # a fixed batch, all prompts first (benchmarks), not continuous batching
+    decodes: bool = True  # False: a prefill-only pod (disaggregated serving) runs no decode steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +258,8 @@ def estimate(case: Case, cal: ServingCalibration) -> Estimate:
     # Closed loop of ``batch`` clients: the share of time spent on other prompts, as a queue.
     busy = min(0.9, (batch - 1) * first / (first + case.output_tokens * per_token))
     queue = first * cal.ttft_queue * busy / (1 - busy)
-    queue += cal.ttft_steps * step * (batch - 1) / batch
+    if case.decodes:
+        queue += cal.ttft_steps * step * (batch - 1) / batch
     return Estimate(per_token, first + queue, parts, tp_decode, tp_prefill)
 
 
@@ -294,7 +297,7 @@ def serving_estimate(spec: WorkloadSpec, precision: Precision, gpu: GpuSpec, ban
     prompt, output = serving_lengths(spec, defaults)
     case = Case(Shape.of(params, spec.active_params, arch), precision, gpu, max(spec.gpus, 1),
                 spec.concurrency or defaults.default_concurrency, prompt, output,
-                bandwidth_tbs=bandwidth_tbs or None)
+                bandwidth_tbs=bandwidth_tbs or None, decodes=spec.serving_role is not ServingRole.PREFILL)
     return estimate(case, defaults.serving)
 
 

@@ -114,3 +114,18 @@ def test_first_token_is_precision_aware_and_has_a_floor():
     assert fp8 < bf16
     tiny = estimate(case(prompt=1), CAL).ttft_ms
     assert tiny >= CAL.ttft_floor_ms
+
+
+def test_a_new_request_waits_decode_steps_of_a_running_batch_but_a_prefill_pod_does_not():
+    from dataclasses import replace
+
+    cal = CAL.model_copy(update={"ttft_steps": 10.0, "ttft_queue": 0.0})
+    alone = estimate(case(concurrency=1), cal)
+    busy = estimate(case(concurrency=8), cal)
+    quiet = estimate(replace(case(concurrency=8), decodes=False), cal)
+    without = estimate(case(concurrency=8), cal.model_copy(update={"ttft_steps": 0.0}))
+    step = busy.ms_per_token - dict(busy.parts)["other prompts"]
+    assert busy.ttft_ms - without.ttft_ms == pytest.approx(10.0 * step * 7 / 8)
+    assert quiet.ttft_ms == pytest.approx(without.ttft_ms)  # no decode steps to wait behind
+    assert alone.ttft_ms == pytest.approx(estimate(case(concurrency=1), cal.model_copy(
+        update={"ttft_steps": 0.0})).ttft_ms)

@@ -186,7 +186,8 @@ def test_time_to_first_token_uses_the_catalogs_tflops(service: ExtenderService) 
     # 7B bf16, 4,000-token prompt: 2 x 4,000 x 7e9 = 56 TFLOP of matrix work, at the calibrated share
     # of each GPU's data-sheet dense BF16 figure: the H100 (989 TFLOPS) meets 500 ms, the L4 (121)
     # and T4 (65) do not.
-    ann = {"model_params": "7B", "prompt_tokens": "4000", "max_ttft_ms": "500", "latency_class": "batch"}
+    ann = {"model_params": "7B", "prompt_tokens": "4000", "max_ttft_ms": "500", "latency_class": "batch",
+           "concurrency": "1"}  # alone: no other requests to wait behind
     fits, rejections = service.placer.evaluate_nodes(spec_of("serving", **ann), ["l4", "t4", "h100"])
     assert set(fits) == {"h100"}
     est = fits["h100"].estimate

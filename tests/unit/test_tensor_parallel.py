@@ -20,6 +20,7 @@ import pytest
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog, default_catalog
+from app.core.serving_model import default_calibration, target_margin
 from app.core.sizing import allreduce_us, gpu_link, shape
 from app.core.workload import parse_workload
 from app.objects import node_object, pod_object
@@ -130,18 +131,20 @@ def test_the_estimate_includes_the_allreduces_on_pcie_nodes(service: ExtenderSer
 def test_a_target_bandwidth_alone_meets_is_missed_over_pcie(service: ExtenderService) -> None:
     base = spec_of(4, model_params="70B", precision="int8", latency_class="batch")
     est = _tp(base, "L40S")
-    target = est.ms_per_token - est.tp_per_token_ms / 2
+    # The filter compares the estimate times its group's target margin (docs/stage-policy.md).
+    margin = target_margin(default_calibration(), "int8/fp8")
+    target = margin * (est.ms_per_token - est.tp_per_token_ms / 2)
     spec = spec_of(4, model_params="70B", precision="int8", latency_class="batch",
                    max_ms_per_token=f"{target:.3f}")
     fits, rejections = service.placer.evaluate_nodes(spec, ["l40s", "h100"])
     assert set(fits) == {"h100"}
-    assert rejections["l40s"].message.endswith(
-        f"cannot meet {float(f'{target:.3f}'):g} ms/token: tensor-parallel all-reduce over pcie too slow")
+    assert (f"cannot meet {float(f'{target:.3f}'):g} ms/token: tensor-parallel all-reduce over pcie too slow"
+            in rejections["l40s"].message)
     # A time-to-first-token target: prefill compute alone fits on the L40S, the prompt's
     # all-reduces over PCIe do not.
     probe_spec = spec_of(4, model_params="8B", prompt_tokens="2000", serving_role="prefill")
     probe = _tp(probe_spec, "L40S")
-    limit = probe.ttft_ms - probe.tp_prefill_ms / 2
+    limit = target_margin(default_calibration(), "tp>=4", "ttft") * (probe.ttft_ms - probe.tp_prefill_ms / 2)
     spec = spec_of(4, model_params="8B", prompt_tokens="2000", serving_role="prefill",
                    max_ttft_ms=f"{limit:.3f}")
     fits, rejections = service.placer.evaluate_nodes(spec, ["l40s", "h100"])
