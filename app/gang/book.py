@@ -19,6 +19,20 @@ from app.core.workload import WorkloadSpec
 from app.gang.instance import member_node
 from app.gang.ledger import Ledger
 
+# A "cannot be placed" stands at most this long even if nothing it was reached on seems to have
+# changed: a bound on what a missed signal can cost (a node kube-scheduler offers one member and not
+# another, a change nothing here counts). docs/gangs.md, "Cannot place".
+VERDICT_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A gang found unplaceable, and the state of the cluster it was found on."""
+
+    why: Rejection
+    stamp: tuple[object, ...]
+    until: float
+
 
 @dataclass(slots=True)
 class GangState:
@@ -29,6 +43,7 @@ class GangState:
     epochs: int = 0
     last_offered: Sequence[str] = ()  # the nodes kube-scheduler offered at the last member filter
     last_failure: Rejection | None = None  # why the last background plan found no placement
+    verdict: Verdict | None = None  # the last solve found no placement: see GangBook.standing
 
 
 class GangBook:
@@ -83,6 +98,30 @@ class GangBook:
     def roster(self, members: Sequence[WorkloadSpec]) -> frozenset[tuple[str, str]]:
         """Who is in the gang and where the bound ones are: a plan is only valid for this roster."""
         return frozenset((m.uid or m.key, member_node(self.snapshot, m)) for m in members)
+
+    # --- "cannot be placed" verdicts (docs/gangs.md) ----------------------------------------------
+    def stamp(self, key: str, members: Sequence[WorkloadSpec], size: int) -> tuple[object, ...]:
+        """What a solve for ``key`` depends on that can turn "no" into "yes": room freed anywhere
+        (pods ended or deleted, nodes added, changed or uncordoned, DRA devices given back),
+        ResourceSlices, other gangs' reservations given back, and the gang itself (its size, its
+        members, their specs and where the bound ones are). Bindings of other pods move none of
+        it: they only take room. Cheap enough for every retry of every member."""
+        snap = self.snapshot
+        return (snap.freed, snap.dra.slices_version, self.ledger.released, size,
+                tuple((m.uid or m.key, member_node(snap, m), m) for m in members))
+
+    def standing(self, key: str, state: GangState, members: Sequence[WorkloadSpec], size: int,
+                 now: float) -> Rejection | None:
+        """Why the gang cannot be placed, if its last solve said so and nothing that could change
+        the answer has changed since: kube-scheduler retries each member on every cluster event,
+        and solving again on the same facts would give the same "no" (docs/gangs.md)."""
+        v = state.verdict
+        if v is None:
+            return None
+        if now < v.until and v.stamp == self.stamp(key, members, size):
+            return v.why
+        state.verdict = None
+        return None
 
     # --- plans in progress ------------------------------------------------------------------------
     def planning(self, key: str) -> bool:

@@ -205,6 +205,8 @@ class GangCoordinator:
                     if mp is not None:
                         state.excluded.add(mp.node)  # the planned node no longer takes this member
                     current.stale = True
+            if node is None and (standing := book.standing(key, state, members, size, now)) is not None:
+                return _reject_gang(fits, rejections, standing)  # nothing changed: no new solve
             if node is None and self.background:
                 self.planner.start(key, spec, fits, node_names, state)
                 if state.last_failure:  # nothing changed for it yet, as far as we know: say why

@@ -423,3 +423,69 @@ def test_an_incomplete_gang_is_answered_without_looking_at_any_node(monkeypatch:
     d = c.filter(pods[0])
     assert d.passed == [] and set(d.unresolvable.values()) == {"llm-placement: waiting for gang members 3/8"}
     assert len(d.unresolvable) == 8
+
+
+def test_a_gang_that_cannot_fit_is_solved_again_only_after_a_change_that_could_make_it_fit() -> None:
+    """docs/gangs.md, "Cannot place": kube-scheduler retries every member on every cluster event;
+    a "no" stands until room is freed, a node comes or changes, the gang changes, or it expires."""
+    clock = [1000.0]
+    c = Cluster(clock=clock)
+    c.nodes("n", 4, "leaf-1")
+    busy = [pod_object(f"busy-{i}", namespace="other", gpus=8) for i in range(3)]
+    for p, node in zip(busy, ("n-0", "n-1", "n-2"), strict=True):
+        c.add(p)
+        with c.service.lock:
+            c.service.snapshot.assume(parse_workload(p), node)
+    pods = c.gang("g", 2)  # 16 GPUs wanted, 8 free
+
+    def solves() -> float:
+        return c.metric("llm_placement_solver_runs_total", status="infeasible")
+
+    for _ in range(20):  # every member, retried: one solve
+        for p in pods:
+            d = c.filter(p)
+            assert d.passed == [] and "gang cannot be placed" in next(iter(d.unresolvable.values()))
+    assert solves() == 1
+    # Another pod binds (takes room, frees none): the verdict stands.
+    other = pod_object("other", namespace="other", gpus=2)
+    c.add(other)
+    with c.service.lock:
+        c.service.snapshot.assume(parse_workload(other), "n-3")
+    assert c.filter(pods[0]).passed == [] and solves() == 1
+    # That pod ends: room was freed somewhere, so the gang is solved again (still 6 GPUs short).
+    c.delete(other)
+    assert c.filter(pods[1]).passed == [] and solves() == 2
+    assert c.filter(pods[0]).passed == [] and solves() == 2
+    # A node is added, or an existing one changes (uncordoned, relabelled): solved again.
+    c.nodes("m", 1, "leaf-1", free=0)
+    assert c.filter(pods[0]).passed == [] and solves() == 3
+    c.filter(pods[1])
+    assert solves() == 3
+    # The gang's own spec changes (a member's annotations): solved again.
+    pods[0]["metadata"]["annotations"]["llm-placement.io/gpu-preference"] = "H100"
+    c.add(pods[0])
+    assert c.filter(pods[0]).passed == [] and solves() == 4
+    # Nothing changes for a long time: the verdict expires and one more solve looks again.
+    clock[0] += 61
+    assert c.filter(pods[1]).passed == [] and solves() == 5
+    assert c.filter(pods[0]).passed == [] and solves() == 5
+    # A busy pod ends: now the gang fits and is planned.
+    c.delete(busy[0])
+    assert len(c.filter(pods[0]).passed) == 1 and solves() == 5
+    assert c.gangs.states["ml/g"].verdict is None
+
+
+def test_an_older_gang_that_cannot_fit_is_not_solved_again_at_each_younger_gangs_filter() -> None:
+    clock = [1000.0]
+    c = Cluster(clock=clock)
+    c.nodes("n", 2, "leaf-1")
+    big = c.gang("big", 3)  # 24 GPUs: never fits on 16
+    assert c.filter(big[0]).passed == []
+    clock[0] += 1
+    small = c.gang("small", 4, gpus=2)
+    for _ in range(5):
+        for p in small:
+            c.filter(p)
+    # One solve for each gang: the older gang's "no" is reused by admission, not solved again.
+    assert c.metric("llm_placement_solver_runs_total", status="infeasible") == 1
+    assert "ml/small" in c.gangs.ledger.plans
