@@ -37,7 +37,7 @@ ANNOTATION_KEYS: tuple[str, ...] = (
     "serving-role", "prompt-tokens", "max-ttft-ms", "serving-group", "model",
 )
 # Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
-WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan", "gang-members")
+WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan", "gang-members", "gang-gathered")
 # Bounds on list annotations (docs/annotations.md, "Limits"): a list is parsed on every filter and
 # each depends-on entry is resolved per request, so a 36,000-name value must be refused up front.
 MAX_LIST_ITEMS = 256

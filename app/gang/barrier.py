@@ -90,6 +90,7 @@ class BindBarrier:
         # gang completed; they bind on their next call (see the module docstring).
         self.rebind: dict[str, dict[str, str]] = {}
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gang-bind")
+        self._tasks: set[asyncio.Task[None]] = set()  # binds started by a timeout (kept referenced)
 
     async def bind_member(self, spec: WorkloadSpec, node: str) -> str:
         """All-or-nothing: answer once every unbound member of the plan reached bind (or fail all)."""
@@ -136,7 +137,7 @@ class BindBarrier:
                 old.future.set_result(MESSAGE_PREFIX + "superseded by a newer bind call for this pod")
             future: asyncio.Future[str] = loop.create_future()
             barrier.waiters[uid] = _Waiter(spec, node, future)
-            complete = all(m.uid in barrier.waiters for m in current.unbound)
+            complete = current.committed or all(m.uid in barrier.waiters for m in current.unbound)
             if complete and not barrier.binding:
                 gone = sorted({w.node for w in barrier.waiters.values() if not self._schedulable(w.node)})
                 if gone:
@@ -267,6 +268,17 @@ class BindBarrier:
             if barrier is None or barrier.epoch != epoch or barrier.binding:
                 return
             current = self.book.ledger.get(key)
+            if current is not None and current.gathered and current.epoch == epoch:
+                # Every member passed kube-scheduler's filters on its planned node (the gather at
+                # filter) and is on its way here: bind those here before their calls time out and
+                # the rest as they come. Answering them "held" instead would be an error line in
+                # kube-scheduler's log for each, and Unreserve for their claims (docs/gangs.md).
+                current.committed = True
+                barrier.binding = True
+                task = asyncio.get_running_loop().create_task(self._bind_all(barrier))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                return
             needed = len(current.unbound) if current else len(barrier.waiters)
             if barrier.arrived and current is not None:
                 # Still arriving: answer the calls before kube-scheduler's httpTimeout cuts them,

@@ -33,6 +33,11 @@ class GangPlan:
     stale: bool = False
     summary: str = ""  # the domains chosen, for events
     restored: bool = False  # rebuilt from pod annotations after a restart
+    # Members kube-scheduler has filtered against this plan with their planned node passing its own
+    # filters: none is let through to bind until all are (docs/gangs.md, "Gather at filter").
+    arrived: set[str] = field(default_factory=set)
+    gathered: bool = False  # every unbound member arrived: filters pass them to their nodes
+    committed: bool = False  # gathered and some members bound: the rest bind as they reach bind
 
     @property
     def unbound(self) -> list[MemberPlan]:

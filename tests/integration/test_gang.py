@@ -285,3 +285,40 @@ def test_kueue_style_gated_then_node_selected_gang_is_placed_whole_inside_the_se
         plan = plan_of(cluster, name)
         assert plan is not None and plan["node"] == node
     assert_no_gpu_overcommit(cluster)
+
+
+def scheduler_log_from(cluster: ClusterScope, offset: int) -> str:
+    assert cluster.cp.scheduler is not None
+    with cluster.cp.scheduler.log_path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
+def test_a_gang_whose_members_come_back_seconds_apart_binds_whole_with_no_error_in_kube_schedulers_log(
+    cluster: ClusterScope, blocks: dict[str, str], run: str
+) -> None:
+    """kube-scheduler brings members back one by one, each after its own backoff, and logs every
+    bind call answered with an error at error level ("Error scheduling pod; retrying"). Members held
+    at bind while the rest came (the last one here arrives seconds after the others, longer than a
+    bind call may wait) were such errors; gathered at filter instead, they are Unschedulable events
+    until every member has arrived, and the gang binds without one (docs/gangs.md)."""
+    core, ns = cluster.core, cluster.namespace
+    assert cluster.cp.scheduler is not None
+    offset = cluster.cp.scheduler.log_path.stat().st_size
+    pods = gang(run, "late", 4, gated={3})
+    create_pods(core, ns, pods)
+    member = names(pods)
+    wait_until(lambda: all(plan_of(cluster, m) for m in member), 90, "the gang plan persisted on every member")
+    time.sleep(6)  # the ungated members are retried meanwhile: longer than any bind call may wait
+    assert bound_count(cluster, member) == 0
+    core.patch_namespaced_pod(member[3], ns, {"spec": {"schedulingGates": None}},
+                              _content_type="application/merge-patch+json", _preload_content=False)
+    placed = wait_for_node_names(core, ns, member, timeout=120)
+    assert len(set(placed.values())) == 4 and len({blocks[n] for n in placed.values()}) == 1, placed
+    assert_no_gpu_overcommit(cluster)
+    time.sleep(1)  # kube-scheduler logs a failed binding cycle after answering it
+    errors = [line for line in scheduler_log_from(cluster, offset).splitlines()
+              if line[:1] == "E" and line[1:5].isdigit() and f"{run}-late" in line]
+    assert not errors, "\n".join(errors[:5])
+    waited = events_of(cluster, member[:3], "FailedScheduling")
+    assert any("waiting for gang" in m and "members arrived" in m for m in waited), waited

@@ -96,12 +96,13 @@ class Cluster:
     """A service with the gang coordinator wired as in production, fed like the watch would."""
 
     def __init__(self, settings: Settings | None = None, binder: FakeBinder | None = None,
-                 clock: list[float] | None = None, solve: SolveFn | None = None, background: bool = False) -> None:
+                 clock: list[float] | None = None, solve: SolveFn | None = None, background: bool = False,
+                 gather: bool = False) -> None:
         self.binder = binder or FakeBinder()
         self.bind_timers, self.wake_timers, self.member_timers = FakeTimers(), FakeTimers(), FakeTimers()
         runtime = GangRuntime(clock=(lambda: clock[0]) if clock is not None else time.time,
                               bind_timers=self.bind_timers, wake_timers=self.wake_timers, solve=solve,
-                              background=background, member_timers=self.member_timers)
+                              background=background, member_timers=self.member_timers, gather=gather)
         self.service: ExtenderService = build_core(
             settings or Settings(cluster_source="none", metrics_port=0), GpuCatalog.load(), binder=self.binder,
             gang_runtime=runtime,
@@ -489,3 +490,51 @@ def test_an_older_gang_that_cannot_fit_is_not_solved_again_at_each_younger_gangs
     # One solve for each gang: the older gang's "no" is reused by admission, not solved again.
     assert c.metric("llm_placement_solver_runs_total", status="infeasible") == 1
     assert "ml/small" in c.gangs.ledger.plans
+
+
+def test_live_members_pass_filter_only_once_every_member_has_arrived_there() -> None:
+    """docs/gangs.md, "Gather at filter": no member goes on to bind while another has not yet been
+    filtered against the plan; the last arrival requeues the others with one pod update each."""
+    c = Cluster(gather=True)
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 3)
+    for i, p in enumerate(pods[:2]):
+        d = c.filter(p)
+        assert d.passed == []
+        assert set(d.unresolvable.values()) >= {
+            f"llm-placement: waiting for gang ml/g: {i + 1} of 3 members arrived"}
+    assert c.gangs.ledger.total_reserved() == 24  # planned and held meanwhile
+    last = c.filter(pods[2])
+    assert len(last.passed) == 1
+    c.flush()
+    gathered = {k: v.get("llm-placement.io/gang-gathered") for k, v in c.binder.annotations.items()
+                if "llm-placement.io/gang-gathered" in v}
+    assert gathered == {"ml/g-0": "1", "ml/g-1": "1"}
+    plan = c.gangs.ledger.plans["ml/g"]
+    for p in pods:  # back after the requeue: each passes to its planned node, again and again
+        assert c.filter(p).passed == [plan.members[p["metadata"]["uid"]].node]
+    # A replan (here: a planned node stopped fitting) starts the gathering again.
+    node0 = plan.members[pods[0]["metadata"]["uid"]].node
+    d = c.filter(pods[0], [n for n in sorted(c.service.snapshot.nodes) if n != node0])
+    assert d.passed == [] and c.gangs.ledger.plans["ml/g"].epoch == 2
+    assert "1 of 3 members arrived" in next(iter(d.unresolvable.values()))
+
+
+def test_a_planned_node_cordoned_while_members_gather_is_replanned_at_any_members_filter() -> None:
+    """The member planned on the cordoned node waits in kube-scheduler's unschedulable pool and
+    may not come back: the next filter of any member replans without the node."""
+    c = Cluster(gather=True)
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 3)
+    c.filter(pods[0])  # planned; 1 of 3 arrived
+    plan = c.gangs.ledger.plans["ml/g"]
+    node1 = plan.members[pods[1]["metadata"]["uid"]].node
+    facts = c.service.snapshot.nodes[node1]
+    c.service.snapshot.upsert_node(facts.model_copy(update={"unschedulable": True}))
+    offered = [n for n in sorted(c.service.snapshot.nodes) if n != node1]
+    d = c.filter(pods[2], offered)
+    assert d.passed == [] and "1 of 3 members arrived" in next(iter(d.unresolvable.values()))
+    new = c.gangs.ledger.plans["ml/g"]
+    assert new.epoch == 2 and node1 not in new.nodes()
+    # Members away from the cordoned node keep theirs.
+    assert new.members[pods[0]["metadata"]["uid"]].node == plan.members[pods[0]["metadata"]["uid"]].node
