@@ -198,6 +198,9 @@ class WorkloadSpec(BaseModel):
     node_name: str = ""
     scheduler_name: str = ""
     priority: int = 0
+    # spec.schedulingGates not empty: kube-scheduler will not schedule the pod until they are
+    # lifted, so a gang does not count it as arrived (docs/gangs.md).
+    gated: bool = False
 
     @property
     def key(self) -> str:
@@ -473,6 +476,7 @@ def parse_workload(
     # Kubernetes priorities are int32; anything else (a float, 1e30, a string) counts as 0.
     fields["priority"] = prio if isinstance(prio, int) and not isinstance(prio, bool) \
         and abs(prio) <= 2**31 else 0
+    fields["gated"] = bool(spec.get("schedulingGates"))
 
     def get(key: str) -> str | None:
         v = ann.get(PREFIX + key)

@@ -63,7 +63,9 @@ class GangBook:
         return state
 
     def members(self, key: str, spec: WorkloadSpec | None = None) -> list[WorkloadSpec]:
-        members = self.snapshot.gang_members(key)
+        """Members kube-scheduler can schedule: a pod behind scheduling gates has not arrived (it
+        never reaches filter, so a plan counting it would hold GPUs for a gang that cannot bind)."""
+        members = [m for m in self.snapshot.gang_members(key) if not m.gated]
         if spec is not None:
             uid = spec.uid or spec.key
             if all((m.uid or m.key) != uid for m in members):
@@ -73,12 +75,13 @@ class GangBook:
     def count_members(self, key: str, spec: WorkloadSpec) -> int:
         """How many members exist, the pod being filtered included: ``len(members())`` without
         building the list (an incomplete gang's members are counted at every retry)."""
-        live = self.snapshot.gang_index.get(key, ())
-        return len(live) + ((spec.uid or spec.key) not in live)
+        live, specs = self.snapshot.gang_index.get(key, ()), self.snapshot.specs
+        arrived = sum(1 for u in live if u in specs and not specs[u].gated)
+        return arrived + ((spec.uid or spec.key) not in live)
 
     def pending(self, key: str) -> tuple[list[WorkloadSpec], list[WorkloadSpec]]:
-        """(all members, the unbound ones)."""
-        members = self.snapshot.gang_members(key)
+        """(all members but gated ones, the unbound ones)."""
+        members = self.members(key)
         return members, [m for m in members if not member_node(self.snapshot, m)]
 
     def size(self, key: str, spec: WorkloadSpec) -> int | None:

@@ -538,3 +538,22 @@ def test_a_planned_node_cordoned_while_members_gather_is_replanned_at_any_member
     assert new.epoch == 2 and node1 not in new.nodes()
     # Members away from the cordoned node keep theirs.
     assert new.members[pods[0]["metadata"]["uid"]].node == plan.members[pods[0]["metadata"]["uid"]].node
+
+
+def test_a_member_behind_scheduling_gates_has_not_arrived() -> None:
+    """kube-scheduler does not schedule a gated pod: counting it would plan (and hold GPUs for) a
+    gang that cannot bind until the gate is lifted, however long that takes."""
+    c = Cluster()
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 3, create=2)
+    gated = pod_object("g-2", namespace="ml", stage="pretraining", gpus=8,
+                       annotations={"llm-placement.io/gang-size": "3"},
+                       labels={"scheduling.x-k8s.io/pod-group": "g"})
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/admission"}]
+    c.add(gated)
+    d = c.filter(pods[0])
+    assert d.passed == [] and set(d.unresolvable.values()) == {"llm-placement: waiting for gang members 2/3"}
+    assert not c.gangs.ledger.plans and c.gangs.ledger.total_reserved() == 0
+    del gated["spec"]["schedulingGates"]  # the gate is lifted: the pod update the watch delivers
+    c.add(gated)
+    assert len(c.filter(pods[0]).passed) == 1 and c.gangs.ledger.total_reserved() == 24
