@@ -112,6 +112,9 @@ class BindBarrier:
                         + f"no gang plan holds this pod (gang {shown(key)}); it will be replanned")
             if mp.node != node:
                 return MESSAGE_PREFIX + f"gang {shown(key)} plans this pod on another node; retrying"
+            # A gathered gang whose first members were bound at a timeout: the rest bind on arrival
+            # (joining a barrier that is already binding would leave this call unanswered).
+            committed = committed or current.committed
         if committed:
             return await self._bind_committed(spec, key, uid, node)
         with self.lock:
@@ -137,7 +140,7 @@ class BindBarrier:
                 old.future.set_result(MESSAGE_PREFIX + "superseded by a newer bind call for this pod")
             future: asyncio.Future[str] = loop.create_future()
             barrier.waiters[uid] = _Waiter(spec, node, future)
-            complete = current.committed or all(m.uid in barrier.waiters for m in current.unbound)
+            complete = all(m.uid in barrier.waiters for m in current.unbound)
             if complete and not barrier.binding:
                 gone = sorted({w.node for w in barrier.waiters.values() if not self._schedulable(w.node)})
                 if gone:
@@ -177,7 +180,8 @@ class BindBarrier:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _bind_committed(self, spec: WorkloadSpec, key: str, uid: str, node: str) -> str:
-        """A held member with claims, back from kube-scheduler with its claims reserved again."""
+        """A held member with claims, back from kube-scheduler with its claims reserved again, or a
+        member of a gathered gang whose binding has begun: bound at once, inside this call."""
         err = await asyncio.to_thread(self.bind, spec, node)
         with self.lock:
             if err:

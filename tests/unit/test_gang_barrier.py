@@ -371,3 +371,41 @@ def test_gathered_members_reaching_bind_apart_are_bound_without_an_error() -> No
     assert asyncio.run(run()) == ["", "", "", ""]
     assert sorted(c.binder.bound) == [f"ml/g-{i}" for i in range(4)]
     assert "ml/g" not in c.gangs.ledger.plans and c.gangs.ledger.total_reserved() == 0
+
+
+def test_a_gathered_member_arriving_while_the_first_ones_are_being_bound_is_bound_in_its_own_call() -> None:
+    import threading
+
+    class SlowBinder(FakeBinder):
+        """Binds of the first two members wait until released: the window a late member hits."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.release = threading.Event()
+
+        def bind(self, namespace: str, name: str, uid: str, node: str) -> bool:
+            if name in ("g-0", "g-1"):
+                assert self.release.wait(10)
+            return super().bind(namespace, name, uid, node)
+
+    binder = SlowBinder()
+    c = Cluster(fast(timeout=5.0), binder=binder, gather=True)
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 4)
+    for p in pods:
+        c.filter(p)
+    members = planned(c, pods)
+
+    async def run() -> list[str]:
+        early = [asyncio.create_task(bind(c, s, n)) for s, n in members[:2]]
+        await settle(lambda: waiting(c) == 2)
+        assert c.bind_timers.fire() == 1  # binding of the first two begins, and blocks
+        late = await asyncio.wait_for(bind(c, *members[2]), 5)  # answered while they are blocked
+        binder.release.set()
+        return [await t for t in early] + [late, await bind(c, *members[3])]
+
+    try:
+        assert asyncio.run(run()) == ["", "", "", ""]
+    finally:
+        binder.release.set()
+    assert sorted(binder.bound) == [f"ml/g-{i}" for i in range(4)]
