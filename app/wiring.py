@@ -64,8 +64,10 @@ def build_core(
     if live_gangs:
         # Member deletions are only trusted once the watch has listed everything (after a restart
         # the snapshot starts empty and every restored member would look deleted), and plans are
-        # made off the request path (filter runs on the server's event loop).
-        gang_runtime = replace(gang_runtime or GangRuntime(), synced=ready.is_set, background=True)
+        # made off the request path (filter runs on the server's event loop); members gather at
+        # filter before any binds (docs/gangs.md, "Gather at filter").
+        gang_runtime = replace(gang_runtime or GangRuntime(), synced=ready.is_set, background=True,
+                               gather=True)
     writer = BackgroundWriter(binder) if binder is not None else None
     # The bind barrier gets the one capability it needs: bind this member to this node.
     gangs = GangCoordinator(policies.gang, snapshot, lock, binding.bind_spec, GangMetricsAdapter(metrics),

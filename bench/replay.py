@@ -4,6 +4,7 @@ kube-scheduler (+ our extender) onto kwok-managed nodes, ours vs the baselines a
     python bench/replay.py --trace multigpu50 --trace default           # openb traces, ~minutes each
     python bench/replay.py --gravity cpu --gravity gpu --gravity gpu-small  # pipeline mixes
     python bench/replay.py --synthetic 200                              # a generated smoke trace
+    python bench/replay.py --gangs 40 --variants ours                   # gangs queueing for GPUs
 
 Everything runs in one control plane (tests/integration/harness, the integration suite's binaries,
 PKI and RBAC) with one kwok (tests/integration/harness/kwok.py) for every node. For each workload the
@@ -46,6 +47,12 @@ finish the pod; every variant then runs on the same load, however fast it decide
 scheduler's retry backoff is set to 1 s for every variant alike. ``wall`` runs ``span /
 (--minutes x 60)`` (openb) or ``--gravity-speed`` (pipelines) trace seconds per wall second, kwok
 finishing pods on wall time: a variant that decides more slowly keeps fewer pods running at once.
+
+Gangs (``--gangs N``): N generated gangs (2-4 members of 2, 4 or 8 GPUs, pretraining) arriving
+over 600 trace seconds on 8 RDMA-capable 8-GPU nodes, about three times what fits at once, so most
+gangs wait for others to end. For ``ours`` the replay also reads the extender's solver counter
+(``llm_placement_solver_runs_total``) and CPU time before and after: solver runs per gang that had
+to wait is what docs/gangs.md ("Cannot place") bounds.
 
 Measured, per variant: GPUs allocated and stranded (free GPUs on partly used GPU nodes) and whole
 free nodes, sampled at every 1 % of created pods and (virtual clock) averaged over trace time
@@ -191,6 +198,57 @@ def gravity_workload(scenario: str, pipelines: int, seed: int) -> tuple[list[dic
                 names.append(plan.name)
             prev = tuple(names)
     return nodes, pods, {"scenario": scenario, "pipelines": pipelines, "seed": seed, "durations": asdict(d)}
+
+
+def gang_workload(gangs: int, seed: int) -> tuple[list[dict[str, Any]], list[ReplayPod], dict[str, Any]]:
+    """``gangs`` pretraining gangs on 8 RDMA-capable 8-GPU nodes (64 GPUs), Poisson arrivals over
+    600 s, exponential run times (mean 300 s): about three times what fits at once."""
+    import random
+
+    rng = random.Random(seed)
+    nodes = [gpu_node(f"gang-{i:02d}", "H100", gpus=8, rdma=True, labels=kwok_node_labels(), index=i)
+             for i in range(8)]
+    pods: list[ReplayPod] = []
+    arrivals = sorted(rng.uniform(0.0, 600.0) for _ in range(gangs))
+    for g, arrive in enumerate(arrivals):
+        size, gpus = rng.choice((2, 3, 4)), rng.choice((2, 4, 8))
+        duration = min(900.0, rng.expovariate(1 / 300.0)) + 30.0
+        for i in range(size):
+            m = llm_pod(f"g{g:03d}-{i}", stage="pretraining", model_params="1B", gpus=gpus, cpu="2",
+                        memory="8Gi", annotations={"llm-placement.io/gang-name": f"g{g:03d}",
+                                                   "llm-placement.io/gang-size": str(size)})
+            pods.append(ReplayPod(m, arrive=arrive, duration=duration))
+    return nodes, pods, {"gangs": gangs, "seed": seed, "nodes": len(nodes), "gpus": 8 * len(nodes)}
+
+
+def solver_counters(bench: Bench) -> dict[str, float]:
+    """The extender's solver runs by status, solver seconds and process CPU seconds."""
+    from tests.integration.harness.controlplane import metric_value
+
+    text = bench.cp.extender_metrics()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("llm_placement_solver_runs_total{"):
+            status = line.split('status="', 1)[1].split('"', 1)[0]
+            out[f"runs_{status}"] = float(line.rsplit(" ", 1)[1])
+    out["solver_s"] = metric_value(text, "llm_placement_solver_duration_seconds_sum") or 0.0
+    pid = bench.cp.extender.pid if bench.cp.extender else None
+    if pid is not None:  # utime + stime of the extender process, in clock ticks
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out["cpu_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def gang_waits(pods: list[ReplayPod], r: ReplayResult) -> dict[str, float]:
+    """Per gang: trace seconds from its last member's creation to its start (virtual clock)."""
+    members: dict[str, list[str]] = defaultdict(list)
+    for p in pods:
+        members[p.name.split("-", 1)[0]].append(p.name)
+    out = {}
+    for g, ns in members.items():
+        if all(n in r.started_at and n in r.created_at for n in ns):
+            out[g] = max(r.started_at[n] for n in ns) - max(r.created_at[n] for n in ns)
+    return out
 
 
 def with_producer_affinity(pods: list[ReplayPod]) -> list[ReplayPod]:
@@ -581,6 +639,7 @@ def main(
     trace: list[str] = typer.Option([], help="openb pod list suffix(es): default, multigpu50, ..."),
     gravity: list[str] = typer.Option([], help="pipeline scenario(s): cpu, gpu, gpu-small"),
     synthetic: int = typer.Option(0, help="also replay a generated trace of this many pods on 24 nodes"),
+    gangs: int = typer.Option(0, help="also replay this many generated gangs queueing on 8 nodes"),
     variants: list[str] = typer.Option(
         [], help="variants to run (default: ours, default, mostalloc; pipelines add affinity)"),
     sharing: str = typer.Option("whole", help="GPU-sharing pods: whole (1 GPU each) or skip"),
@@ -624,6 +683,26 @@ def main(
             res = {v: bench.run("synthetic", nodes, pods, v, 100.0, window, timeout, clock)
                    for v in variants or TRACE_VARIANTS}
             _write_trace("synthetic", {"pods": synthetic, "speed": 100.0}, res, out)
+        if gangs:
+            nodes, pods, meta = gang_workload(gangs, seed)
+            bench.use_nodes(nodes)
+            doc: dict[str, Any] = {"meta": {**meta, "clock": clock}, "variants": {}}
+            for v in variants or ("ours",):
+                before = solver_counters(bench) if v == "ours" else {}
+                r = bench.run("gangs", nodes, pods, v, 1.0, window, timeout, clock)
+                after = solver_counters(bench) if v == "ours" else {}
+                waits = gang_waits(pods, r)
+                waited = sum(1 for w in waits.values() if w > 0)
+                delta = {k: after[k] - before.get(k, 0.0) for k in after}
+                runs = sum(x for k, x in delta.items() if k.startswith("runs_"))
+                doc["variants"][v] = {**summarize(r), "gangs_waited": waited, "solver": delta,
+                                      "solver_runs_per_waiting_gang": runs / waited if waited else None}
+                console.print(f"  gangs {v}: {r.gangs_started}/{r.gangs} gangs ran, {waited} waited; "
+                              f"solver {delta}"
+                              + (f", {runs / waited:.1f} runs per waiting gang" if waited and delta else ""))
+            stem = f"replay-gangs-{name}" if name else "replay-gangs"
+            (out / f"{stem}.json").write_text(json.dumps(doc, indent=2))
+            console.print(f"wrote {out / f'{stem}.json'}")
         if trace:
             nodes = openb_nodes(data)
             bench.use_nodes(nodes)

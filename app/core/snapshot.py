@@ -95,6 +95,10 @@ class ClusterSnapshot:
         # on clusters without the resource.k8s.io API.
         self.dra = DraIndex()
         self.generation = 0  # bumps on every change; caches key on it
+        # Bumps only when room may have appeared: a pod released what it held, a node came or its
+        # facts changed, DRA devices were given back. A gang found unplaceable is not planned
+        # again until it moves (docs/gangs.md, "Cannot place"); a bind must not move it.
+        self.freed = 0
         # The same nodes and usage counters as columns, for per-request work by class of node.
         self.table = NodeTable()
 
@@ -103,6 +107,8 @@ class ClusterSnapshot:
         sid = self._shape_ids.setdefault(facts.shape, len(self._shape_ids))
         if facts.shape_id != sid:
             facts = facts.model_copy(update={"shape_id": sid})
+        if self.nodes.get(facts.name) != facts:
+            self.freed += 1
         self.nodes[facts.name] = facts
         usage = self.usage.setdefault(facts.name, NodeUsage())
         self.entries[facts.name] = (facts, usage, sid)
@@ -172,6 +178,7 @@ class ClusterSnapshot:
         self.finished[pod.key] = pod
 
     def _release(self, pod: PlacedPod) -> None:
+        self.freed += 1
         self.pods.pop(pod.uid, None)
         if self.by_key.get(pod.key) == pod.uid:
             self.by_key.pop(pod.key, None)
@@ -211,6 +218,8 @@ class ClusterSnapshot:
         for node in nodes:
             u = self.usage.setdefault(node, NodeUsage())
             busy = self.dra.busy_gpus(node)
+            if busy < u.dra_busy:
+                self.freed += 1
             if busy != u.dra_busy:
                 u.gpus += busy - u.dra_busy
                 u.dra_busy = busy
@@ -221,6 +230,8 @@ class ClusterSnapshot:
                 pod = self.pods.get(uid)
                 if pod is None or (charge := self._charge(pod)) == pod.gpus:
                     continue
+                if charge < pod.gpus:
+                    self.freed += 1
                 u = self.usage.setdefault(pod.node, NodeUsage())
                 u.gpus += charge - pod.gpus
                 pod.gpus = charge

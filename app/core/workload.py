@@ -38,7 +38,7 @@ ANNOTATION_KEYS: tuple[str, ...] = (
     "serving-role", "prompt-tokens", "max-ttft-ms", "serving-group", "model",
 )
 # Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
-WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan", "gang-members")
+WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan", "gang-members", "gang-gathered")
 # Bounds on list annotations (docs/annotations.md, "Limits"): a list is parsed on every filter and
 # each depends-on entry is resolved per request, so a 36,000-name value must be refused up front.
 MAX_LIST_ITEMS = 256
@@ -199,6 +199,9 @@ class WorkloadSpec(BaseModel):
     node_name: str = ""
     scheduler_name: str = ""
     priority: int = 0
+    # spec.schedulingGates not empty: kube-scheduler will not schedule the pod until they are
+    # lifted, so a gang does not count it as arrived (docs/gangs.md).
+    gated: bool = False
 
     @property
     def key(self) -> str:
@@ -496,6 +499,7 @@ def parse_workload(
     # Kubernetes priorities are int32; anything else (a float, 1e30, a string) counts as 0.
     fields["priority"] = prio if isinstance(prio, int) and not isinstance(prio, bool) \
         and abs(prio) <= 2**31 else 0
+    fields["gated"] = bool(spec.get("schedulingGates"))
 
     def get(key: str) -> str | None:
         v = ann.get(PREFIX + key)

@@ -90,6 +90,7 @@ class BindBarrier:
         # gang completed; they bind on their next call (see the module docstring).
         self.rebind: dict[str, dict[str, str]] = {}
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gang-bind")
+        self._tasks: set[asyncio.Task[None]] = set()  # binds started by a timeout (kept referenced)
 
     async def bind_member(self, spec: WorkloadSpec, node: str) -> str:
         """All-or-nothing: answer once every unbound member of the plan reached bind (or fail all)."""
@@ -111,6 +112,9 @@ class BindBarrier:
                         + f"no gang plan holds this pod (gang {shown(key)}); it will be replanned")
             if mp.node != node:
                 return MESSAGE_PREFIX + f"gang {shown(key)} plans this pod on another node; retrying"
+            # A gathered gang whose first members were bound at a timeout: the rest bind on arrival
+            # (joining a barrier that is already binding would leave this call unanswered).
+            committed = committed or current.committed
         if committed:
             return await self._bind_committed(spec, key, uid, node)
         with self.lock:
@@ -176,7 +180,8 @@ class BindBarrier:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _bind_committed(self, spec: WorkloadSpec, key: str, uid: str, node: str) -> str:
-        """A held member with claims, back from kube-scheduler with its claims reserved again."""
+        """A held member with claims, back from kube-scheduler with its claims reserved again, or a
+        member of a gathered gang whose binding has begun: bound at once, inside this call."""
         err = await asyncio.to_thread(self.bind, spec, node)
         with self.lock:
             if err:
@@ -267,6 +272,17 @@ class BindBarrier:
             if barrier is None or barrier.epoch != epoch or barrier.binding:
                 return
             current = self.book.ledger.get(key)
+            if current is not None and current.gathered and current.epoch == epoch:
+                # Every member passed kube-scheduler's filters on its planned node (the gather at
+                # filter) and is on its way here: bind those here before their calls time out and
+                # the rest as they come. Answering them "held" instead would be an error line in
+                # kube-scheduler's log for each, and Unreserve for their claims (docs/gangs.md).
+                current.committed = True
+                barrier.binding = True
+                task = asyncio.get_running_loop().create_task(self._bind_all(barrier))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                return
             needed = len(current.unbound) if current else len(barrier.waiters)
             if barrier.arrived and current is not None:
                 # Still arriving: answer the calls before kube-scheduler's httpTimeout cuts them,

@@ -19,6 +19,20 @@ from app.core.workload import WorkloadSpec
 from app.gang.instance import member_node
 from app.gang.ledger import Ledger
 
+# A "cannot be placed" stands at most this long even if nothing it was reached on seems to have
+# changed: a bound on what a missed signal can cost (a node kube-scheduler offers one member and not
+# another, a change nothing here counts). docs/gangs.md, "Cannot place".
+VERDICT_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A gang found unplaceable, and the state of the cluster it was found on."""
+
+    why: Rejection
+    stamp: tuple[object, ...]
+    until: float
+
 
 @dataclass(slots=True)
 class GangState:
@@ -29,6 +43,7 @@ class GangState:
     epochs: int = 0
     last_offered: Sequence[str] = ()  # the nodes kube-scheduler offered at the last member filter
     last_failure: Rejection | None = None  # why the last background plan found no placement
+    verdict: Verdict | None = None  # the last solve found no placement: see GangBook.standing
 
 
 class GangBook:
@@ -48,7 +63,9 @@ class GangBook:
         return state
 
     def members(self, key: str, spec: WorkloadSpec | None = None) -> list[WorkloadSpec]:
-        members = self.snapshot.gang_members(key)
+        """Members kube-scheduler can schedule: a pod behind scheduling gates has not arrived (it
+        never reaches filter, so a plan counting it would hold GPUs for a gang that cannot bind)."""
+        members = [m for m in self.snapshot.gang_members(key) if not m.gated]
         if spec is not None:
             uid = spec.uid or spec.key
             if all((m.uid or m.key) != uid for m in members):
@@ -58,12 +75,13 @@ class GangBook:
     def count_members(self, key: str, spec: WorkloadSpec) -> int:
         """How many members exist, the pod being filtered included: ``len(members())`` without
         building the list (an incomplete gang's members are counted at every retry)."""
-        live = self.snapshot.gang_index.get(key, ())
-        return len(live) + ((spec.uid or spec.key) not in live)
+        live, specs = self.snapshot.gang_index.get(key, ()), self.snapshot.specs
+        arrived = sum(1 for u in live if u in specs and not specs[u].gated)
+        return arrived + ((spec.uid or spec.key) not in live)
 
     def pending(self, key: str) -> tuple[list[WorkloadSpec], list[WorkloadSpec]]:
-        """(all members, the unbound ones)."""
-        members = self.snapshot.gang_members(key)
+        """(all members but gated ones, the unbound ones)."""
+        members = self.members(key)
         return members, [m for m in members if not member_node(self.snapshot, m)]
 
     def size(self, key: str, spec: WorkloadSpec) -> int | None:
@@ -83,6 +101,30 @@ class GangBook:
     def roster(self, members: Sequence[WorkloadSpec]) -> frozenset[tuple[str, str]]:
         """Who is in the gang and where the bound ones are: a plan is only valid for this roster."""
         return frozenset((m.uid or m.key, member_node(self.snapshot, m)) for m in members)
+
+    # --- "cannot be placed" verdicts (docs/gangs.md) ----------------------------------------------
+    def stamp(self, key: str, members: Sequence[WorkloadSpec], size: int) -> tuple[object, ...]:
+        """What a solve for ``key`` depends on that can turn "no" into "yes": room freed anywhere
+        (pods ended or deleted, nodes added, changed or uncordoned, DRA devices given back),
+        ResourceSlices, other gangs' reservations given back, and the gang itself (its size, its
+        members, their specs and where the bound ones are). Bindings of other pods move none of
+        it: they only take room. Cheap enough for every retry of every member."""
+        snap = self.snapshot
+        return (snap.freed, snap.dra.slices_version, self.ledger.released, size,
+                tuple((m.uid or m.key, member_node(snap, m), m) for m in members))
+
+    def standing(self, key: str, state: GangState, members: Sequence[WorkloadSpec], size: int,
+                 now: float) -> Rejection | None:
+        """Why the gang cannot be placed, if its last solve said so and nothing that could change
+        the answer has changed since: kube-scheduler retries each member on every cluster event,
+        and solving again on the same facts would give the same "no" (docs/gangs.md)."""
+        v = state.verdict
+        if v is None:
+            return None
+        if now < v.until and v.stamp == self.stamp(key, members, size):
+            return v.why
+        state.verdict = None
+        return None
 
     # --- plans in progress ------------------------------------------------------------------------
     def planning(self, key: str) -> bool:

@@ -35,7 +35,7 @@ from app.core.workload import PREFIX, WorkloadSpec
 from app.gang.barrier import BindBarrier, BindFn, loop_timers
 from app.gang.book import GangBook, GangState
 from app.gang.instance import DataSites
-from app.gang.ledger import Ledger
+from app.gang.ledger import GangPlan, Ledger
 from app.gang.lifecycle import Lifecycle
 from app.gang.persist import PlanRecord, PlanStore, PlanWriter
 from app.gang.planning import CHANGED, Planner, SolveFn
@@ -63,6 +63,10 @@ class GangRuntime:
     # up every other request, so the live service plans in the background and members retry.
     # Off (demo, simulator, tests): the filter waits for the solve, with the service lock released.
     background: bool = False
+    # Live: members pass filter only once all have arrived there (``GangCoordinator._gather``). It
+    # answers kube-scheduler's retry timing (backoff per pod, a bind call bounded by httpTimeout);
+    # callers that filter and bind members back to back (demo, simulator, tests) have neither.
+    gather: bool = False
 
 
 class GangCoordinator:
@@ -86,6 +90,7 @@ class GangCoordinator:
         self.lock = lock
         self.clock = rt.clock
         self.background = rt.background
+        self.gather = rt.gather
         self.writer = writer
         # Given when others must read the reservations before this object exists (data gravity).
         self.book = book or GangBook(snapshot, policy.reservation_ttl_seconds)
@@ -197,6 +202,16 @@ class GangCoordinator:
             state.last_offered = node_names
             current = book.ledger.get(key)
             node = None
+            if self.gather and current is not None and not current.stale and not current.gathered:
+                # Members turned away while gathering wait in kube-scheduler's unschedulable pool:
+                # the one whose planned node was cordoned or removed may not come back to find it
+                # (docs/gangs.md, "Gather at filter"). Any member's filter replans without it.
+                nodes = book.snapshot.nodes
+                gone = {m.node for m in current.unbound
+                        if (f := nodes.get(m.node)) is None or f.unschedulable}
+                if gone:
+                    state.excluded |= gone
+                    current.stale = True
             if current is not None and not current.stale:
                 mp = current.members.get(uid)
                 if mp is not None and mp.node in fits:
@@ -205,6 +220,8 @@ class GangCoordinator:
                     if mp is not None:
                         state.excluded.add(mp.node)  # the planned node no longer takes this member
                     current.stale = True
+            if node is None and (standing := book.standing(key, state, members, size, now)) is not None:
+                return _reject_gang(fits, rejections, standing)  # nothing changed: no new solve
             if node is None and self.background:
                 self.planner.start(key, spec, fits, node_names, state)
                 if state.last_failure:  # nothing changed for it yet, as far as we know: say why
@@ -224,7 +241,39 @@ class GangCoordinator:
                 node = mp.node
             if self.regroup.active(key):
                 return _reject_gang(fits, rejections, Rejection(ReasonCode.GANG, self.regroup.park(key, uid)))
+            plan = book.ledger.get(key)
+            if self.gather and plan is not None and not self._gather(plan, uid):
+                arrived = sum(1 for m in plan.unbound if m.uid in plan.arrived)
+                return _reject_gang(fits, rejections, reject(
+                    ReasonCode.GANG, f"waiting for gang {shown(key)}: {arrived} of {len(plan.unbound)} "
+                    "members arrived"))
             return _only(node, fits, rejections)
+
+    def _gather(self, plan: GangPlan, uid: str) -> bool:
+        """(lock held) Has every unbound member of ``plan`` been filtered with its planned node
+        passing kube-scheduler's own filters? Only then does any member pass to bind.
+
+        kube-scheduler brings members back one by one, each after its own backoff (up to 10 s), and
+        a bind call must be answered within its ``httpTimeout``: members let through as they came
+        reached bind seconds apart, and each call answered before the rest arrived was an error in
+        kube-scheduler's log. Turned away at filter instead, a member is an Unschedulable event
+        ("waiting for gang ns/name: 3 of 8 members arrived"); when the last one arrives, the others
+        are requeued together (a pod update) and bind as a whole (docs/gangs.md, "Gather at
+        filter"). Members already bound count as arrived.
+        """
+        if plan.gathered:
+            return True
+        plan.arrived.add(uid)
+        unbound = plan.unbound
+        if any(m.uid not in plan.arrived for m in unbound):
+            return False
+        plan.gathered = True
+        if self.writer is not None:
+            for m in unbound:
+                if m.uid != uid:
+                    ns, _, name = m.pod.partition("/")
+                    self.writer.annotate(ns, name, {GATHERED_ANNOTATION: str(plan.epoch)})
+        return True
 
     def _recheck_members(self, key: str, size: int, delay: float) -> None:
         """(lock held) Look again at a gang turned away as incomplete.
@@ -271,6 +320,7 @@ class GangCoordinator:
 MEMBER_RECHECK_SECONDS = 1.0
 MEMBER_RECHECK_MAX_SECONDS = 30.0
 MEMBERS_ANNOTATION = PREFIX + "gang-members"
+GATHERED_ANNOTATION = PREFIX + "gang-gathered"
 
 
 def _being_planned(key: str) -> Rejection:

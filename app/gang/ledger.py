@@ -33,6 +33,11 @@ class GangPlan:
     stale: bool = False
     summary: str = ""  # the domains chosen, for events
     restored: bool = False  # rebuilt from pod annotations after a restart
+    # Members kube-scheduler has filtered against this plan with their planned node passing its own
+    # filters: none is let through to bind until all are (docs/gangs.md, "Gather at filter").
+    arrived: set[str] = field(default_factory=set)
+    gathered: bool = False  # every unbound member arrived: filters pass them to their nodes
+    committed: bool = False  # gathered and some members bound: the rest bind as they reach bind
 
     @property
     def unbound(self) -> list[MemberPlan]:
@@ -52,6 +57,9 @@ class Ledger:
     plans: dict[str, GangPlan] = field(default_factory=dict)
     _by_node: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> gang -> GPUs
     _total: dict[str, int] = field(default_factory=dict)  # node -> GPUs reserved by all gangs
+    # Bumps when reserved GPUs go back to everyone (a plan dropped before all its members bound,
+    # a member bound elsewhere than planned): part of what a gang's "cannot be placed" waits on.
+    released: int = 0
 
     def __iter__(self) -> Iterator[GangPlan]:
         return iter(list(self.plans.values()))
@@ -88,6 +96,8 @@ class Ledger:
     def drop(self, gang: str) -> GangPlan | None:
         plan = self.plans.pop(gang, None)
         if plan is not None:
+            if any(m.gpus for m in plan.unbound):
+                self.released += 1
             for m in plan.unbound:
                 self._add(m.node, gang, -m.gpus)
         return plan
@@ -103,7 +113,8 @@ class Ledger:
             return False
         self._add(m.node, gang, -m.gpus)
         m.bound = True
-        if node:
+        if node and node != m.node:
+            self.released += 1
             m.node = node
         return True
 

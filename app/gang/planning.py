@@ -31,7 +31,7 @@ from app.core.policy import GangPolicy
 from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject, shown
 from app.core.workload import WorkloadSpec
 from app.gang import diagnose
-from app.gang.book import GangBook, GangState
+from app.gang.book import VERDICT_SECONDS, GangBook, GangState, Verdict
 from app.gang.instance import (
     DataSites,
     GangInstance,
@@ -67,6 +67,7 @@ class Brief:
     inst: GangInstance
     roster: frozenset[tuple[str, str]]
     prefer: frozenset[str]
+    stamp: tuple[object, ...]  # taken with the problem: a change during the solve voids a "no"
 
 
 class Planner:
@@ -178,6 +179,8 @@ class Planner:
             size = self.book.size(other, pending[0])
             if size is None or len(members) < size:
                 continue
+            if self.book.standing(other, states[other], members, size, now) is not None:
+                continue  # nothing changed for it since it was found unplaceable
             self.plan(other, members, pending[0], None, offered, states[other], now)
 
     def replan(self, key: str) -> None:
@@ -218,7 +221,8 @@ class Planner:
         if not inst.pending:
             return reject(ReasonCode.GANG, "every gang member is already bound")
         prefer = frozenset(previous.nodes()) if previous else frozenset()
-        return Brief(key, spec, inst, self.book.roster(members), prefer)
+        stamp = self.book.stamp(key, members, self.book.size(key, spec) or len(members))
+        return Brief(key, spec, inst, self.book.roster(members), prefer, stamp)
 
     def _solve_unlocked(self, brief: Brief) -> tuple[PlanResult, Index]:
         problem, prefer = brief.inst.problem, set(brief.prefer)
@@ -249,7 +253,9 @@ class Planner:
         others = sum(ledger.reserved_gpus(n.name, key) for n in brief.inst.problem.nodes)
         diag = diagnose.why_not(index, others)
         self.reporter.unplaceable(key, brief.spec, diag, now)
-        return reject(diag.code, "gang cannot be placed: " + diag.short)
+        why = reject(diag.code, "gang cannot be placed: " + diag.short)
+        state.verdict = Verdict(why, brief.stamp, now + VERDICT_SECONDS)
+        return why
 
     def _commit(self, brief: Brief, result: PlanResult, index: Index, state: GangState,
                 now: float) -> GangPlan:
@@ -258,6 +264,7 @@ class Planner:
         assignment = result.assignment
         previous = ledger.get(key)
         state.waiting_since = None
+        state.verdict = None
         state.epochs = max(state.epochs, previous.epoch if previous else 0) + 1
         members: dict[str, MemberPlan] = {}
         for uid, node in brief.inst.bound.items():

@@ -186,14 +186,21 @@ def ha() -> Iterator[HA]:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _gang(name: str, size: int, gated: set[int]) -> list[dict[str, Any]]:
+# Every node carries HOLD; a member that does not tolerate it exists (the gang is planned) but
+# kube-scheduler cannot send it to the extender, so the plan stays in flight. A gated member would
+# not do: a pod behind scheduling gates has not arrived and the gang would not be planned.
+HOLD = {"key": ANN + "test-hold", "value": "hold", "effect": "NoSchedule"}
+TOLERATE = {"key": ANN + "test-hold", "operator": "Equal", "value": "hold", "effect": "NoSchedule"}
+
+
+def _gang(name: str, size: int, held: set[int]) -> list[dict[str, Any]]:
     pods = []
     for i in range(size):
         pod = llm_pod(f"{name}-{i}", stage="pretraining", gpus=8,
                       annotations={ANN + "gang-size": str(size)},
                       labels={"run": name, "scheduling.x-k8s.io/pod-group": name})
-        if i in gated:
-            pod["spec"]["schedulingGates"] = [{"name": "llm-placement.io/test-hold"}]
+        if i not in held:
+            pod["spec"]["tolerations"] = [TOLERATE]
         pods.append(pod)
     return pods
 
@@ -215,13 +222,15 @@ def test_standby_takes_over_mid_gang_with_the_reservations_and_binds_it_whole(ha
     from .harness import create_nodes
 
     create_nodes(core, manifests)
+    for m in manifests:  # after create_node, which drops the taints admission adds
+        core.patch_node(m["metadata"]["name"], {"spec": {"taints": [HOLD]}}, _preload_content=False)
     for r in (ha.a, ha.b):
         wait_until(lambda r=r: r.metric("llm_placement_cache_nodes") == len(manifests), 30,
                    f"extender {r.name} to cache the nodes")
     assert ha.a.is_leader() and not ha.b.is_leader()
 
-    # The leader's extender plans the gang; member 3 is gated, so the plan stays in flight.
-    pods = _gang("pt", 4, gated={3})
+    # The leader's extender plans the gang; member 3 is held back, so the plan stays in flight.
+    pods = _gang("pt", 4, held={3})
     members = [p["metadata"]["name"] for p in pods]
     create_pods(core, NS, pods)
     wait_until(lambda: all(_plan(core, m) for m in members), 90, "the gang plan persisted on every member")
@@ -243,6 +252,7 @@ def test_standby_takes_over_mid_gang_with_the_reservations_and_binds_it_whole(ha
         "value": 1000, "preemptionPolicy": "Never"})
     intruder = llm_pod("intruder", stage="pretraining", gpus=8, labels={"run": "intruder"})
     intruder["spec"].update({"nodeSelector": {TIER0: "leaf-b"}, "priorityClassName": "ha-first",
+                             "tolerations": [TOLERATE],
                              "schedulingGates": [{"name": "llm-placement.io/test-hold"}]})
     create_pods(core, NS, [intruder])
 
@@ -264,8 +274,8 @@ def test_standby_takes_over_mid_gang_with_the_reservations_and_binds_it_whole(ha
     assert_stays_unbound(core, NS, "intruder", 6)
 
     # Released, the gang completes on its plan through the new leader.
-    core.patch_namespaced_pod(members[3], NS, {"spec": {"schedulingGates": None}},
-                              _content_type="application/merge-patch+json", _preload_content=False)
+    tolerations = [*(get_pod(core, NS, members[3])["spec"].get("tolerations") or []), TOLERATE]
+    core.patch_namespaced_pod(members[3], NS, {"spec": {"tolerations": tolerations}}, _preload_content=False)
     placed = wait_for_node_names(core, NS, members, timeout=180)
     assert placed == planned, {m: (placed[m], planned[m]) for m in members if placed[m] != planned[m]}
     assert not get_pod(core, NS, "intruder")["spec"].get("nodeName")

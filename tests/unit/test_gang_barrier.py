@@ -348,3 +348,64 @@ def test_the_held_member_keeps_its_seat_until_it_returns() -> None:
     # The member that arrived last is bound; the held one is not, and its GPUs stay reserved for it.
     assert c.binder.bound == {"ml/g-1": members[1][1]}
     assert c.gangs.ledger.total_reserved() > 0
+
+
+def test_gathered_members_reaching_bind_apart_are_bound_without_an_error() -> None:
+    """Once every member passed filter (gathered), a bind call is never answered with an error
+    for want of the others: at the bind timeout those here are bound, later ones at once."""
+    c = Cluster(fast(timeout=5.0), gather=True)
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 4)
+    for p in pods:
+        c.filter(p)  # all arrive; the last one opens the gate
+    members = planned(c, pods)
+
+    async def run() -> list[str]:
+        early = [asyncio.create_task(bind(c, s, n)) for s, n in members[:2]]
+        await settle(lambda: waiting(c) == 2)
+        assert c.bind_timers.fire() == 1  # the others are still on their way: bind these two now
+        answers = [await t for t in early]
+        late = [await bind(c, s, n) for s, n in members[2:]]  # no wait for anybody
+        return answers + late
+
+    assert asyncio.run(run()) == ["", "", "", ""]
+    assert sorted(c.binder.bound) == [f"ml/g-{i}" for i in range(4)]
+    assert "ml/g" not in c.gangs.ledger.plans and c.gangs.ledger.total_reserved() == 0
+
+
+def test_a_gathered_member_arriving_while_the_first_ones_are_being_bound_is_bound_in_its_own_call() -> None:
+    import threading
+
+    class SlowBinder(FakeBinder):
+        """Binds of the first two members wait until released: the window a late member hits."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.release = threading.Event()
+
+        def bind(self, namespace: str, name: str, uid: str, node: str) -> bool:
+            if name in ("g-0", "g-1"):
+                assert self.release.wait(10)
+            return super().bind(namespace, name, uid, node)
+
+    binder = SlowBinder()
+    c = Cluster(fast(timeout=5.0), binder=binder, gather=True)
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 4)
+    for p in pods:
+        c.filter(p)
+    members = planned(c, pods)
+
+    async def run() -> list[str]:
+        early = [asyncio.create_task(bind(c, s, n)) for s, n in members[:2]]
+        await settle(lambda: waiting(c) == 2)
+        assert c.bind_timers.fire() == 1  # binding of the first two begins, and blocks
+        late = await asyncio.wait_for(bind(c, *members[2]), 5)  # answered while they are blocked
+        binder.release.set()
+        return [await t for t in early] + [late, await bind(c, *members[3])]
+
+    try:
+        assert asyncio.run(run()) == ["", "", "", ""]
+    finally:
+        binder.release.set()
+    assert sorted(binder.bound) == [f"ml/g-{i}" for i in range(4)]

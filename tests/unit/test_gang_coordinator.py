@@ -96,12 +96,13 @@ class Cluster:
     """A service with the gang coordinator wired as in production, fed like the watch would."""
 
     def __init__(self, settings: Settings | None = None, binder: FakeBinder | None = None,
-                 clock: list[float] | None = None, solve: SolveFn | None = None, background: bool = False) -> None:
+                 clock: list[float] | None = None, solve: SolveFn | None = None, background: bool = False,
+                 gather: bool = False) -> None:
         self.binder = binder or FakeBinder()
         self.bind_timers, self.wake_timers, self.member_timers = FakeTimers(), FakeTimers(), FakeTimers()
         runtime = GangRuntime(clock=(lambda: clock[0]) if clock is not None else time.time,
                               bind_timers=self.bind_timers, wake_timers=self.wake_timers, solve=solve,
-                              background=background, member_timers=self.member_timers)
+                              background=background, member_timers=self.member_timers, gather=gather)
         self.service: ExtenderService = build_core(
             settings or Settings(cluster_source="none", metrics_port=0), GpuCatalog.load(), binder=self.binder,
             gang_runtime=runtime,
@@ -423,3 +424,136 @@ def test_an_incomplete_gang_is_answered_without_looking_at_any_node(monkeypatch:
     d = c.filter(pods[0])
     assert d.passed == [] and set(d.unresolvable.values()) == {"llm-placement: waiting for gang members 3/8"}
     assert len(d.unresolvable) == 8
+
+
+def test_a_gang_that_cannot_fit_is_solved_again_only_after_a_change_that_could_make_it_fit() -> None:
+    """docs/gangs.md, "Cannot place": kube-scheduler retries every member on every cluster event;
+    a "no" stands until room is freed, a node comes or changes, the gang changes, or it expires."""
+    clock = [1000.0]
+    c = Cluster(clock=clock)
+    c.nodes("n", 4, "leaf-1")
+    busy = [pod_object(f"busy-{i}", namespace="other", gpus=8) for i in range(3)]
+    for p, node in zip(busy, ("n-0", "n-1", "n-2"), strict=True):
+        c.add(p)
+        with c.service.lock:
+            c.service.snapshot.assume(parse_workload(p), node)
+    pods = c.gang("g", 2)  # 16 GPUs wanted, 8 free
+
+    def solves() -> float:
+        return c.metric("llm_placement_solver_runs_total", status="infeasible")
+
+    for _ in range(20):  # every member, retried: one solve
+        for p in pods:
+            d = c.filter(p)
+            assert d.passed == [] and "gang cannot be placed" in next(iter(d.unresolvable.values()))
+    assert solves() == 1
+    # Another pod binds (takes room, frees none): the verdict stands.
+    other = pod_object("other", namespace="other", gpus=2)
+    c.add(other)
+    with c.service.lock:
+        c.service.snapshot.assume(parse_workload(other), "n-3")
+    assert c.filter(pods[0]).passed == [] and solves() == 1
+    # That pod ends: room was freed somewhere, so the gang is solved again (still 6 GPUs short).
+    c.delete(other)
+    assert c.filter(pods[1]).passed == [] and solves() == 2
+    assert c.filter(pods[0]).passed == [] and solves() == 2
+    # A node is added, or an existing one changes (uncordoned, relabelled): solved again.
+    c.nodes("m", 1, "leaf-1", free=0)
+    assert c.filter(pods[0]).passed == [] and solves() == 3
+    c.filter(pods[1])
+    assert solves() == 3
+    # The gang's own spec changes (a member's annotations): solved again.
+    pods[0]["metadata"]["annotations"]["llm-placement.io/gpu-preference"] = "H100"
+    c.add(pods[0])
+    assert c.filter(pods[0]).passed == [] and solves() == 4
+    # Nothing changes for a long time: the verdict expires and one more solve looks again.
+    clock[0] += 61
+    assert c.filter(pods[1]).passed == [] and solves() == 5
+    assert c.filter(pods[0]).passed == [] and solves() == 5
+    # A busy pod ends: now the gang fits and is planned.
+    c.delete(busy[0])
+    assert len(c.filter(pods[0]).passed) == 1 and solves() == 5
+    assert c.gangs.states["ml/g"].verdict is None
+
+
+def test_an_older_gang_that_cannot_fit_is_not_solved_again_at_each_younger_gangs_filter() -> None:
+    clock = [1000.0]
+    c = Cluster(clock=clock)
+    c.nodes("n", 2, "leaf-1")
+    big = c.gang("big", 3)  # 24 GPUs: never fits on 16
+    assert c.filter(big[0]).passed == []
+    clock[0] += 1
+    small = c.gang("small", 4, gpus=2)
+    for _ in range(5):
+        for p in small:
+            c.filter(p)
+    # One solve for each gang: the older gang's "no" is reused by admission, not solved again.
+    assert c.metric("llm_placement_solver_runs_total", status="infeasible") == 1
+    assert "ml/small" in c.gangs.ledger.plans
+
+
+def test_live_members_pass_filter_only_once_every_member_has_arrived_there() -> None:
+    """docs/gangs.md, "Gather at filter": no member goes on to bind while another has not yet been
+    filtered against the plan; the last arrival requeues the others with one pod update each."""
+    c = Cluster(gather=True)
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 3)
+    for i, p in enumerate(pods[:2]):
+        d = c.filter(p)
+        assert d.passed == []
+        assert set(d.unresolvable.values()) >= {
+            f"llm-placement: waiting for gang ml/g: {i + 1} of 3 members arrived"}
+    assert c.gangs.ledger.total_reserved() == 24  # planned and held meanwhile
+    last = c.filter(pods[2])
+    assert len(last.passed) == 1
+    c.flush()
+    gathered = {k: v.get("llm-placement.io/gang-gathered") for k, v in c.binder.annotations.items()
+                if "llm-placement.io/gang-gathered" in v}
+    assert gathered == {"ml/g-0": "1", "ml/g-1": "1"}
+    plan = c.gangs.ledger.plans["ml/g"]
+    for p in pods:  # back after the requeue: each passes to its planned node, again and again
+        assert c.filter(p).passed == [plan.members[p["metadata"]["uid"]].node]
+    # A replan (here: a planned node stopped fitting) starts the gathering again.
+    node0 = plan.members[pods[0]["metadata"]["uid"]].node
+    d = c.filter(pods[0], [n for n in sorted(c.service.snapshot.nodes) if n != node0])
+    assert d.passed == [] and c.gangs.ledger.plans["ml/g"].epoch == 2
+    assert "1 of 3 members arrived" in next(iter(d.unresolvable.values()))
+
+
+def test_a_planned_node_cordoned_while_members_gather_is_replanned_at_any_members_filter() -> None:
+    """The member planned on the cordoned node waits in kube-scheduler's unschedulable pool and
+    may not come back: the next filter of any member replans without the node."""
+    c = Cluster(gather=True)
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 3)
+    c.filter(pods[0])  # planned; 1 of 3 arrived
+    plan = c.gangs.ledger.plans["ml/g"]
+    node1 = plan.members[pods[1]["metadata"]["uid"]].node
+    facts = c.service.snapshot.nodes[node1]
+    c.service.snapshot.upsert_node(facts.model_copy(update={"unschedulable": True}))
+    offered = [n for n in sorted(c.service.snapshot.nodes) if n != node1]
+    d = c.filter(pods[2], offered)
+    assert d.passed == [] and "1 of 3 members arrived" in next(iter(d.unresolvable.values()))
+    new = c.gangs.ledger.plans["ml/g"]
+    assert new.epoch == 2 and node1 not in new.nodes()
+    # Members away from the cordoned node keep theirs.
+    assert new.members[pods[0]["metadata"]["uid"]].node == plan.members[pods[0]["metadata"]["uid"]].node
+
+
+def test_a_member_behind_scheduling_gates_has_not_arrived() -> None:
+    """kube-scheduler does not schedule a gated pod: counting it would plan (and hold GPUs for) a
+    gang that cannot bind until the gate is lifted, however long that takes."""
+    c = Cluster()
+    c.nodes("n", 4, "leaf-1")
+    pods = c.gang("g", 3, create=2)
+    gated = pod_object("g-2", namespace="ml", stage="pretraining", gpus=8,
+                       annotations={"llm-placement.io/gang-size": "3"},
+                       labels={"scheduling.x-k8s.io/pod-group": "g"})
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/admission"}]
+    c.add(gated)
+    d = c.filter(pods[0])
+    assert d.passed == [] and set(d.unresolvable.values()) == {"llm-placement: waiting for gang members 2/3"}
+    assert not c.gangs.ledger.plans and c.gangs.ledger.total_reserved() == 0
+    del gated["spec"]["schedulingGates"]  # the gate is lifted: the pod update the watch delivers
+    c.add(gated)
+    assert len(c.filter(pods[0]).passed) == 1 and c.gangs.ledger.total_reserved() == 24
