@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -27,16 +28,6 @@ from app.core.units import (
 
 PREFIX = "llm-placement.io/"
 NATIVE_GANG_SOURCE = "spec.schedulingGroup"  # GangRef.source of the native Workload API
-# Every pod annotation key parse_workload reads (after PREFIX): the user-facing contract.
-# docs/annotations.md documents each one; tests/unit/test_contract_docs.py keeps the docs, the README
-# and this tuple in step with the parser.
-ANNOTATION_KEYS: tuple[str, ...] = (
-    "stage", "model-params", "precision", "precision-fallback", "context-tokens", "concurrency",
-    "kv-cache-gb", "latency-class", "max-ms-per-token", "gpu-preference",
-    "topology-required-placement", "topology-preferred-placement", "depends-on", "input-data-gb",
-    "colocation", "gang-name", "gang-size", "finetune-method", "trainable-params", "active-params",
-    "serving-role", "prompt-tokens", "max-ttft-ms", "serving-group", "model",
-)
 # Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
 WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan", "gang-members", "gang-gathered")
 # Bounds on list annotations (docs/annotations.md, "Limits"): a list is parsed on every filter and
@@ -462,6 +453,78 @@ def _split(text: str, key: str = "list") -> tuple[str, ...]:
     return items
 
 
+def _choice(key: str, values: Mapping[str, Any], words: str) -> Callable[[str], Any]:
+    """A parser for one of a fixed set of words (case-insensitive), naming them when it fails."""
+    def parse(raw: str) -> Any:
+        got = values.get(raw.lower())
+        if got is None:
+            raise ValueError(f'{key} "{quote(raw)}" is not {words}')
+        return got
+    return parse
+
+
+def _name(key: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if len(raw) > MAX_NAME_CHARS:
+            raise ValueError(f'{key} "{quote(raw)}" is longer than {MAX_NAME_CHARS} characters')
+        return raw
+    return parse
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """One ``llm-placement.io/<key>`` annotation: the WorkloadSpec field it sets and how it is read."""
+
+    key: str
+    field: str
+    parse: Callable[[str], Any]
+
+
+_PRECISIONS = _choice("precision", {p.value: p for p in Precision},
+                      "one of fp32, bf16, fp16, fp8, int8, int4")
+# The annotations read one value each, in the order their problems are reported (docs/annotations.md).
+# The gang keys (gang_of) and ``model`` (the registry) are read apart: they combine several sources.
+ANNOTATIONS: tuple[Annotation, ...] = (
+    Annotation("stage", "stage", _choice(
+        "stage", STAGE_ALIASES, "one of data-prep, pretraining, alignment, deployment, serving")),
+    Annotation("model-params", "model_params", parse_param_count),
+    Annotation("precision", "precision", _PRECISIONS),
+    Annotation("precision-fallback", "precision_fallback",
+               lambda raw: tuple(_PRECISIONS(p) for p in _split(raw, "precision-fallback"))),
+    Annotation("context-tokens", "context_tokens", lambda raw: parse_positive_int("context-tokens", raw)),
+    Annotation("concurrency", "concurrency", lambda raw: parse_positive_int("concurrency", raw)),
+    Annotation("kv-cache-gb", "kv_cache_gb",
+               lambda raw: parse_positive_number("kv-cache-gb", raw, allow_zero=True)),
+    Annotation("max-ms-per-token", "max_ms_per_token",
+               lambda raw: parse_positive_number("max-ms-per-token", raw)),
+    Annotation("input-data-gb", "input_data_gb",
+               lambda raw: parse_positive_number("input-data-gb", raw, allow_zero=True)),
+    Annotation("latency-class", "latency_class", _choice(
+        "latency-class", {c.value: c for c in LatencyClass}, "interactive or batch")),
+    Annotation("finetune-method", "finetune_method", _choice(
+        "finetune-method", {m.value: m for m in FinetuneMethod}, "full, lora or qlora")),
+    Annotation("serving-role", "serving_role", _choice(
+        "serving-role", {r.value: r for r in ServingRole}, "prefill, decode or both")),
+    Annotation("prompt-tokens", "prompt_tokens", lambda raw: parse_positive_int("prompt-tokens", raw)),
+    Annotation("max-ttft-ms", "max_ttft_ms", lambda raw: parse_positive_number("max-ttft-ms", raw)),
+    Annotation("trainable-params", "trainable_params",
+               lambda raw: parse_param_count(raw, "trainable-params")),
+    Annotation("active-params", "active_params", lambda raw: parse_param_count(raw, "active-params")),
+    Annotation("gpu-preference", "gpu_preference", lambda raw: _split(raw, "gpu-preference")),
+    Annotation("depends-on", "depends_on", lambda raw: _split(raw, "depends-on")),
+    Annotation("topology-required-placement", "topology_required", _name("topology-required-placement")),
+    Annotation("topology-preferred-placement", "topology_preferred", _name("topology-preferred-placement")),
+    Annotation("colocation", "colocation_required", _name("colocation")),
+    Annotation("serving-group", "serving_group", _name("serving-group")),
+)
+
+
+# Every pod annotation key parse_workload reads (after PREFIX): the user-facing contract, the table
+# above plus the gang keys (gang_of) and ``model``. docs/annotations.md documents each one;
+# tests/unit/test_contract_docs.py keeps the docs, the README and this tuple in step with the parser.
+ANNOTATION_KEYS: tuple[str, ...] = (*(a.key for a in ANNOTATIONS), "gang-name", "gang-size", "model")
+
+
 def parse_workload(
     pod: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu"),
     claims: ClaimReader | None = None,
@@ -505,87 +568,12 @@ def parse_workload(
         v = ann.get(PREFIX + key)
         return None if v is None or v.strip() == "" else v.strip()
 
-    def attempt(key: str, fn: Any) -> None:
-        raw = get(key)
-        if raw is None:
-            return
-        try:
-            fields[key.replace("-", "_")] = fn(raw)
-        except ValueError as exc:
-            problems.append(AnnotationProblem(key, str(exc)))
-
-    if (raw := get("stage")) is not None:
-        stage = STAGE_ALIASES.get(raw.lower())
-        if stage is None:
-            problems.append(AnnotationProblem(
-                "stage",
-                f'stage "{quote(raw)}" is not one of data-prep, pretraining, alignment, deployment, serving'
-            ))
-        fields["stage"] = stage
-
-    attempt("model-params", parse_param_count)
-
-    def precision(raw: str) -> Precision:
-        try:
-            return Precision(raw.lower())
-        except ValueError:
-            raise ValueError(
-                f'precision "{quote(raw)}" is not one of fp32, bf16, fp16, fp8, int8, int4'
-            ) from None
-
-    attempt("precision", precision)
-    attempt("precision-fallback",
-            lambda raw: tuple(precision(p) for p in _split(raw, "precision-fallback")))
-    attempt("context-tokens", lambda raw: parse_positive_int("context-tokens", raw))
-    attempt("concurrency", lambda raw: parse_positive_int("concurrency", raw))
-    attempt("kv-cache-gb", lambda raw: parse_positive_number("kv-cache-gb", raw, allow_zero=True))
-    attempt("max-ms-per-token", lambda raw: parse_positive_number("max-ms-per-token", raw))
-    attempt("input-data-gb", lambda raw: parse_positive_number("input-data-gb", raw, allow_zero=True))
-
-    def latency(raw: str) -> LatencyClass:
-        try:
-            return LatencyClass(raw.lower())
-        except ValueError:
-            raise ValueError(f'latency-class "{quote(raw)}" is not interactive or batch') from None
-
-    attempt("latency-class", latency)
-
-    def finetune(raw: str) -> FinetuneMethod:
-        try:
-            return FinetuneMethod(raw.lower())
-        except ValueError:
-            raise ValueError(f'finetune-method "{quote(raw)}" is not full, lora or qlora') from None
-
-    def params_of(key: str) -> Callable[[str], float]:
-        return lambda raw: parse_param_count(raw, key)
-
-    attempt("finetune-method", finetune)
-
-    def role(raw: str) -> ServingRole:
-        try:
-            return ServingRole(raw.lower())
-        except ValueError:
-            raise ValueError(f'serving-role "{quote(raw)}" is not prefill, decode or both') from None
-
-    attempt("serving-role", role)
-    attempt("prompt-tokens", lambda raw: parse_positive_int("prompt-tokens", raw))
-    attempt("max-ttft-ms", lambda raw: parse_positive_number("max-ttft-ms", raw))
-    attempt("trainable-params", params_of("trainable-params"))
-    attempt("active-params", params_of("active-params"))
-    attempt("gpu-preference", lambda raw: _split(raw, "gpu-preference"))
-    attempt("depends-on", lambda raw: _split(raw, "depends-on"))
-    for key, field in (
-        ("topology-required-placement", "topology_required"),
-        ("topology-preferred-placement", "topology_preferred"),
-        ("colocation", "colocation_required"),
-        ("serving-group", "serving_group"),
-    ):
-        if (raw := get(key)) is not None:
-            if len(raw) > MAX_NAME_CHARS:
-                problems.append(AnnotationProblem(
-                    key, f'{key} "{quote(raw)}" is longer than {MAX_NAME_CHARS} characters'))
-                continue
-            fields[field] = raw
+    for a in ANNOTATIONS:
+        if (raw := get(a.key)) is not None:
+            try:
+                fields[a.field] = a.parse(raw)
+            except ValueError as exc:
+                problems.append(AnnotationProblem(a.key, str(exc)))
     if (level := fields.get("colocation_required")) is not None:
         if level == "required":
             fields["colocation_required"] = "node"
