@@ -269,6 +269,17 @@ def plan(
     config: ConfigOpt = None,
 ) -> None:
     """Plan a whole workflow ahead: makespan-optimal placement, against HEFT and our extender."""
+    from app.core.datafile import load_user_yaml
+
+    # A file that cannot be read (an alias bomb, too large, not YAML) is refused before the solver
+    # and its libraries are loaded: in well under a second and the memory of a bare start.
+    for path, limit in ((workflow, 8 << 20), (cluster, 64 << 20)):
+        if path is not None:
+            try:
+                load_user_yaml(path, ValueError, limit)
+            except ValueError as exc:
+                Console(stderr=True).print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True, highlight=False)
+                raise typer.Exit(2) from None
     from app.plan.cli import run_plan_command
 
     run_plan_command(console, _settings(config), workflow=workflow, cluster=cluster, live=live,

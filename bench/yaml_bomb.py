@@ -45,7 +45,7 @@ def main() -> None:
         wall = time.perf_counter() - t0
     rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     Console().print(f"{len(BOMB)}-byte bomb: exit {proc.returncode} in {wall:.2f} s (process start "
-                    f"included), peak RSS {rss_mb:.0f} MB; says: {' '.join(proc.stdout.split())[:120]}")
+                    f"included), peak RSS {rss_mb:.0f} MB; says: {' '.join((proc.stderr or proc.stdout).split())[:120]}")
 
 
 if __name__ == "__main__":
