@@ -44,8 +44,9 @@ def main() -> None:
                               text=True, timeout=120)
         wall = time.perf_counter() - t0
     rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    said = " ".join((proc.stderr or proc.stdout).split())[:120]
     Console().print(f"{len(BOMB)}-byte bomb: exit {proc.returncode} in {wall:.2f} s (process start "
-                    f"included), peak RSS {rss_mb:.0f} MB; says: {' '.join((proc.stderr or proc.stdout).split())[:120]}")
+                    f"included), peak RSS {rss_mb:.0f} MB; says: {said}")
 
 
 if __name__ == "__main__":
