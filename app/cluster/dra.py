@@ -22,6 +22,8 @@ from kubernetes import client
 
 from app.cluster.cache import ClusterCache, apply_node
 from app.cluster.client import list_all
+from app.core.dra import MAX_NODE_DEVICES, parse_slice
+from app.core.units import quote
 from app.ratelog import RateLimitedLog
 from app.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
 
@@ -96,7 +98,7 @@ class DraWatcher:
         self._stop.set()
 
     # --- applying (lock held) ----------------------------------------------------------------------
-    def _put(self, kind: str, obj: dict[str, Any], deleted: bool) -> set[str]:
+    def _put(self, kind: str, obj: dict[str, Any], deleted: bool, parsed: Any = None) -> set[str]:
         """Fold one object in; returns the nodes whose facts must be computed again."""
         dra = self.snapshot.dra
         meta = obj.get("metadata") or {}
@@ -104,7 +106,8 @@ class DraWatcher:
         key = f"{meta.get('namespace') or 'default'}/{name}"
         nodes: set[str] = set()
         if kind == "resourceslices":
-            node = dra.drop_slice(name) if deleted else dra.put_slice(obj)
+            node = (dra.drop_slice(name) if deleted else dra.put_slice(obj) if parsed is None
+                    else dra.put_parsed_slice(obj, parsed))
             nodes |= {node} if node else set()
         elif kind == "deviceclasses":
             if deleted:
@@ -133,7 +136,13 @@ class DraWatcher:
     def _reapply(self, nodes: set[str]) -> None:
         """Compute the facts of ``nodes`` again, from what their last Node event said: no request to
         the API server. A node not seen yet gets its DRA facts when it is."""
+        dra = self.snapshot.dra
         for name in sorted(nodes):
+            if dra.over_limit(name):
+                self._log.warning(f"dra:limit:{name}", f"node {quote(name)} publishes "
+                                  f"{dra.node_devices.get(name, 0)} DRA devices, more than "
+                                  f"{MAX_NODE_DEVICES}: its DRA GPUs are not read (docs/dra.md, \"Churn\")")
+                self.cache.metrics.skipped_objects.labels("resourceslices").inc()
             node = self.snapshot.node_inputs.get(name)
             if node is not None:
                 self.cache._guarded("nodes", node, apply_node, self.snapshot, self.cache.catalog,
@@ -194,8 +203,11 @@ class DraWatcher:
             self.present[kind], told_absent = False, True
 
         def apply(etype: str, obj: dict[str, Any]) -> None:
+            deleted = etype == "DELETED"
+            # Read a slice's devices before taking the lock filter answers need.
+            parsed = parse_slice(obj) if kind == "resourceslices" and not deleted else None
             with self.lock:
-                self.mark(self._put(kind, obj, etype == "DELETED"))
+                self.mark(self._put(kind, obj, deleted, parsed))
 
         Reflector(f"DRA {kind}", list_objects=lambda: self._list(kind),
                   open_watch=lambda rv: self._open_watch(kind, rv), replace=replace, apply=apply,

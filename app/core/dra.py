@@ -22,6 +22,11 @@ from app.core.units import parse_quantity
 DRIVER = "gpu.nvidia.com"
 # Safety bounds: a claim asks for at most this many devices per request in our accounting.
 MAX_DEVICES = 1024
+# Devices one node may publish across all its slices. A node of 8 GPUs with every MIG placement
+# published (DynamicMIG) carries about 160; past this the node's DRA GPUs are not read at all, said
+# in the log and counted (docs/dra.md, "Churn"): recomputing a node's facts walks every device, and
+# 100,000 devices on one node held the lock filter needs for a second per change.
+MAX_NODE_DEVICES = 1024
 # ``device.driver == "gpu.nvidia.com"`` (either quote) inside a DeviceClass selector.
 _DRIVER_RE = re.compile(r"""device\.driver\s*==\s*["']([^"']+)["']""")
 # ``device.attributes["gpu.nvidia.com"].type == "mig"``: the class hands out MIG slices.
@@ -794,6 +799,7 @@ class DraIndex:
     reads_claims: bool = False
     slices: dict[str, _Slice] = field(default_factory=dict)  # slice name -> parsed
     by_node: dict[str, set[str]] = field(default_factory=dict)  # node -> slice names
+    node_devices: dict[str, int] = field(default_factory=dict)  # node -> devices in its slices
     classes: dict[str, Selection] = field(default_factory=dict)  # name -> what it selects
     extended: dict[str, str] = field(default_factory=dict)  # spec.extendedResourceName -> class
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # ns/name -> spec+status
@@ -816,12 +822,19 @@ class DraIndex:
     # --- slices -----------------------------------------------------------------------------------
     def put_slice(self, obj: dict[str, Any]) -> str | None:
         """Add or replace a slice; returns the node whose facts changed (None if none)."""
+        return self.put_parsed_slice(obj, parse_slice(obj))
+
+    def put_parsed_slice(self, obj: dict[str, Any], s: _Slice | None) -> str | None:
+        """``put_slice`` with ``parse_slice(obj)`` done beforehand, outside the service lock (a slice
+        of 128 devices takes milliseconds to read, and filter waits for that lock)."""
         name = str((obj.get("metadata") or {}).get("name") or "")
         self.slices_version += 1
         old = self.slices.pop(name, None)
         if old is not None:
             self.by_node.get(old.node, set()).discard(name)
-        s = parse_slice(obj)
+            self.node_devices[old.node] = self.node_devices.get(old.node, 0) - len(old.devices)
+        if s is not None:
+            self.node_devices[s.node] = self.node_devices.get(s.node, 0) + len(s.devices)
         if s is not None:
             self.slices[name] = s
             self.by_node.setdefault(s.node, set()).add(name)
@@ -838,6 +851,7 @@ class DraIndex:
         if old is None:
             return None
         self.by_node.get(old.node, set()).discard(name)
+        self.node_devices[old.node] = self.node_devices.get(old.node, 0) - len(old.devices)
         if old.driver == self.driver:
             self._note_complete(old.node, old.pool)
         return old.node
@@ -846,6 +860,7 @@ class DraIndex:
         self.slices_version += 1
         self.slices.clear()
         self.by_node.clear()
+        self.node_devices.clear()
         self.complete.clear()
 
     def _note_complete(self, node: str, pool: str) -> None:
@@ -875,9 +890,13 @@ class DraIndex:
                 else list(self.complete[pool])
         return out
 
+    def over_limit(self, node: str) -> bool:
+        """The node publishes more than MAX_NODE_DEVICES devices: its DRA GPUs are not read."""
+        return self.node_devices.get(node, 0) > MAX_NODE_DEVICES
+
     def gpus_of(self, node: str) -> DraNodeGpus | None:
         names = self.by_node.get(node)
-        if not names:
+        if not names or self.over_limit(node):
             return None
         # Overlay, MIG slices and MIG parents all read the summary: one computation per change of
         # the slices, not three (a node may carry hundreds of slices; docs/dra.md, "Churn").
@@ -934,7 +953,7 @@ class DraIndex:
         allocated claim holds. Node facts (``NodeFacts.mig``)."""
         gpus = self.gpus_of(node) if self.by_node.get(node) else None
         if gpus is None or not gpus.mig:
-            return ()
+            return ()  # none, or over the device limit
         gb = 1.048576 / 1000.0
         busy = self._unavailable(node)
         return tuple((m.profile, m.memory_mib * gb, len(m.devices),
@@ -943,7 +962,7 @@ class DraIndex:
 
     def busy_gpus(self, node: str) -> int:
         """Full GPUs of ``node`` not free for a new claim (docs/dra.md, "Free GPUs")."""
-        if not self.by_node.get(node):
+        if not self.by_node.get(node) or self.over_limit(node):
             return 0
         busy = self._unavailable(node)
         whole: dict[tuple[str, str], bool] = {}  # physical GPU -> one of its full devices is free

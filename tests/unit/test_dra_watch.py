@@ -166,3 +166,35 @@ def test_a_burst_of_slice_events_re_applies_its_node_once(
     watcher.flush()
     assert applied == 1 and summaries == 1  # one re-apply, one summary for overlay and MIG facts
     assert snap.nodes["big"].gpu_count == 400
+
+
+def test_a_node_publishing_more_devices_than_the_limit_has_no_dra_gpus_read(settings: Settings,
+                                                                            catalog: GpuCatalog) -> None:
+    from app.cluster.cache import apply_node
+    from app.core.dra import DRIVER, MAX_NODE_DEVICES
+
+    def slice_(i: int, n: int) -> dict[str, Any]:
+        devs = [{"name": f"gpu-{i}-{j}", "attributes": {"type": {"string": "gpu"},
+                                                       "productName": {"string": "NVIDIA H100 80GB HBM3"}},
+                 "capacity": {"memory": {"value": "81559Mi"}}} for j in range(n)]
+        return {"metadata": {"name": f"s{i}"}, "spec": {"driver": DRIVER, "nodeName": "big", "devices": devs,
+                                                        "pool": {"name": f"p{i}", "generation": 1,
+                                                                 "resourceSliceCount": 1}}}
+
+    snap = ClusterSnapshot()
+    apply_node(snap, catalog, settings, node_object("big", gpus=0))
+    snap.dra.enabled = True
+    snap.dra.put_slice(slice_(0, 8))
+    apply_node(snap, catalog, settings, node_object("big", gpus=0))
+    assert snap.nodes["big"].gpu_count == 8
+    # Past the limit the node's slices are not read at all, and reading it stays cheap.
+    for i in range(1, MAX_NODE_DEVICES // 128 + 2):
+        snap.dra.put_slice(slice_(i, 128))
+    apply_node(snap, catalog, settings, node_object("big", gpus=0))
+    assert snap.dra.over_limit("big") and snap.nodes["big"].gpu_count == 0
+    assert snap.dra.busy_gpus("big") == 0
+    # Back under it (slices deleted), the GPUs count again.
+    for i in range(1, MAX_NODE_DEVICES // 128 + 2):
+        snap.dra.drop_slice(f"s{i}")
+    apply_node(snap, catalog, settings, node_object("big", gpus=0))
+    assert not snap.dra.over_limit("big") and snap.nodes["big"].gpu_count == 8
