@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit e2e lint lint-docker typecheck controlplane etcd kwok kustomize helm manifests system-deps bench soak kind-up kind-e2e kind-down clean
+.PHONY: demo test unit e2e lint lint-docker typecheck controlplane etcd kwok kustomize helm manifests system-deps bench soak hostile kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -92,6 +92,12 @@ bench: $(STAMP) controlplane etcd kwok
 ## (tests/integration/harness/soak.py). Figures in bench/results/soak-3000.json and BENCHMARKS.md.
 soak: $(STAMP) controlplane etcd kwok
 	$(BIN)/python bench/soak.py
+
+## Hostile inputs on the real control plane, with bounds: 800-slice DRA churn (filter p99), 4,000
+## incomplete gangs of one tenant (another tenant's bind time), a YAML bomb handed to the planner.
+## Figures in bench/results/hostile.json and BENCHMARKS.md; exit 1 when a bound is missed.
+hostile: $(STAMP) controlplane etcd
+	$(BIN)/python bench/hostile.py
 
 ## For laptops with Docker (not exercised in this repository's CI: no Docker engine there).
 kind-up:
