@@ -29,7 +29,8 @@ from app.core.units import (
 PREFIX = "llm-placement.io/"
 NATIVE_GANG_SOURCE = "spec.schedulingGroup"  # GangRef.source of the native Workload API
 # Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
-WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan", "gang-members", "gang-gathered")
+WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan", "gang-members", "gang-gathered",
+                                  "gang-retry")
 # Bounds on list annotations (docs/annotations.md, "Limits"): a list is parsed on every filter and
 # each depends-on entry is resolved per request, so a 36,000-name value must be refused up front.
 MAX_LIST_ITEMS = 256

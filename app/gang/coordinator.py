@@ -21,6 +21,7 @@ gang binder), like the coscheduling plugin over its ``core.Manager`` in schedule
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +44,8 @@ from app.gang.problem import Index, Problem
 from app.gang.regroup import Regrouper, Timers, thread_timers
 from app.gang.report import GangMetrics, NoMetrics, Reporter
 from app.gang.solver import PlanResult, plan
+
+log = logging.getLogger(__name__)
 
 RESERVED_ELSEWHERE = reject(ReasonCode.GANG, "reserved for gang plan on another node")
 NOT_IN_PLAN = reject(ReasonCode.GANG, "gang plan does not include this pod")
@@ -104,6 +107,8 @@ class GangCoordinator:
         )
         self._member_timers = rt.member_timers
         self._member_checks: set[str] = set()
+        self._verdict_checks: set[str] = set()
+        self._nudges: dict[str, int] = {}
         self.regroup = Regrouper(self.book, lock, replan=lambda key: self.planner.replan(key),
                                  timers=rt.wake_timers)
         self.barrier = BindBarrier(
@@ -221,9 +226,11 @@ class GangCoordinator:
                         state.excluded.add(mp.node)  # the planned node no longer takes this member
                     current.stale = True
             if node is None and (standing := book.standing(key, state, members, size, now)) is not None:
+                self._recheck_verdict(key, VERDICT_RECHECK_SECONDS)
                 return _reject_gang(fits, rejections, standing)  # nothing changed: no new solve
             if node is None and self.background:
                 self.planner.start(key, spec, fits, node_names, state)
+                self._recheck_verdict(key, VERDICT_RECHECK_SECONDS)
                 if state.last_failure:  # nothing changed for it yet, as far as we know: say why
                     return _reject_gang(fits, rejections, state.last_failure)
                 return _retry(fits, rejections, _being_planned(key))
@@ -234,6 +241,7 @@ class GangCoordinator:
                 if isinstance(got, Rejection):
                     if got is CHANGED:
                         return _retry(fits, rejections, got)
+                    self._recheck_verdict(key, VERDICT_RECHECK_SECONDS)
                     return _reject_gang(fits, rejections, got)
                 mp = got.members.get(uid)
                 if mp is None or mp.node not in fits:
@@ -304,6 +312,47 @@ class GangCoordinator:
             for m in unbound:
                 self.writer.annotate(m.namespace, m.name, {MEMBERS_ANNOTATION: value})
 
+    def _recheck_verdict(self, key: str, delay: float) -> None:
+        """(lock held) Look again, ``delay`` seconds on, at a gang told "cannot be placed".
+
+        kube-scheduler and the extender watch the cluster separately. When room is freed (the
+        pods of another gang deleted), kube-scheduler retries the waiting members at once, often
+        before the extender's watch has delivered the deletions: the answer is then a "no" on
+        facts already gone, and nothing would bring the members back before kube-scheduler's
+        five-minute flush of unschedulable pods. If, by the re-check, what the answer rested on
+        has changed (the verdict is void, or a solve ended without a plan), each unbound member gets
+        an annotation write, the pod update that requeues it (docs/gangs.md, "Cannot place").
+        """
+        if key in self._verdict_checks:
+            return
+        self._verdict_checks.add(key)
+        self._member_timers(delay, lambda: self._verdict_moved(key, delay))
+
+    def _verdict_moved(self, key: str, delay: float) -> None:
+        with self.lock:
+            self._verdict_checks.discard(key)
+            book = self.book
+            members, unbound = book.pending(key)
+            state = book.states.get(key)
+            if not unbound or state is None or self.writer is None:
+                self._nudges.pop(key, None)
+                return  # deleted, or bound
+            if book.ledger.get(key) is not None:
+                return  # planned: the plan annotation has requeued them
+            if book.planning(key):
+                self._recheck_verdict(key, delay)  # the solve's own outcome is looked at next
+                return
+            size = book.size(key, unbound[0]) or len(members)
+            if book.standing(key, state, members, size, self.clock()) is not None:
+                if delay < VERDICT_RECHECK_MAX_SECONDS:  # a slow watch: one later look
+                    self._recheck_verdict(key, VERDICT_RECHECK_MAX_SECONDS)
+                return
+            n = self._nudges[key] = self._nudges.get(key, 0) + 1
+            log.info("gang %s: its \"cannot be placed\" no longer stands; requeueing "
+                                   "%d member(s)", key, len(unbound))
+            for m in unbound:
+                self.writer.annotate(m.namespace, m.name, {RETRY_ANNOTATION: str(n)})
+
     # --- the service's gang binder, start and stop ------------------------------------------------
     async def bind_member(self, spec: WorkloadSpec, node: str) -> str:
         return await self.barrier.bind_member(spec, node)
@@ -320,6 +369,10 @@ class GangCoordinator:
 MEMBER_RECHECK_SECONDS = 1.0
 MEMBER_RECHECK_MAX_SECONDS = 30.0
 MEMBERS_ANNOTATION = PREFIX + "gang-members"
+RETRY_ANNOTATION = PREFIX + "gang-retry"
+# A "cannot be placed" answer is looked at again this long after it was given, and once more later.
+VERDICT_RECHECK_SECONDS = 2.0
+VERDICT_RECHECK_MAX_SECONDS = 10.0
 GATHERED_ANNOTATION = PREFIX + "gang-gathered"
 
 

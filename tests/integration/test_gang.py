@@ -22,6 +22,7 @@ from .harness import (
     ControlPlane,
     assert_stays_unbound,
     create_pods,
+    delete_pods,
     get_pod,
     gpu_node,
     gpus_requested,
@@ -70,8 +71,7 @@ def run(cluster: ClusterScope, unique: Callable[[str], str]) -> Iterator[str]:
 
 def delete_run(cluster: ClusterScope, run: str, timeout: float = 60) -> None:
     core, ns = cluster.core, cluster.namespace
-    core.delete_collection_namespaced_pod(ns, label_selector=f"run={run}", grace_period_seconds=0,
-                                          _preload_content=False)
+    delete_pods(core, ns, f"run={run}")
     wait_until(lambda: not list_pods(core, ns, f"run={run}"), timeout, f"pods of {run} to be deleted")
 
 
@@ -214,10 +214,7 @@ def test_two_gangs_competing_for_one_block_complete_one_after_the_other(
     assert bound_count(cluster, names(loser)) == 0  # all-or-nothing: none of it is half bound
     assert_no_gpu_overcommit(cluster)
     group = winner[0]["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"]
-    cluster.core.delete_collection_namespaced_pod(
-        cluster.namespace, label_selector=f"scheduling.x-k8s.io/pod-group={group}",
-        grace_period_seconds=0, _preload_content=False,
-    )
+    delete_pods(cluster.core, cluster.namespace, f"scheduling.x-k8s.io/pod-group={group}")
     placed = wait_for_node_names(cluster.core, cluster.namespace, names(loser), timeout=180)
     assert {blocks[n] for n in placed.values()} == {"leaf-c"}
     assert_no_gpu_overcommit(cluster)

@@ -33,6 +33,7 @@ from .harness import (
     ControlPlane,
     assert_stays_unbound,
     create_pods,
+    delete_pods,
     ensure_namespace,
     find_binaries,
     get_pod,
@@ -97,8 +98,7 @@ def run(cluster: ClusterScope, request: pytest.FixtureRequest) -> Iterator[str]:
     value = f"wl{int(time.time() * 1000) % 10_000_000:x}"
     yield value
     core = cluster.core
-    core.delete_collection_namespaced_pod(NS, label_selector=f"run={value}", grace_period_seconds=0,
-                                          _preload_content=False)
+    delete_pods(core, NS, f"run={value}")
     wait_until(lambda: not list_pods(core, NS, f"run={value}"), 60, "pods deleted")
     custom = CustomObjectsApi(cluster.cp.api)
     for kind in ("podgroups", "workloads"):

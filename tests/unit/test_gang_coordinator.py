@@ -476,6 +476,40 @@ def test_a_gang_that_cannot_fit_is_solved_again_only_after_a_change_that_could_m
     assert c.gangs.states["ml/g"].verdict is None
 
 
+def test_members_told_cannot_be_placed_on_facts_already_gone_are_requeued() -> None:
+    """kube-scheduler retries a waiting gang as soon as its own watch sees room freed, often before
+    the extender's watch has: the "no" is given on facts already gone, and without a nudge the
+    members would wait for kube-scheduler's five-minute flush (docs/gangs.md, "Cannot place")."""
+    c = Cluster()
+    c.nodes("n", 2, "leaf-1")
+    busy = pod_object("busy", namespace="other", gpus=8)
+    c.add(busy)
+    with c.service.lock:
+        c.service.snapshot.assume(parse_workload(busy), "n-0")
+    pods = c.gang("g", 2)  # 16 GPUs wanted, 8 free
+    for p in pods:
+        d = c.filter(p)
+        assert d.passed == [] and "gang cannot be placed" in next(iter(d.unresolvable.values()))
+    [check] = c.member_timers.pending()  # one look per gang, however many members were told
+    assert check.delay == 2.0
+    # Nothing changed by then: nothing written, one later look for a slow watch, then no more.
+    assert c.member_timers.fire() == 1
+    [later] = c.member_timers.pending()
+    assert later.delay == 10.0 and not c.binder.annotations
+    assert c.member_timers.fire() == 1 and not c.member_timers.pending()
+    c.flush()
+    assert not c.binder.annotations
+    # Told "no" again; then the busy pod's deletion reaches the cache with no member filtered since.
+    c.filter(pods[0])
+    c.delete(busy)
+    assert c.member_timers.fire() == 1
+    c.flush()
+    assert {k: v.get("llm-placement.io/gang-retry") for k, v in c.binder.annotations.items()} == {
+        "ml/g-0": "1", "ml/g-1": "1"}
+    # Requeued, the members now find the room.
+    assert len(c.filter(pods[0]).passed) == 1
+
+
 def test_an_older_gang_that_cannot_fit_is_not_solved_again_at_each_younger_gangs_filter() -> None:
     clock = [1000.0]
     c = Cluster(clock=clock)

@@ -435,12 +435,25 @@ def assert_stays_unbound(core: CoreV1Api, namespace: str, name: str, seconds: fl
         time.sleep(0.25)
 
 
+def delete_pods(core: CoreV1Api, namespace: str, label_selector: str | None = None) -> None:
+    """Delete a namespace's pods (those matching ``label_selector``) at once (grace period 0).
+
+    The answer is read: the API server deletes a collection item by item while the request is
+    open, and a client that goes away before the answer stops it half-way (seen under load: one of
+    ten gang members left bound, holding its node's GPUs).
+    """
+    kw = {"label_selector": label_selector} if label_selector else {}
+    resp = core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0, _preload_content=False,
+                                                 **kw)
+    resp.data  # noqa: B018  (reading the body waits for the API server to finish)
+
+
 def delete_all_pods(core: CoreV1Api, namespace: str, timeout: float = 60.0) -> None:
     """Delete every pod of the namespace at once and wait until they are gone.
 
     Grace period 0: with no kubelet, a bound pod's graceful deletion would never complete.
     """
-    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0, _preload_content=False)
+    delete_pods(core, namespace)
     deadline = time.monotonic() + timeout
     while list_pods(core, namespace):
         if time.monotonic() >= deadline:
