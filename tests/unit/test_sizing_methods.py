@@ -141,9 +141,10 @@ def test_moe_kv_cache_follows_the_attention_of_the_active_path() -> None:
 
 
 def test_moe_is_placed_by_active_bandwidth(service: ExtenderService) -> None:
-    # 30B total / 3B active (Qwen3-30B-A3B) at int4 on one GPU, 25 ms/token: a dense 30B reads 15 GB
-    # per token and misses on every GPU but H100; the MoE model meets it on an L4.
-    base = {"model_params": "30B", "precision": "int4", "max_ms_per_token": "25", "concurrency": "1",
+    # 30B total / 3B active (Qwen3-30B-A3B) at int4 on one GPU, 40 ms/token: a dense 30B reads 15 GB
+    # per token and misses on every GPU but H100; the MoE model meets it on an L4 even with the MoE
+    # target margin (docs/stage-policy.md).
+    base = {"model_params": "30B", "precision": "int4", "max_ms_per_token": "40", "concurrency": "1",
             "context_tokens": "2048"}
     fits, _ = service.placer.evaluate_nodes(spec_of("serving", **base), ["l4", "h100"])
     assert set(fits) == {"h100"}
