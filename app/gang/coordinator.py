@@ -12,6 +12,8 @@ kube-scheduler sees one pod at a time and gives extenders no Permit phase, so (`
   background (``GangRuntime.background``): its filter runs on the event loop and must not wait.
 * **bind** of a member waits for the others (:mod:`app.gang.barrier`); an incomplete bind makes
   the gang regroup (:mod:`app.gang.regroup`).
+* **requeue**: members turned away on an answer that goes stale without a pod event ("waiting for
+  members", "cannot be placed") are brought back by a timed re-check (:mod:`app.gang.requeue`).
 * **restart**: plans are rebuilt from the pods' annotations before serving
   (:mod:`app.gang.lifecycle`); members already bound are fixed in any replan.
 
@@ -21,7 +23,6 @@ gang binder), like the coscheduling plugin over its ``core.Manager`` in schedule
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,9 +44,8 @@ from app.gang.planning import CHANGED, Planner, SolveFn
 from app.gang.problem import Index, Problem
 from app.gang.regroup import Regrouper, Timers, thread_timers
 from app.gang.report import GangMetrics, NoMetrics, Reporter
+from app.gang.requeue import Requeuer
 from app.gang.solver import PlanResult, plan
-
-log = logging.getLogger(__name__)
 
 RESERVED_ELSEWHERE = reject(ReasonCode.GANG, "reserved for gang plan on another node")
 NOT_IN_PLAN = reject(ReasonCode.GANG, "gang plan does not include this pod")
@@ -105,10 +105,7 @@ class GangCoordinator:
             fail_bind=lambda key, msg: self.barrier.fail(key, msg),
             forget=lambda key: self.regroup.forget(key), synced=rt.synced,
         )
-        self._member_timers = rt.member_timers
-        self._member_checks: set[str] = set()
-        self._verdict_checks: set[str] = set()
-        self._nudges: dict[str, int] = {}
+        self.requeue = Requeuer(self.book, lock, writer, rt.member_timers, rt.clock)
         self.regroup = Regrouper(self.book, lock, replan=lambda key: self.planner.replan(key),
                                  timers=rt.wake_timers)
         self.barrier = BindBarrier(
@@ -175,7 +172,7 @@ class GangCoordinator:
                               f"{shown(gang.name)} with minMember")
             members = book.count_members(key, spec)
             if members < size:
-                self._recheck_members(key, size, MEMBER_RECHECK_SECONDS)
+                self.requeue.when_complete(key, size)
                 return reject(ReasonCode.GANG, f"waiting for gang members {members}/{size}")
         return None
 
@@ -226,11 +223,11 @@ class GangCoordinator:
                         state.excluded.add(mp.node)  # the planned node no longer takes this member
                     current.stale = True
             if node is None and (standing := book.standing(key, state, members, size, now)) is not None:
-                self._recheck_verdict(key, VERDICT_RECHECK_SECONDS)
+                self.requeue.when_void(key)
                 return _reject_gang(fits, rejections, standing)  # nothing changed: no new solve
             if node is None and self.background:
                 self.planner.start(key, spec, fits, node_names, state)
-                self._recheck_verdict(key, VERDICT_RECHECK_SECONDS)
+                self.requeue.when_void(key)
                 if state.last_failure:  # nothing changed for it yet, as far as we know: say why
                     return _reject_gang(fits, rejections, state.last_failure)
                 return _retry(fits, rejections, _being_planned(key))
@@ -241,7 +238,7 @@ class GangCoordinator:
                 if isinstance(got, Rejection):
                     if got is CHANGED:
                         return _retry(fits, rejections, got)
-                    self._recheck_verdict(key, VERDICT_RECHECK_SECONDS)
+                    self.requeue.when_void(key)
                     return _reject_gang(fits, rejections, got)
                 mp = got.members.get(uid)
                 if mp is None or mp.node not in fits:
@@ -283,76 +280,6 @@ class GangCoordinator:
                     self.writer.annotate(ns, name, {GATHERED_ANNOTATION: str(plan.epoch)})
         return True
 
-    def _recheck_members(self, key: str, size: int, delay: float) -> None:
-        """(lock held) Look again at a gang turned away as incomplete.
-
-        Members created together are often all filtered before the watch has delivered the last of
-        them: each sees "1/2" and is turned away, and nothing would bring them back before
-        kube-scheduler's periodic flush of unschedulable pods (five minutes). Once every member is in
-        the cache, each waiting member gets an annotation write, the pod update that requeues it.
-        """
-        if key in self._member_checks:
-            return
-        self._member_checks.add(key)
-        self._member_timers(delay, lambda: self._members_complete(key, size, delay))
-
-    def _members_complete(self, key: str, size: int, delay: float) -> None:
-        with self.lock:
-            self._member_checks.discard(key)
-            members, unbound = self.book.pending(key)
-            if not members:
-                return  # the gang was deleted
-            if len(members) < size:
-                if delay < MEMBER_RECHECK_MAX_SECONDS:
-                    self._recheck_members(key, size, min(delay * 2, MEMBER_RECHECK_MAX_SECONDS))
-                return
-            if self.writer is None or self.book.ledger.get(key) is not None:
-                return  # planned already: the plan annotation has requeued them
-            value = f"{len(members)}/{size}"
-            for m in unbound:
-                self.writer.annotate(m.namespace, m.name, {MEMBERS_ANNOTATION: value})
-
-    def _recheck_verdict(self, key: str, delay: float) -> None:
-        """(lock held) Look again, ``delay`` seconds on, at a gang told "cannot be placed".
-
-        kube-scheduler and the extender watch the cluster separately. When room is freed (the
-        pods of another gang deleted), kube-scheduler retries the waiting members at once, often
-        before the extender's watch has delivered the deletions: the answer is then a "no" on
-        facts already gone, and nothing would bring the members back before kube-scheduler's
-        five-minute flush of unschedulable pods. If, by the re-check, what the answer rested on
-        has changed (the verdict is void, or a solve ended without a plan), each unbound member gets
-        an annotation write, the pod update that requeues it (docs/gangs.md, "Cannot place").
-        """
-        if key in self._verdict_checks:
-            return
-        self._verdict_checks.add(key)
-        self._member_timers(delay, lambda: self._verdict_moved(key, delay))
-
-    def _verdict_moved(self, key: str, delay: float) -> None:
-        with self.lock:
-            self._verdict_checks.discard(key)
-            book = self.book
-            members, unbound = book.pending(key)
-            state = book.states.get(key)
-            if not unbound or state is None or self.writer is None:
-                self._nudges.pop(key, None)
-                return  # deleted, or bound
-            if book.ledger.get(key) is not None:
-                return  # planned: the plan annotation has requeued them
-            if book.planning(key):
-                self._recheck_verdict(key, delay)  # the solve's own outcome is looked at next
-                return
-            size = book.size(key, unbound[0]) or len(members)
-            if book.standing(key, state, members, size, self.clock()) is not None:
-                if delay < VERDICT_RECHECK_MAX_SECONDS:  # a slow watch: one later look
-                    self._recheck_verdict(key, VERDICT_RECHECK_MAX_SECONDS)
-                return
-            n = self._nudges[key] = self._nudges.get(key, 0) + 1
-            log.info("gang %s: its \"cannot be placed\" no longer stands; requeueing "
-                                   "%d member(s)", key, len(unbound))
-            for m in unbound:
-                self.writer.annotate(m.namespace, m.name, {RETRY_ANNOTATION: str(n)})
-
     # --- the service's gang binder, start and stop ------------------------------------------------
     async def bind_member(self, spec: WorkloadSpec, node: str) -> str:
         return await self.barrier.bind_member(spec, node)
@@ -365,14 +292,6 @@ class GangCoordinator:
         self.barrier.close()
 
 
-# The first re-check of an incomplete gang, then doubling up to the cap while members are missing.
-MEMBER_RECHECK_SECONDS = 1.0
-MEMBER_RECHECK_MAX_SECONDS = 30.0
-MEMBERS_ANNOTATION = PREFIX + "gang-members"
-RETRY_ANNOTATION = PREFIX + "gang-retry"
-# A "cannot be placed" answer is looked at again this long after it was given, and once more later.
-VERDICT_RECHECK_SECONDS = 2.0
-VERDICT_RECHECK_MAX_SECONDS = 10.0
 GATHERED_ANNOTATION = PREFIX + "gang-gathered"
 
 
