@@ -11,7 +11,7 @@ Pure: reads a ClusterSnapshot, imports no web or Kubernetes client code, and nev
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,14 +168,14 @@ class GravityModel:
                                          limit >= Distance.ZONE)
         max_rung = MAX_RUNG.get(level)
         checks: list[tuple[set[str], set[str], list[tuple[int, set[str]]], set[str] | None]] = []
+        nodes_of = self.snapshot.nodes
         for e in edges:
-            d_names, d_nvlink, d_fabric, d_zones = self._domains(e)
+            d_names, d_nvlink, d_fabric, d_zones = _domains(e, nodes_of, self.ladder.fabric_index)
             if max_rung is not None:
                 d_fabric = d_fabric[: max_rung + 1]
             d_tiers = [(i, ids) for i, ids in d_fabric if ids] if fabric_ok else []
             checks.append((d_names, d_nvlink if nvlink_ok else set(), d_tiers, d_zones if zone_ok else None))
         out: dict[str, Rejection] = {}
-        nodes_of = self.snapshot.nodes
         for n in nodes:
             facts = nodes_of.get(n)
             if facts is None:
@@ -192,24 +192,6 @@ class GravityModel:
                 out[n] = r
                 break
         return out
-
-    def _domains(self, edge: Edge) -> tuple[set[str], set[str], list[tuple[int, set[str]]], set[str]]:
-        """A producer's nodes, NVLink domains, non-empty non-zone fabric ids per tier, and zones."""
-        names: set[str] = set()
-        nvlink: set[str] = set()
-        fabric: list[tuple[int, set[str]]] = [(i, set()) for i in self.ladder.fabric_index]
-        zones: set[str] = set()
-        for s in edge.sites:
-            f = self.snapshot.nodes.get(s.node)
-            if f is None:
-                continue
-            names.add(f.name)
-            nvlink.add(f.nvlink_domain)
-            for i, ids in fabric:
-                if i < len(f.fabric) and f.fabric[i]:
-                    ids.add(f.fabric[i])
-            zones.add(f.zone)
-        return names, nvlink, fabric, zones
 
     def term(self, spec: WorkloadSpec, nodes: Sequence[str] | None = None) -> GravityFn | None:
         """Score term in [0, 1]: best cost among ``nodes`` / this node's cost (None: no opinion).
@@ -274,17 +256,7 @@ class GravityModel:
         }
         if not edges:
             return detail
-        for e in edges:
-            sites = []
-            for s in e.sites:
-                f = self.snapshot.nodes.get(s.node)
-                sites.append({
-                    "node": s.node, "state": s.state, "share": round(s.share, 4),
-                    "nvlink_domain": f.nvlink_domain if f else None,
-                    "fabric": [x for x in f.fabric if x] if f else [], "zone": f.zone if f else None,
-                })
-            detail["edges"].append({"producer": e.producer, "kind": e.kind, "gb": round(e.gb, 3),
-                                    "sites": sites})
+        detail["edges"] = [_edge_detail(e, self.snapshot.nodes) for e in edges]
         found = [e for e in edges if e.found]
         term = self.term(spec, nodes if candidates is None else candidates) if found else None
         for n in nodes:
@@ -300,6 +272,39 @@ class GravityModel:
                           for a in at],
             }
         return detail
+
+
+def _domains(edge: Edge, nodes: Mapping[str, NodeFacts], fabric_index: Iterable[int],
+             ) -> tuple[set[str], set[str], list[tuple[int, set[str]]], set[str]]:
+    """A producer's nodes, NVLink domains, non-empty non-zone fabric ids per tier, and zones."""
+    names: set[str] = set()
+    nvlink: set[str] = set()
+    fabric: list[tuple[int, set[str]]] = [(i, set()) for i in fabric_index]
+    zones: set[str] = set()
+    for s in edge.sites:
+        f = nodes.get(s.node)
+        if f is None:
+            continue
+        names.add(f.name)
+        nvlink.add(f.nvlink_domain)
+        for i, ids in fabric:
+            if i < len(f.fabric) and f.fabric[i]:
+                ids.add(f.fabric[i])
+        zones.add(f.zone)
+    return names, nvlink, fabric, zones
+
+
+def _edge_detail(edge: Edge, nodes: Mapping[str, NodeFacts]) -> dict[str, Any]:
+    """One edge for explain: the producer and where each share of its data is."""
+    sites = []
+    for s in edge.sites:
+        f = nodes.get(s.node)
+        sites.append({
+            "node": s.node, "state": s.state, "share": round(s.share, 4),
+            "nvlink_domain": f.nvlink_domain if f else None,
+            "fabric": [x for x in f.fabric if x] if f else [], "zone": f.zone if f else None,
+        })
+    return {"producer": edge.producer, "kind": edge.kind, "gb": round(edge.gb, 3), "sites": sites}
 
 
 def _ratio(best: float, cost: float | None, t0: float = 0.0) -> float | None:

@@ -541,6 +541,28 @@ def parse_workload(
     problems: list[str] = []
     ann = _strings(meta.get("annotations"), "annotations", problems)
     labels = _strings(meta.get("labels"), "labels", problems)
+    fields = _object_fields(meta, spec, problems)
+    values = {k[len(PREFIX):]: v.strip() for k, v in ann.items()
+              if k.startswith(PREFIX) and v.strip() != ""}
+    _annotation_fields(values, fields, problems)
+    gang = gang_of(fields["namespace"], labels, ann, problems, spec)
+    if gang is not None and len(gang.name) > MAX_NAME_CHARS:
+        problems.append(AnnotationProblem(
+            "gang-name", f'gang name "{quote(gang.name)}" is longer than {MAX_NAME_CHARS} characters'))
+        gang = None
+    fields["gang"] = gang
+    _resource_fields(pod, spec, gpu_resources, claims, fields, problems)
+    get = values.get
+    if (raw := get("model")) is not None:
+        _resolve_model(raw, fields, problems)
+    _cross_check(fields, problems)
+    if problems:
+        raise WorkloadError(problems)
+    return WorkloadSpec(**fields)
+
+
+def _object_fields(meta: dict[str, Any], spec: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """What the pod object itself says: identity, node, scheduler, priority, gates."""
 
     def text(obj: dict[str, Any], key: str, default: str = "") -> str:
         v = obj.get(key)
@@ -551,9 +573,8 @@ def parse_workload(
             return default
         return v
 
-    namespace = text(meta, "namespace", "default")
     fields: dict[str, Any] = {
-        "namespace": namespace,
+        "namespace": text(meta, "namespace", "default"),
         "name": text(meta, "name"),
         "uid": text(meta, "uid"),
         "node_name": text(spec, "nodeName"),
@@ -564,13 +585,13 @@ def parse_workload(
     fields["priority"] = prio if isinstance(prio, int) and not isinstance(prio, bool) \
         and abs(prio) <= 2**31 else 0
     fields["gated"] = bool(spec.get("schedulingGates"))
+    return fields
 
-    def get(key: str) -> str | None:
-        v = ann.get(PREFIX + key)
-        return None if v is None or v.strip() == "" else v.strip()
 
+def _annotation_fields(values: Mapping[str, str], fields: dict[str, Any], problems: list[str]) -> None:
+    """Each annotation of the table through its parser (``values``: key without prefix, stripped)."""
     for a in ANNOTATIONS:
-        if (raw := get(a.key)) is not None:
+        if (raw := values.get(a.key)) is not None:
             try:
                 fields[a.field] = a.parse(raw)
             except ValueError as exc:
@@ -585,13 +606,9 @@ def parse_workload(
         if fields.get("colocation_required") == "preferred":
             fields["colocation_required"] = None
 
-    gang = gang_of(namespace, labels, ann, problems, spec)
-    if gang is not None and len(gang.name) > MAX_NAME_CHARS:
-        problems.append(AnnotationProblem(
-            "gang-name", f'gang name "{quote(gang.name)}" is longer than {MAX_NAME_CHARS} characters'))
-        gang = None
 
-    fields["gang"] = gang
+def _resource_fields(pod: dict[str, Any], spec: dict[str, Any], gpu_resources: tuple[str, ...],
+                     claims: ClaimReader | None, fields: dict[str, Any], problems: list[str]) -> None:
     try:
         resources = pod_resources(pod, gpu_resources, claims)
         fields["gpus"], fields["cpu_millis"], fields["memory_bytes"] = resources
@@ -604,8 +621,9 @@ def parse_workload(
     if claims is not None:
         fields.update(claims.pod_devices(pod, gpu_resources).fields())
 
-    if (raw := get("model")) is not None:
-        _resolve_model(raw, fields, problems)
+
+def _cross_check(fields: dict[str, Any], problems: list[str]) -> None:
+    """Annotations that are valid alone but contradict each other."""
     if fields.get("stage") is Stage.SERVING and "model_params" not in fields and "kv_cache_gb" in fields:
         problems.append(AnnotationProblem("kv-cache-gb", "kv-cache-gb is set but model-params is missing"))
     total = fields.get("model_params")
@@ -624,6 +642,3 @@ def parse_workload(
     if fields.get("finetune_method") is FinetuneMethod.FULL and "trainable_params" in fields:
         problems.append(AnnotationProblem(
             "trainable-params", "trainable-params applies to finetune-method lora or qlora, not full"))
-    if problems:
-        raise WorkloadError(problems)
-    return WorkloadSpec(**fields)
