@@ -13,7 +13,7 @@ from kubernetes import client
 
 from app.binding import BinderLike, PodBinding
 from app.cluster.binder import Binder
-from app.cluster.cache import ClusterCache
+from app.cluster.cache import ClusterCache, PodFollower
 from app.cluster.client import api_client, raw
 from app.cluster.dra import DraWatcher
 from app.cluster.serving_metrics import LiveProfilePoller, PrometheusReader, Source
@@ -23,6 +23,7 @@ from app.core.gravity import GravityModel
 from app.core.live_profiles import LiveProfileBook, ServingPod
 from app.core.snapshot import ClusterSnapshot
 from app.decisions import DecisionMemory
+from app.gang.admission import HeldMembers
 from app.gang.book import GangBook
 from app.gang.coordinator import GangCoordinator, GangRuntime
 from app.gang.kube import PodGroupWatcher, load_plan_records
@@ -149,8 +150,13 @@ def build_live(
     # Warnings about one pod (unreadable, unknown annotation keys) go out through the service's
     # event writer, not a second one of the cache's own.
     planned = PlannedPods()
+    followers: tuple[PodFollower, ...] = (planned,)
+    if isinstance(gangs, GangCoordinator) and isinstance(gangs.writer, BackgroundWriter):
+        # Members the chart's admission policy gated enter kube-scheduler's queue together, once
+        # the whole gang exists (docs/gangs.md, "Held at admission").
+        followers += (HeldMembers(gangs.book, gangs.writer),)
     cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics,
-                         on_change=mark_ready, events=service.binder, planned=planned)
+                         on_change=mark_ready, events=service.binder, followers=followers)
     if isinstance(gangs, GangCoordinator):
         # Gang sizes from PodGroups (coscheduling, and the native Workload API's): ready only once
         # each kind was listed or found not served (docs/gangs.md).

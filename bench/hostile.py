@@ -9,7 +9,8 @@ against a quiet baseline in the same run:
   the extender every 20 ms; bound: filter p99 under 50 ms during the churn.
 * **Gang flood**: one tenant creates ``--gangs`` two-member gangs with one member each (never
   complete); another tenant's 16 one-GPU pods must then bind within 2x the time they take on the
-  quiet cluster.
+  quiet cluster. The chart's gang gate is installed first (``--no-gang-gate``: without it, as a
+  cluster older than 1.36 runs).
 * **YAML bomb**: ``llm-placement plan`` handed a 600-byte alias bomb must refuse it within 1 s and
   100 MB (bench/yaml_bomb.py measures the same in process).
 
@@ -36,7 +37,8 @@ from typing import Any
 
 import httpx
 import typer
-from kubernetes.client import CustomObjectsApi
+import yaml
+from kubernetes.client import AdmissionregistrationV1Api, CustomObjectsApi
 from rich.console import Console
 from rich.table import Table
 
@@ -141,8 +143,36 @@ def bound_in(cp: ControlPlane, namespace: str, count: int, timeout: float) -> fl
     return float("inf")
 
 
-def flood(cp: ControlPlane, gangs: int) -> dict[str, Any]:
+def install_gang_gate(cp: ControlPlane) -> None:
+    """The chart's gang-gate MutatingAdmissionPolicy (helm/llm-placement/files/gang-gate-policy.yaml),
+    active once a probe member is created gated (the API server loads policies asynchronously)."""
+    adm = AdmissionregistrationV1Api(cp.api)
+    spec = yaml.safe_load((REPO / "helm" / "llm-placement" / "files" / "gang-gate-policy.yaml").read_text())
+    v1 = "admissionregistration.k8s.io/v1"
+    adm.create_mutating_admission_policy({"apiVersion": v1, "kind": "MutatingAdmissionPolicy",
+                                          "metadata": {"name": "gang-gate"}, "spec": spec})
+    adm.create_mutating_admission_policy_binding({
+        "apiVersion": v1, "kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": "gang-gate"},
+        "spec": {"policyName": "gang-gate"}})
+    ensure_namespace(cp.core, "probe")
+    deadline = time.monotonic() + 60
+    for i in range(10_000):
+        name = f"probe-{i}"
+        create_pods(cp.core, "probe", [llm_pod(name, stage="pretraining", gpus=1, annotations={
+            "llm-placement.io/gang-name": f"probe-{i}", "llm-placement.io/gang-size": "2"})])
+        gates = cp.core.read_namespaced_pod(name, "probe").spec.scheduling_gates or []
+        cp.core.delete_namespaced_pod(name, "probe", grace_period_seconds=0)
+        if gates:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("the gang-gate policy did not take effect within 60 s")
+        time.sleep(0.5)
+
+
+def flood(cp: ControlPlane, gangs: int, gang_gate: bool) -> dict[str, Any]:
     quiet = bound_in(cp, "tenant-quiet", 16, 300)
+    if gang_gate:
+        install_gang_gate(cp)
     ensure_namespace(cp.core, "flood")
     t = time.monotonic()
     members = [llm_pod(f"g{i}-0", stage="pretraining", gpus=1, annotations={
@@ -150,7 +180,9 @@ def flood(cp: ControlPlane, gangs: int) -> dict[str, Any]:
     create_pods(cp.core, "flood", members, workers=16)
     created = time.monotonic() - t
     flooded = bound_in(cp, "tenant-busy", 16, 600)
-    return {"gangs": gangs, "flood_create_s": round(created, 1), "tenant_quiet_s": round(quiet, 2),
+    gated = sum(1 for p in list_pods(cp.core, "flood") if (p.get("spec") or {}).get("schedulingGates"))
+    return {"gangs": gangs, "gang_gate": gang_gate, "gated_members": gated,
+            "flood_create_s": round(created, 1), "tenant_quiet_s": round(quiet, 2),
             "tenant_flooded_s": round(flooded, 2), "ratio": round(flooded / quiet, 2) if quiet else None}
 
 
@@ -174,6 +206,8 @@ def main(
     slices: int = typer.Option(800, help="ResourceSlices published on one node, then deleted"),
     devices: int = typer.Option(128, help="GPUs per slice"),
     gangs: int = typer.Option(4000, help="incomplete two-member gangs of the flooding tenant"),
+    gang_gate: bool = typer.Option(True, help="the chart's gang gate installed (docs/gangs.md, "
+                                               "\"Held at admission\"); --no-gang-gate: without it"),
     out: Path = typer.Option(RESULTS / "hostile.json", help="where the JSON goes"),
 ) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="llmp-hostile-", dir=os.environ.get("LLMP_TEST_WORKDIR")))
@@ -189,7 +223,7 @@ def main(
         console.print(f"hostile: control plane up, {len(nodes)} nodes; slice churn ...")
         results: dict[str, Any] = {"slice_churn": churn(cp, "big", slices, devices, nodes)}
         console.print("hostile: gang flood ...")
-        results["gang_flood"] = flood(cp, gangs)
+        results["gang_flood"] = flood(cp, gangs, gang_gate)
         results["yaml_bomb"] = bomb
         checks = {
             f"filter p99 during the churn < {FILTER_P99_MS:g} ms":

@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from app.cluster.rest import JsonRest, RestLike
 from app.core.reasons import EVENT_MESSAGE_CHARS, one_line
+from app.core.workload import GANG_GATE
 
 log = logging.getLogger(__name__)
 COMPONENT = "llm-placement"
@@ -72,6 +73,18 @@ class Binder:
         if annotations:
             self.rest.request("PATCH", _pod_path(namespace, name), {"metadata": {"annotations": annotations}},
                               content_type="application/strategic-merge-patch+json")
+
+    def ungate(self, namespace: str, name: str) -> None:
+        """Remove the gang's admission gate, leaving any other gate in place (a strategic merge
+        patch deletes the one entry by its merge key; removing gates is the one change to
+        ``schedulingGates`` the API server allows after creation)."""
+        body = {"spec": {"schedulingGates": [{"$patch": "delete", "name": GANG_GATE}]}}
+        try:
+            self.rest.request("PATCH", _pod_path(namespace, name), body,
+                              content_type="application/strategic-merge-patch+json")
+        except ApiException as exc:
+            if exc.status != 404:  # a deleted member has nothing left to lift
+                raise
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> bool:
         """Bind; return True if this call bound it, False if it already was bound to ``node``.

@@ -169,8 +169,8 @@ def _claims(pod: dict[str, Any], snapshot: ClusterSnapshot) -> tuple[tuple[tuple
 
 
 class PodFollower(Protocol):
-    """Something else that follows every pod the watch sees (a standby replica's planned pods,
-    app/gang/takeover.py): a fresh list, then one event at a time."""
+    """Something else that follows every pod the watch sees, after the snapshot took it in and
+    with the cache lock held: a fresh list, then one event at a time."""
 
     def replace(self, pods: list[Any]) -> None: ...
 
@@ -190,11 +190,12 @@ class ClusterCache:
         metrics: Metrics,
         on_change: Callable[[], None] | None = None,
         events: EventSink | None = None,
-        planned: PodFollower | None = None,
+        followers: tuple[PodFollower, ...] = (),
     ) -> None:
         self.core = client.CoreV1Api(api)
-        # Pending pods carrying a gang plan, for a standby replica's takeover (app/gang/takeover.py).
-        self.planned = planned
+        # Others that follow every pod: a standby replica's planned pods (app/gang/takeover.py),
+        # gang members held at admission (app/gang/admission.py).
+        self.followers = followers
         self.snapshot = snapshot
         self.lock = lock
         self.catalog = catalog
@@ -266,8 +267,8 @@ class ClusterCache:
                 for p in items:
                     live.add(_uid_of(p))
                     self._guarded(kind, p, self._apply_pod, _slim(kind, p))
-                if self.planned is not None:
-                    self.planned.replace(items)
+                for f in self.followers:
+                    f.replace(items)
                 # Pods deleted while we were not watching; assumed pods stay until the watch
                 # confirms them (we bound them a moment ago and the list may predate that).
                 for uid in [u for u, p in self.snapshot.pods.items() if u not in live and not p.assumed]:
@@ -302,8 +303,8 @@ class ClusterCache:
                               deleted=True)
                 else:
                     self._apply_pod(obj)
-                if self.planned is not None:
-                    self.planned.update(obj, deleted=deleted)
+                for f in self.followers:
+                    f.update(obj, deleted=deleted)
                 # Pod events cannot change the node gauges; keep the per-event work O(1).
                 self.metrics.cache_pods.set(len(self.snapshot.pods))
 

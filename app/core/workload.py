@@ -27,6 +27,9 @@ from app.core.units import (
 )
 
 PREFIX = "llm-placement.io/"
+# The scheduling gate the chart's admission policy puts on gang members; the extender lifts it once
+# every member exists, so an incomplete gang never enters kube-scheduler's queue (docs/gangs.md).
+GANG_GATE = PREFIX + "gang-incomplete"
 NATIVE_GANG_SOURCE = "spec.schedulingGroup"  # GangRef.source of the native Workload API
 # Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
 WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan", "gang-members", "gang-gathered",
@@ -191,9 +194,12 @@ class WorkloadSpec(BaseModel):
     node_name: str = ""
     scheduler_name: str = ""
     priority: int = 0
-    # spec.schedulingGates not empty: kube-scheduler will not schedule the pod until they are
-    # lifted, so a gang does not count it as arrived (docs/gangs.md).
+    # A scheduling gate other than GANG_GATE: kube-scheduler will not schedule the pod until
+    # someone else lifts it, so a gang does not count it as arrived (docs/gangs.md).
     gated: bool = False
+    # GANG_GATE: a member that exists and counts, held out of kube-scheduler's queue until its
+    # gang is complete, when the extender lifts the gate (docs/gangs.md, "Held at admission").
+    held: bool = False
 
     @property
     def key(self) -> str:
@@ -584,7 +590,10 @@ def _object_fields(meta: dict[str, Any], spec: dict[str, Any], problems: list[st
     # Kubernetes priorities are int32; anything else (a float, 1e30, a string) counts as 0.
     fields["priority"] = prio if isinstance(prio, int) and not isinstance(prio, bool) \
         and abs(prio) <= 2**31 else 0
-    fields["gated"] = bool(spec.get("schedulingGates"))
+    gates = spec.get("schedulingGates")
+    names = [g.get("name") if isinstance(g, dict) else g for g in gates] if isinstance(gates, list) else []
+    fields["gated"] = bool(gates) and (not isinstance(gates, list) or any(n != GANG_GATE for n in names))
+    fields["held"] = GANG_GATE in names
     return fields
 
 

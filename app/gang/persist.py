@@ -23,6 +23,7 @@ import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -232,6 +233,9 @@ class PlanStore:
             self.writer.annotate(ns, name, {ANNOTATION: ""})
 
 
+UNGATE_RETRY_SECONDS = (1.0, 3.0, 10.0)
+
+
 class BackgroundWriter:
     """Annotation patches and events off the request path, a few at a time, newest value wins."""
 
@@ -269,10 +273,29 @@ class BackgroundWriter:
             self._inflight += 1
         self._queue.put(("event", (namespace, name, uid, reason, message, warning)))
 
+    def ungate(self, namespace: str, name: str) -> None:
+        """Lift the gang's admission gate (app/gang/admission.py); the target must offer ``ungate``."""
+        with self._lock:
+            self._start()
+            self._inflight += 1
+        self._queue.put(("ungate", (namespace, name)))
+
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far is written (tests, shutdown)."""
         with self._idle:
             return self._idle.wait_for(lambda: self._inflight == 0, timeout)
+
+    def _ungate(self, namespace: str, name: str) -> None:
+        # A gate left in place holds a complete gang forever: retried before giving up.
+        for delay in UNGATE_RETRY_SECONDS:
+            try:
+                self.target.ungate(namespace, name)  # type: ignore[attr-defined]
+                return
+            except Exception as exc:
+                log.warning("lifting the gang gate of %s/%s failed (%s); again in %.0f s", namespace,
+                            name, exc, delay)
+                time.sleep(delay)
+        self.target.ungate(namespace, name)  # type: ignore[attr-defined]
 
     def stop(self) -> None:
         for _ in self._threads:
@@ -290,6 +313,8 @@ class BackgroundWriter:
                         annotations = self._pending.pop(args, {})
                     if annotations:
                         self.target.annotate(args[0], args[1], annotations)
+                elif kind == "ungate":
+                    self._ungate(*args)
                 else:
                     self.target.event(*args)
             except Exception as exc:  # best effort: a lost annotation only weakens restart recovery

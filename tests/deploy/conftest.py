@@ -75,9 +75,11 @@ def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.Completed
 
 def template_args(
     chart: Path = CHART, values: dict[str, Any] | None = None, sets: list[str] | None = None,
-    namespace: str = NAMESPACE, tmp: Path | None = None,
+    namespace: str = NAMESPACE, tmp: Path | None = None, api_versions: tuple[str, ...] = (),
 ) -> list[str]:
     args = ["template", RELEASE, str(chart), "--namespace", namespace]
+    for v in api_versions:
+        args += ["--api-versions", v]
     if values:
         assert tmp is not None, "values need a temp dir for the values file"
         vf = tmp / "values-override.yaml"

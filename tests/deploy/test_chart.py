@@ -357,6 +357,28 @@ def test_pod_patch_policy_limits_the_service_account_to_our_annotations(default:
         assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
 
 
+MAP_V1 = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+
+
+def test_gang_gate_policy_is_rendered_where_the_api_server_serves_it(render: Callable[..., Rendered]) -> None:
+    """Gang members are gated at admission (files/gang-gate-policy.yaml, exercised on a real API
+    server in tests/integration/test_gang_gate.py), only where MutatingAdmissionPolicy v1 exists."""
+    policy_file = yaml.safe_load((FILES / "gang-gate-policy.yaml").read_text())
+    sched = render(api_versions=(MAP_V1,), sets=["scheduler.name=gpu-placement"])
+    policy = sched.one("MutatingAdmissionPolicy")
+    spec = dict(policy["spec"])
+    *conds, mine = spec.pop("matchConditions")
+    assert conds == policy_file["matchConditions"]
+    assert mine["expression"] == "has(object.spec.schedulerName) && object.spec.schedulerName == 'gpu-placement'"
+    assert spec == {k: v for k, v in policy_file.items() if k != "matchConditions"}
+    assert sched.one("MutatingAdmissionPolicyBinding")["spec"] == {"policyName": policy["metadata"]["name"]}
+    # The default scheduler's pods carry no scheduler name of ours: every sized gang member is held.
+    ds = render(api_versions=(MAP_V1,), sets=["mode=default-scheduler"])
+    assert ds.one("MutatingAdmissionPolicy")["spec"]["matchConditions"] == policy_file["matchConditions"]
+    for r in (render(), render(api_versions=(MAP_V1,), sets=["gangGate.enabled=false"])):
+        assert r.all("MutatingAdmissionPolicy") == [] and r.all("MutatingAdmissionPolicyBinding") == []
+
+
 def test_scheduler_rbac_is_the_standard_secondary_scheduler_set(default: Rendered, ds: Rendered) -> None:
     sa = default.one("ServiceAccount")["metadata"]["name"]
     subject = [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]

@@ -68,6 +68,9 @@ def render(helm: Path, *sets: str) -> list[dict[str, Any]]:
         "metrics.serviceMonitor.enabled=true",
         "--set",
         "metrics.prometheusRule.enabled=true",
+        # The test API server is 1.36: the gang gate's MutatingAdmissionPolicy is rendered and checked.
+        "--api-versions",
+        "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
     ]
     for s in sets:
         args += ["--set", s]
@@ -160,6 +163,8 @@ def test_rendered_chart_passes_server_side_dry_run(api: ApiClient, helm: Path, s
         "Deployment",
         "PodDisruptionBudget",
         "Service",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
     }
     [dep] = [d for d in applied if d["kind"] == "Deployment"]
     # Defaulting ran (the server filled in what the chart left out) and nothing was dropped.

@@ -13,8 +13,9 @@ import pytest
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog
-from app.core.workload import parse_workload
+from app.core.workload import GANG_GATE, parse_workload
 from app.demo.run import run_demo
+from app.gang.admission import HeldMembers
 from app.gang.coordinator import RESERVED_ELSEWHERE, GangCoordinator, GangRuntime
 from app.gang.persist import ANNOTATION, BackgroundWriter, decode
 from app.gang.planning import SolveFn
@@ -33,6 +34,7 @@ class FakeBinder:
         self.bound: dict[str, str] = {}
         self.annotations: dict[str, dict[str, str]] = defaultdict(dict)
         self.events: list[tuple[str, str, str]] = []
+        self.ungated: list[str] = []
         self.lock = threading.Lock()
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> bool:
@@ -56,6 +58,10 @@ class FakeBinder:
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return None
+
+    def ungate(self, namespace: str, name: str) -> None:
+        with self.lock:
+            self.ungated.append(f"{namespace}/{name}")
 
 
 @dataclass
@@ -591,3 +597,50 @@ def test_a_member_behind_scheduling_gates_has_not_arrived() -> None:
     del gated["spec"]["schedulingGates"]  # the gate is lifted: the pod update the watch delivers
     c.add(gated)
     assert len(c.filter(pods[0]).passed) == 1 and c.gangs.ledger.total_reserved() == 24
+
+
+def _held(c: Cluster, name: str, size: int, i: int, other_gate: bool = False) -> dict[str, Any]:
+    pod = pod_object(f"{name}-{i}", namespace="ml", stage="pretraining", gpus=8,
+                     annotations={"llm-placement.io/gang-size": str(size)},
+                     labels={"scheduling.x-k8s.io/pod-group": name})
+    pod["spec"]["schedulingGates"] = [{"name": GANG_GATE}] + (
+        [{"name": "example.com/quota"}] if other_gate else [])
+    c.add(pod)
+    return pod
+
+
+def test_held_members_count_and_their_gate_is_lifted_from_all_once_the_gang_is_complete() -> None:
+    """The admission gate keeps members out of kube-scheduler's queue; the watch lifts it from
+    every member at once when the last one arrives, and not before (docs/gangs.md)."""
+    c = Cluster()
+    assert isinstance(c.gangs.writer, BackgroundWriter)
+    held = HeldMembers(c.gangs.book, c.gangs.writer)
+    first = _held(c, "g", 3, 0)
+    assert parse_workload(first).held and not parse_workload(first).gated
+    second = _held(c, "g", 3, 1)
+    with c.service.lock:
+        held.update(first)
+        held.update(second)
+    c.flush()
+    assert c.binder.ungated == []  # 2 of 3: the gang waits, gated
+    third = _held(c, "g", 3, 2)
+    with c.service.lock:
+        held.update(third)
+        held.update(third)  # a second event while the patch is on its way: no second patch
+    c.flush()
+    assert sorted(c.binder.ungated) == ["ml/g-0", "ml/g-1", "ml/g-2"]
+    # A gang whose members wait behind someone else's gate too has not arrived.
+    blocked = [_held(c, "h", 2, i, other_gate=True) for i in range(2)]
+    with c.service.lock:
+        for p in blocked:
+            held.update(p)
+    c.flush()
+    assert not any(u.startswith("ml/h-") for u in c.binder.ungated)
+    # After a restart the fresh list lets a complete held gang go.
+    for p in blocked:
+        p["spec"]["schedulingGates"] = [{"name": GANG_GATE}]
+        c.add(p)
+    with c.service.lock:
+        HeldMembers(c.gangs.book, c.gangs.writer).replace(blocked)
+    c.flush()
+    assert sorted(u for u in c.binder.ungated if u.startswith("ml/h-")) == ["ml/h-0", "ml/h-1"]

@@ -1,0 +1,151 @@
+"""Gang members held at admission (docs/gangs.md, "Held at admission"), on the real control plane.
+
+The chart's MutatingAdmissionPolicy (helm/llm-placement/files/gang-gate-policy.yaml, loaded here as
+the chart loads it) gates every member of a sized gang at creation; kube-scheduler never tries a
+gated pod. The extender's watch counts the held members and lifts the gate from all of them once
+the gang is complete, under the chart's pod-patch policy, which allows that one spec change.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+from kubernetes.client.rest import ApiException
+
+from .conftest import ClusterScope
+from .harness import (
+    EXTENDER_USER,
+    ControlPlane,
+    create_pod,
+    gpu_node,
+    llm_pod,
+    wait_for_node_names,
+    wait_until,
+)
+from .harness.schedconfig import CHART_FILES
+
+pytestmark = pytest.mark.integration
+
+ANN = "llm-placement.io/"
+GATE = ANN + "gang-incomplete"
+GATE_POLICY = "llm-placement-it-gang-gate"
+PATCH_POLICY = "llm-placement-it-gate-pod-patch"
+
+
+@pytest.fixture(scope="module")
+def gang_gate(control_plane: ControlPlane) -> Iterator[None]:
+    """The chart's gang-gate policy, and its pod-patch policy matched to the extender's identity."""
+    adm = kubernetes.client.AdmissionregistrationV1Api(control_plane.api)
+    gate = yaml.safe_load((CHART_FILES / "gang-gate-policy.yaml").read_text())
+    patch = yaml.safe_load((CHART_FILES / "pod-patch-policy.yaml").read_text())
+    patch["matchConditions"] = [{"name": "llm-placement-identity",
+                                 "expression": f"request.userInfo.username == '{EXTENDER_USER}'"}]
+    v1 = "admissionregistration.k8s.io/v1"
+    adm.create_mutating_admission_policy({"apiVersion": v1, "kind": "MutatingAdmissionPolicy",
+                                          "metadata": {"name": GATE_POLICY}, "spec": gate})
+    adm.create_mutating_admission_policy_binding({
+        "apiVersion": v1, "kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": GATE_POLICY},
+        "spec": {"policyName": GATE_POLICY}})
+    adm.create_validating_admission_policy({"apiVersion": v1, "kind": "ValidatingAdmissionPolicy",
+                                            "metadata": {"name": PATCH_POLICY}, "spec": patch})
+    adm.create_validating_admission_policy_binding({
+        "apiVersion": v1, "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": PATCH_POLICY},
+        "spec": {"policyName": PATCH_POLICY, "validationActions": ["Deny"]}})
+    try:
+        yield
+    finally:
+        adm.delete_mutating_admission_policy_binding(GATE_POLICY)
+        adm.delete_mutating_admission_policy(GATE_POLICY)
+        adm.delete_validating_admission_policy_binding(PATCH_POLICY)
+        adm.delete_validating_admission_policy(PATCH_POLICY)
+
+
+def _gates(core: kubernetes.client.CoreV1Api, ns: str, name: str) -> list[str]:
+    pod = core.read_namespaced_pod(name, ns)
+    return [g.name for g in (pod.spec.scheduling_gates or [])]
+
+
+def _member(name: str, group: str, **extra: Any) -> dict[str, Any]:
+    return llm_pod(name, stage="pretraining", gpus=8,
+                   annotations={ANN + "gang-name": group, ANN + "gang-size": "2", **extra})
+
+
+def _policy_active(cluster: ClusterScope, unique: Callable[[str], str]) -> None:
+    """The policy takes effect asynchronously (the API server's policy informer): probe pods of a
+    gang that never completes until one is created gated."""
+    core, ns = cluster.core, cluster.namespace
+
+    def gated_probe() -> bool:
+        name = unique("probe")
+        create_pod(core, ns, _member(name, unique("never")))
+        gated = GATE in _gates(core, ns, name)
+        core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+        return gated
+
+    wait_until(gated_probe, 30, "the gang-gate policy to gate a new gang member")
+
+
+def test_an_incomplete_gang_waits_gated_and_enters_the_queue_whole(
+    cluster: ClusterScope, gang_gate: None, unique: Callable[[str], str]
+) -> None:
+    core, ns = cluster.core, cluster.namespace
+    cluster.add_nodes([gpu_node(cluster.node_name(f"gate-{i}"), "H100", gpus=8, rdma=True, index=i)
+                       for i in range(2)])
+    _policy_active(cluster, unique)
+    group = unique("gated")
+    first, second = f"{group}-0", f"{group}-1"
+    create_pod(core, ns, _member(first, group))
+    # Alone, the member stays behind the gate: kube-scheduler never tries it (no FailedScheduling
+    # round trips), and the extender leaves the gate while the gang is incomplete.
+    time.sleep(3)
+    assert _gates(core, ns, first) == [GATE]
+    pod = core.read_namespaced_pod(first, ns)
+    assert not pod.spec.node_name
+    reasons = {c.reason for c in (pod.status.conditions or []) if c.type == "PodScheduled"}
+    assert reasons <= {"SchedulingGated"}
+    create_pod(core, ns, _member(second, group))
+    bound = wait_for_node_names(core, ns, [first, second], timeout=120)
+    assert len(set(bound.values())) == 2
+    assert _gates(core, ns, first) == [] and _gates(core, ns, second) == []
+    for n in (first, second):
+        core.delete_namespaced_pod(n, ns, grace_period_seconds=0)
+
+
+def test_a_member_behind_another_gate_has_not_arrived_and_only_the_gang_gate_is_ours(
+    cluster: ClusterScope, gang_gate: None, unique: Callable[[str], str]
+) -> None:
+    core, ns = cluster.core, cluster.namespace
+    _policy_active(cluster, unique)
+    group = unique("other-gate")
+    names = [f"{group}-{i}" for i in range(2)]
+    quota = {"name": "example.com/quota"}
+    for n in names:
+        pod = _member(n, group)
+        pod["spec"]["schedulingGates"] = [quota]
+        create_pod(core, ns, pod)
+    # Someone else's gate: the members have not arrived, so the gang gate stays too.
+    time.sleep(3)
+    assert all(sorted(_gates(core, ns, n)) == sorted(["example.com/quota", GATE]) for n in names)
+    # The pod-patch policy refuses the extender's identity any gate but its own.
+    cfg = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=str(cluster.cp.extender_kubeconfig),
+                                       client_configuration=cfg)
+    ext = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(cfg))
+    lift_quota = {"spec": {"schedulingGates": [{"$patch": "delete", **quota}]}}
+    with pytest.raises(ApiException) as refused:
+        ext.patch_namespaced_pod(names[0], ns, lift_quota,
+                                 _content_type="application/strategic-merge-patch+json")
+    assert refused.value.status in (403, 422)
+    # The owner lifts its gate: now both members are held only by the gang gate, and the extender
+    # lifts that from both.
+    for n in names:
+        core.patch_namespaced_pod(n, ns, lift_quota, _content_type="application/strategic-merge-patch+json")
+    wait_until(lambda: all(_gates(core, ns, n) == [] for n in names), 30,
+               "the extender to lift the gang gate once no other gate holds a member")
+    for n in names:
+        core.delete_namespaced_pod(n, ns, grace_period_seconds=0)
