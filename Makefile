@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit e2e lint lint-docker typecheck controlplane etcd kwok kustomize helm manifests system-deps bench soak hostile kind-up kind-e2e kind-down clean
+.PHONY: demo test unit e2e lint lint-docker typecheck controlplane etcd kwok kueue kustomize helm manifests system-deps bench soak hostile kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/llm-placement demo
 
 ## Everything CI runs: lint, types, unit tests, then the real control plane, helm and Prometheus suites.
-test: $(STAMP) system-deps controlplane etcd kwok kustomize helm
+test: $(STAMP) system-deps controlplane etcd kwok kueue kustomize helm
 	$(BIN)/ruff check app testkit tests bench scripts
 	$(BIN)/mypy app testkit
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
@@ -30,7 +30,7 @@ test: $(STAMP) system-deps controlplane etcd kwok kustomize helm
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
-e2e: $(STAMP) controlplane etcd kwok
+e2e: $(STAMP) controlplane etcd kwok kueue
 	$(BIN)/pytest -q -m integration tests/integration
 
 lint: $(STAMP)
@@ -55,6 +55,11 @@ etcd:
 kwok:
 	bash scripts/build-kwok.sh >/dev/null
 
+## Kueue (the all-or-nothing admission baseline of the replays) from its Go module, cached next to the
+## control plane with the CRDs and webhook configuration of the same version.
+kueue:
+	bash scripts/build-kueue.sh >/dev/null
+
 ## kustomize (what `kubectl kustomize` embeds) from its Go module, for the example kustomizations.
 kustomize:
 	bash scripts/build-kustomize.sh >/dev/null
@@ -72,7 +77,7 @@ lint-docker: $(STAMP)
 
 ## Placement-quality figures come from bench/replay.py (real kube-scheduler + extender on kwok nodes);
 ## trace_sim.py and data_gravity.py are the simulator's what-if figures.
-bench: $(STAMP) controlplane etcd kwok
+bench: $(STAMP) controlplane etcd kwok kueue
 	$(BIN)/python bench/gang_solver.py --instances 5
 	$(BIN)/python bench/extender_latency.py --runs 50
 	$(BIN)/python bench/data_gravity.py

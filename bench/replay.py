@@ -5,6 +5,7 @@ kube-scheduler (+ our extender) onto kwok-managed nodes, ours vs the baselines a
     python bench/replay.py --gravity cpu --gravity gpu --gravity gpu-small  # pipeline mixes
     python bench/replay.py --synthetic 200                              # a generated smoke trace
     python bench/replay.py --gangs 40 --variants ours                   # gangs queueing for GPUs
+    python bench/replay.py --llm-jobs 240 --load 1.0 --load 1.3         # LLM-cluster mix vs Kueue
 
 Everything runs in one control plane (tests/integration/harness, the integration suite's binaries,
 PKI and RBAC) with one kwok (tests/integration/harness/kwok.py) for every node. For each workload the
@@ -19,7 +20,12 @@ the variant's configuration (tests/integration/harness/replay.py ``variant_confi
   (weight 100, same node) to its producer's pods;
 * ``mostalloc-sep`` (on request): ``mostalloc`` with interactive serving pods carrying a required
   podAntiAffinity to training pods: bin-packing that keeps the training/serving separation of
-  docs/stage-policy.md, which plain ``mostalloc`` ignores.
+  docs/stage-policy.md, which plain ``mostalloc`` ignores;
+* ``kueue`` and ``kueue-tas`` (gangs and the LLM-cluster mix): ``mostalloc`` behind real Kueue
+  (tests/integration/harness/kueue.py, built by scripts/build-kueue.sh), every pod in one LocalQueue
+  and each gang one pod group, admitted all-or-nothing on a quota equal to the cluster; ``kueue-tas``
+  with Kueue's topology-aware scheduling, which also checks that the group fits node by node and
+  pins each pod to its node. What an operator who wants gangs whole runs instead of us.
 
 Traces (openb: ATC'23 "Beware of Fragmentation", 1,213 GPU nodes, read in place from
 ../shared/data/alibaba-gpu-v2023, never copied):
@@ -47,6 +53,12 @@ finish the pod; every variant then runs on the same load, however fast it decide
 scheduler's retry backoff is set to 1 s for every variant alike. ``wall`` runs ``span /
 (--minutes x 60)`` (openb) or ``--gravity-speed`` (pipelines) trace seconds per wall second, kwok
 finishing pods on wall time: a variant that decides more slowly keeps fewer pods running at once.
+
+LLM-cluster mix (``--llm-jobs N --load X``): N jobs with the shares of the Kalos cluster in the
+AcmeTrace study (evaluation at 1 GPU, fine-tuning at 8, pretraining gangs of 2-6 whole 8-GPU nodes
+holding about three quarters of the GPU time) on 8 H100 + 8 A100-80GB nodes, arriving over the span
+that makes demand X times capacity at H100 speed. Training runs at the measured speed of the GPU it
+got, a gang at its slowest member's.
 
 Gangs (``--gangs N``): N generated gangs (2-4 members of 2, 4 or 8 GPUs, pretraining) arriving
 over 600 trace seconds on 8 RDMA-capable 8-GPU nodes, about three times what fits at once, so most
@@ -76,7 +88,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,11 +118,13 @@ from tests.integration.harness import (  # noqa: E402
     gpu_node,
     llm_pod,
 )
+from tests.integration.harness.kueue import Kueue, build_kueue, cluster_quota, queued  # noqa: E402
 from tests.integration.harness.kwok import Kwok, build_kwok, kwok_node_labels  # noqa: E402
 from tests.integration.harness.replay import (  # noqa: E402
     CLOCKS,
     ReplayPod,
     ReplayResult,
+    pod_gang,
     replay,
     restart_scheduler_with,
     synthetic_trace,
@@ -128,7 +142,8 @@ GANG_LABEL = "scheduling.x-k8s.io/pod-group"
 # retries after a change is retried within a second and the clock moves on soon after.
 RETRY_BACKOFF_S = 1
 COLORS = {"ours": "tab:green", "default": "tab:gray", "mostalloc": "tab:blue", "affinity": "tab:orange",
-          "mostalloc-sep": "tab:purple"}
+          "mostalloc-sep": "tab:purple", "kueue": "tab:red", "kueue-tas": "tab:brown"}
+KUEUE_VARIANTS = ("kueue", "kueue-tas")
 
 
 # ----- openb -------------------------------------------------------------------------------------
@@ -221,6 +236,56 @@ def gang_workload(gangs: int, seed: int) -> tuple[list[dict[str, Any]], list[Rep
     return nodes, pods, {"gangs": gangs, "seed": seed, "nodes": len(nodes), "gpus": 8 * len(nodes)}
 
 
+# The LLM-cluster mix: job classes and their shares, scaled from the Kalos cluster of the AcmeTrace
+# study (Shanghai AI Lab, NSDI'24; acmetrace/cluster_summary.csv and its README, read in place, never
+# copied): GPU jobs there have a median of 1 GPU and a median run of 124 s (mean 1,260 s);
+# evaluation is most jobs at 1 GPU; pretraining is 1-3 % of jobs but most GPU time, on whole 8-GPU
+# nodes. Scaled to 16 nodes: pretraining gangs of 2-6 whole nodes, the rest single pods.
+LLM_MIX = (
+    # (class, share of jobs, members, GPUs per member, stage, median run s on an H100, log-sd)
+    ("eval", 0.80, 1, 1, "serving", 124.0, 1.0),
+    ("sft", 0.17, 1, 8, "alignment", 1200.0, 0.8),
+    ("pretrain", 0.03, 0, 8, "pretraining", 6000.0, 0.5),
+)
+
+
+def llm_cluster_workload(jobs: int, seed: int, load: float) -> tuple[list[dict[str, Any]], list[ReplayPod],
+                                                                        dict[str, Any]]:
+    """``jobs`` jobs of the LLM-cluster mix on 8 H100 and 8 A100-80GB nodes (RDMA, 128 GPUs),
+    arriving (Poisson) over the span that makes GPU demand ``load`` times capacity at H100 speed
+    (1.0: demand about equal to capacity; A100s run training slower, so real demand is higher)."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    nodes = [gpu_node(f"llm-{gpu.lower()}-{i:02d}", gpu, gpus=8, rdma=True, labels=kwok_node_labels(),
+                      index=300 + k * 8 + i)
+             for k, gpu in enumerate(("H100", "A100")) for i in range(8)]
+    classes = rng.choices(LLM_MIX, weights=[c[1] for c in LLM_MIX], k=jobs)
+    specs = []
+    for j, (cls, _share, members, gpus, stage, median, sd) in enumerate(classes):
+        size = members or rng.randint(2, 6)
+        run = min(median * math.exp(rng.gauss(0.0, sd)), 8 * median)
+        specs.append((f"{cls[0]}{j:04d}", size, gpus, stage, run))
+    gpu_s = sum(size * gpus * run for _n, size, gpus, _st, run in specs)
+    span = gpu_s / (8 * len(nodes) * load)
+    arrivals = sorted(rng.uniform(0.0, span) for _ in specs)
+    pods: list[ReplayPod] = []
+    for (name, size, gpus, stage, run), arrive in zip(specs, arrivals, strict=True):
+        ann = ({"llm-placement.io/gang-name": name, "llm-placement.io/gang-size": str(size)}
+               if size > 1 else {})
+        if stage == "serving":
+            ann["llm-placement.io/latency-class"] = "batch"
+        for i in range(size):
+            m = llm_pod(f"{name}-{i}", stage=stage, model_params="7B", gpus=gpus, cpu="4", memory="32Gi",
+                        annotations=dict(ann))
+            pods.append(ReplayPod(m, arrive=arrive, duration=run))
+    meta = {"jobs": jobs, "seed": seed, "load": load, "nodes": len(nodes), "gpus": 8 * len(nodes),
+            "span_s": span, "gpu_hours_at_h100_speed": gpu_s / 3600,
+            "jobs_by_class": {c[0]: sum(1 for x in classes if x[0] == c[0]) for c in LLM_MIX}}
+    return nodes, pods, meta
+
+
 def solver_counters(bench: Bench) -> dict[str, float]:
     """The extender's solver runs by status, solver seconds and process CPU seconds."""
     from tests.integration.harness.controlplane import metric_value
@@ -299,6 +364,9 @@ def variant_pods(variant: str, pods: list[ReplayPod]) -> list[ReplayPod]:
         return with_producer_affinity(pods)
     if variant == "mostalloc-sep":
         return with_separation(pods)
+    if variant in KUEUE_VARIANTS:
+        tas = variant == "kueue-tas"
+        return [replace(p, manifest=queued(p.manifest, pod_gang(p.manifest), tas=tas)) for p in pods]
     return pods
 
 
@@ -455,13 +523,26 @@ class Bench:
         if clock == "virtual":
             config = with_retry_backoff(config, RETRY_BACKOFF_S)
         restart_scheduler_with(self.cp, config, f"{label}-{variant}")
+        kueue = None
+        if variant in KUEUE_VARIANTS:
+            kueue = Kueue(build_kueue(), self.cp, self.cp.workdir, ns, tas=variant == "kueue-tas",
+                          node_labels=kwok_node_labels())
+            kueue.start(cluster_quota(nodes, [p.manifest for p in pods]))
         columns = (TextColumn(f"{label} {variant}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("pods", total=len(pods))
             runtime = measured_runtime(nodes) if clock == "virtual" else None
-            r = replay(self.cp, ns, nodes, pods, variant=variant, speed=speed, window=window,
-                       timeout_s=timeout, clock=clock, runtime=runtime,
-                       on_progress=lambda done, _t: progress.update(task, completed=done))
+            try:
+                r = replay(self.cp, ns, nodes, pods, variant=variant, speed=speed, window=window,
+                           timeout_s=timeout, clock=clock, runtime=runtime,
+                           admission_idle=kueue.idle if kueue else None,
+                           on_progress=lambda done, _t: progress.update(task, completed=done))
+            finally:
+                if kueue is not None:
+                    kueue.stop()
+                    console.print(f"  Kueue: {kueue.admitted} workloads seen admitted, "
+                                  f"{kueue.topology_assigned} placed by its topology-aware scheduling; "
+                                  f"asked whether idle: {kueue.idle_answers}")
         t0 = time.monotonic()
         self.clear(ns)
         console.print(f"  {label} {variant}: {r.placed}/{r.pods} placed, {r.wall_s:.0f}s "
@@ -640,6 +721,10 @@ def main(
     gravity: list[str] = typer.Option([], help="pipeline scenario(s): cpu, gpu, gpu-small"),
     synthetic: int = typer.Option(0, help="also replay a generated trace of this many pods on 24 nodes"),
     gangs: int = typer.Option(0, help="also replay this many generated gangs queueing on 8 nodes"),
+    llm_jobs: int = typer.Option(0, help="also replay this many jobs of the LLM-cluster mix (AcmeTrace "
+                                         "Kalos shares) on 8 H100 + 8 A100 nodes"),
+    load: list[float] = typer.Option(
+        [], help="LLM-cluster mix: GPU demand / capacity (repeatable; default 1.0)"),
     variants: list[str] = typer.Option(
         [], help="variants to run (default: ours, default, mostalloc; pipelines add affinity)"),
     sharing: str = typer.Option("whole", help="GPU-sharing pods: whole (1 GPU each) or skip"),
@@ -689,7 +774,7 @@ def main(
             doc: dict[str, Any] = {"meta": {**meta, "clock": clock}, "variants": {}}
             for v in variants or ("ours",):
                 before = solver_counters(bench) if v == "ours" else {}
-                r = bench.run("gangs", nodes, pods, v, 1.0, window, timeout, clock)
+                r = bench.run("gangs", nodes, variant_pods(v, pods), v, 1.0, window, timeout, clock)
                 after = solver_counters(bench) if v == "ours" else {}
                 waits = gang_waits(pods, r)
                 waited = sum(1 for w in waits.values() if w > 0)
@@ -702,6 +787,23 @@ def main(
                               + (f", {runs / waited:.1f} runs per waiting gang" if waited and delta else ""))
             stem = f"replay-gangs-{name}" if name else "replay-gangs"
             (out / f"{stem}.json").write_text(json.dumps(doc, indent=2))
+            console.print(f"wrote {out / f'{stem}.json'}")
+        if llm_jobs:
+            stem = f"replay-llm-{name}" if name else "replay-llm"
+            llm_doc: dict[str, Any] = {}
+            for level in load or [1.0]:
+                nodes, pods, meta = llm_cluster_workload(llm_jobs, seed, level)
+                bench.use_nodes(nodes)
+                key = f"load-{level:g}"
+                llm_doc[key] = {"meta": {**meta, "clock": clock}, "variants": {}}
+                for v in variants or ("ours", "mostalloc", "kueue", "kueue-tas"):
+                    vp = variant_pods(v, pods)
+                    r = bench.run(f"llm-{key}", nodes, vp, v, 1.0, window, timeout, clock)
+                    llm_doc[key]["variants"][v] = {**summarize(r), **gravity_figures(nodes, vp, r),
+                                                   "mixed_gpu_gangs": mixed_gpu_gangs(nodes, vp, r)}
+                    # After every variant, so a later failure does not lose a long replay.
+                    (out / f"{stem}.json").write_text(json.dumps(llm_doc, indent=2))
+                _outcome_table(f"llm {key}", llm_doc[key]["variants"])
             console.print(f"wrote {out / f'{stem}.json'}")
         if trace:
             nodes = openb_nodes(data)
@@ -754,6 +856,34 @@ def _write_trace(label: str, meta: dict[str, Any], res: dict[str, ReplayResult],
     (out / f"replay-{label}.json").write_text(json.dumps(doc, indent=2))
     png = plot_fragmentation(label, res, out)
     console.print(f"wrote {out / f'replay-{label}.json'} and {png}")
+
+
+def mixed_gpu_gangs(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: ReplayResult) -> int:
+    """Gangs that ran across GPU models (lockstep training runs at its slowest GPU's speed)."""
+    gpus = node_gpus(nodes)
+    models: dict[str, set[str | None]] = defaultdict(set)
+    for p in pods:
+        gang = pod_gang(p.manifest)
+        if gang and p.name in r.started_at:
+            models[gang[0]].add(gpus.get(r.placements.get(p.name, "")))
+    return sum(1 for m in models.values() if len(m) > 1)
+
+
+def _outcome_table(title: str, variants: dict[str, dict[str, Any]]) -> None:
+    t = Table(title=title)
+    for c in ("variant", "jobs done", "gangs run / all", "deadlocks", "idle-held GPU-h",
+              "queue p50 / p95 s", "job completion mean s", "dollars spent", "stranded $/h",
+              "whole free nodes", "mixed-GPU gangs"):
+        t.add_column(c)
+    for v, s in variants.items():
+        tw = s.get("time_weighted") or {}
+        t.add_row(v, f"{s['pipelines_done']}/{s['pipelines']}", f"{s['gangs_started']}/{s['gangs']}",
+                  str(s["gang_deadlocks"]), f"{s['idle_held_gpu_h']:.1f}",
+                  f"{s['queue_p50_s'] or 0:.0f} / {s['queue_p95_s'] or 0:.0f}",
+                  f"{s['completion_mean_s'] or 0:,.0f}", f"{s['spent_total']:,.0f}",
+                  f"{s['mean_stranded_usd_per_hour']:.1f}", f"{tw.get('whole_free_8gpu_nodes', 0):.2f}",
+                  str(s["mixed_gpu_gangs"]))
+    console.print(t)
 
 
 def _weighted(s: dict[str, Any]) -> str:

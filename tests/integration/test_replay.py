@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from .conftest import ClusterScope
 from .harness import ControlPlane, delete_all_pods, ensure_namespace, gpu_node, llm_pod
+from .harness.kueue import Kueue, KueueBuildError, build_kueue, cluster_quota, queued
 from .harness.kwok import Kwok, KwokBuildError, build_kwok, kwok_node_labels
 from .harness.replay import (
     NodeCap,
@@ -24,6 +26,7 @@ from .harness.replay import (
     ReplayResult,
     _sample,
     _TimeWeighted,
+    pod_gang,
     pod_gpus,
     replay,
     restart_scheduler_with,
@@ -256,6 +259,10 @@ def _gang_trace() -> list[ReplayPod]:
 @pytest.fixture(scope="module")
 def gang_results(control_plane: ControlPlane, cluster: ClusterScope,
                  kwok: Kwok) -> Iterator[dict[str, ReplayResult]]:
+    try:
+        kueue_binary = build_kueue()
+    except KueueBuildError as exc:
+        pytest.fail(f"Kueue unavailable: {exc}", pytrace=False)
     cluster.remove_nodes(list(cluster.nodes))
     # RDMA-capable: a gang that spans nodes needs it (docs/gangs.md).
     manifests = [gpu_node(cluster.node_name(f"g{i}"), "H100", gpus=GANG_GPUS, cpu="96", rdma=True,
@@ -263,17 +270,25 @@ def gang_results(control_plane: ControlPlane, cluster: ClusterScope,
     cluster.add_nodes(manifests)
     out: dict[str, ReplayResult] = {}
     try:
-        for variant in ("ours", "mostalloc"):
+        for variant in ("ours", "mostalloc", "kueue"):
             ns = f"{cluster.namespace}-g-{variant}"
             ensure_namespace(control_plane.core, ns)
             config = with_retry_backoff(variant_config(control_plane, variant), 1)
             restart_scheduler_with(control_plane, config, f"replay-gang-{variant}")
+            trace, queue = _gang_trace(), None
+            if variant == "kueue":
+                trace = [replace(p, manifest=queued(p.manifest, pod_gang(p.manifest))) for p in trace]
+                queue = Kueue(kueue_binary, control_plane, control_plane.workdir, ns)
+                queue.start(cluster_quota(manifests, [p.manifest for p in trace]))
             try:
                 # A gang is planned once all its members are pending: a few retries of its members
                 # before it binds, so the replay must not end on the first quiet second.
-                out[variant] = replay(control_plane, ns, manifests, _gang_trace(), variant=variant, speed=1.0,
-                                      clock="virtual", settle_s=15.0, retry_settle_s=5.0, timeout_s=300.0)
+                out[variant] = replay(control_plane, ns, manifests, trace, variant=variant, speed=1.0,
+                                      clock="virtual", settle_s=15.0, retry_settle_s=5.0, timeout_s=300.0,
+                                      admission_idle=queue.idle if queue else None)
             finally:
+                if queue is not None:
+                    queue.stop()
                 delete_all_pods(control_plane.core, ns)
             kwok.check_alive()
         yield out
@@ -297,3 +312,18 @@ def test_gang_members_start_and_end_together_and_partial_gangs_deadlock(
     # third of each can never bind. No gang ever runs; four members hold their GPUs for nothing.
     assert packed.gangs == 2 and packed.gangs_started == 0 and packed.gang_deadlocks == 2
     assert packed.completed == 0 and packed.placed == 4
+
+
+def test_kueue_admits_each_gang_whole_in_front_of_mostallocated(gang_results: dict[str, ReplayResult]) -> None:
+    # The all-or-nothing baseline: the same MostAllocated kube-scheduler that deadlocked above, behind
+    # real Kueue. Kueue holds the second gang at its admission gate until the first has ended and
+    # its quota is back, so both run whole, one after the other, and none of their GPUs sat idle.
+    queued_ = gang_results["kueue"]
+    assert queued_.gangs == 2 and queued_.gangs_started == 2 and queued_.gang_deadlocks == 0
+    assert queued_.completed == 6 and queued_.overcommits == [] and queued_.idle_held_gpu_s == 0.0
+    starts = {g: {queued_.started_at[f"{g}-{i}"] for i in range(3)} for g in ("ga", "gb")}
+    assert all(len(s) == 1 for s in starts.values()), starts
+    first, second = sorted(starts, key=lambda g: min(starts[g]))
+    # The second gang starts only when the first has ended: it was never admitted beside it.
+    first_end = min(starts[first]) + max(queued_.ran_s[f"{first}-{i}"] for i in range(3))
+    assert min(starts[second]) >= first_end

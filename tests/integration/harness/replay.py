@@ -84,7 +84,11 @@ def variant_config(cp: ControlPlane, variant: str) -> dict[str, Any]:
       producer (bench/replay.py adds it), kube-scheduler's own data-gravity mechanism;
     * ``mostalloc-sep``: ``mostalloc``, the pods carrying a required podAntiAffinity that keeps
       interactive serving off nodes running training (bench/replay.py adds it): bin-packing under
-      the separation rule of docs/stage-policy.md, which plain ``mostalloc`` does not keep.
+      the separation rule of docs/stage-policy.md, which plain ``mostalloc`` does not keep;
+    * ``kueue``: ``mostalloc`` behind real Kueue admitting each gang all-or-nothing on quota
+      (tests/integration/harness/kueue.py; the caller runs Kueue and queues the pods);
+    * ``kueue-tas``: the same with Kueue's topology-aware scheduling, which admits a gang only onto
+      nodes with room for all of it.
     """
     if variant == "ours":
         return cp.scheduler_config(with_extender=True)
@@ -99,7 +103,7 @@ def variant_config(cp: ControlPlane, variant: str) -> dict[str, Any]:
     }
     if variant in ("default", "affinity"):
         return cfg
-    if variant in ("mostalloc", "mostalloc-sep"):
+    if variant in ("mostalloc", "mostalloc-sep", "kueue", "kueue-tas"):
         cfg["percentageOfNodesToScore"] = 100
         cfg["profiles"][0]["pluginConfig"] = [
             {
@@ -496,6 +500,7 @@ def replay(
     retry_settle_s: float = 5.0,
     on_progress: Callable[[int, int], None] | None = None,
     runtime: Callable[[ReplayPod, str, dict[str, str]], float] | None = None,
+    admission_idle: Callable[[], bool] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` into ``namespace`` (which must exist and be empty) on ``nodes``.
 
@@ -510,6 +515,11 @@ def replay(
     got (placements: pod -> node of every pod bound so far, for the data it reads); without it, its
     trace ``duration``. Gang members (a sized gang the extender reads) start together when the last
     one binds and run as long as the slowest of them; bound members hold their GPUs meanwhile.
+
+    ``admission_idle``: an admission controller in front of kube-scheduler (Kueue, the ``kueue``
+    variant) whose gated pods wait like unschedulable ones; the virtual clock also waits until it
+    says it has tried every waiting workload and released every admitted one (at most
+    ``ADMISSION_SETTLE_S`` without news).
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
@@ -633,6 +643,8 @@ def replay(
                     # wait until kube-scheduler's active and backoff queues are empty (every
                     # retry made and failed again), or retry_settle_s without news at most.
                     quiet = idle >= retry_settle_s or (idle >= PARKED_QUIET_S and scheduler_queues_idle(cp))
+                    if quiet and admission_idle is not None and idle < ADMISSION_SETTLE_S:
+                        quiet = admission_idle()
                 else:
                     quiet = idle >= quiet_s
                 if not due and undecided == 0 and not finishing and quiet:
@@ -774,6 +786,9 @@ def _start_together(
 
 
 PARKED_QUIET_S = 0.3
+# The longest the virtual clock waits on an admission controller that does not report idle (its
+# metrics unreadable, or it stalls): long enough for a loaded 2-core machine, short of a hang.
+ADMISSION_SETTLE_S = 30.0
 PENDING_METRIC = "scheduler_pending_pods"
 
 

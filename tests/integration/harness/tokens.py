@@ -35,3 +35,19 @@ def pod_reader_token(api: ApiClient, namespace: str, name: str, cluster_wide: bo
     req = core.create_namespaced_service_account_token(
         name, namespace, {"spec": {"expirationSeconds": 3600}})
     return str(req.status.token)
+
+
+def metrics_reader_token(api: ApiClient, namespace: str, name: str) -> str:
+    """A token for ServiceAccount ``namespace/name`` that may read ``/metrics`` (non-resource URL):
+    what a controller-runtime manager's secure metrics endpoint checks (TokenReview + SubjectAccessReview)."""
+    core, rbac = CoreV1Api(api), RbacAuthorizationV1Api(api)
+    _create(core.create_namespaced_service_account, namespace, {"metadata": {"name": name}})
+    role = f"{namespace}-{name}-metrics-reader"
+    _create(rbac.create_cluster_role, {"metadata": {"name": role},
+                                       "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]})
+    _create(rbac.create_cluster_role_binding, {
+        "metadata": {"name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}})
+    req = core.create_namespaced_service_account_token(name, namespace, {"spec": {"expirationSeconds": 7200}})
+    return str(req.status.token)

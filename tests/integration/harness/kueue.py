@@ -1,0 +1,455 @@
+"""Kueue against the harness's kube-apiserver: the all-or-nothing baseline of the trace replays.
+
+An operator without llm-placement who wants gangs placed whole runs Kueue (sigs.k8s.io/kueue) in front
+of kube-scheduler: its pod webhook creates every pod of a queue behind the scheduling gate
+``kueue.x-k8s.io/admission``; a pod group (``kueue.x-k8s.io/pod-group-name`` + ``pod-group-total-count``)
+becomes one Workload, admitted when the ClusterQueue's quota holds all of it, and only then are its
+pods released to kube-scheduler. This module runs the real controller (built from its Go module by
+scripts/build-kueue.sh, CRDs and webhook configuration from the same module version) with:
+
+* the pod integration only, for the replay namespace only;
+* one ResourceFlavor and one ClusterQueue whose quota is the cluster's allocatable total of every
+  resource the trace requests, a LocalQueue in the namespace. Plain (``tas=False``): quota
+  admission, Kueue does not look at how free capacity is spread over nodes, that is kube-scheduler's
+  part. Topology-aware (``tas=True``, Kueue's TAS, beta and on by default): the flavor carries a
+  one-level Topology (``kubernetes.io/hostname``), Kueue admits a group only when it finds nodes
+  with room for every member (preferring as few nodes as possible) and pins each pod to its node;
+* its webhooks reached by URL on 127.0.0.1 with the harness's serving certificate (there is no
+  Service network in the harness), internal certificate management off;
+* no ``waitForPodsReady``: its eviction deletes the pods of a plain pod group, which nothing in a
+  replay (or a real cluster without a Job controller) would recreate; a group admitted on quota but
+  not placeable stays partly bound, which the replay reports as GPU-hours held idle.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from kubernetes.client import AdmissionregistrationV1Api, ApiextensionsV1Api, CoreV1Api, CustomObjectsApi
+from kubernetes.client.rest import ApiException
+
+from .controlplane import ControlPlane, metric_value
+from .procs import Component, free_port, run_build_script, wait_until
+from .schedconfig import REPO_ROOT
+
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kueue.sh"
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+ADMISSION_GATE = "kueue.x-k8s.io/admission"
+# The gates Kueue lifts once it has admitted a workload (the second one under topology-aware
+# scheduling, once it has pinned each pod to its node).
+KUEUE_GATES = (ADMISSION_GATE, "kueue.x-k8s.io/topology")
+MANAGED_FINALIZER = "kueue.x-k8s.io/managed"
+PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+HOSTNAME = "kubernetes.io/hostname"
+QUEUE = "replay"
+FLAVOR = "default"
+TOPOLOGY = "hosts"
+WEBHOOK_PREFIX = "llm-placement-bench-kueue"
+KUEUE_READY_TIMEOUT = 120.0
+PENDING_METRIC = "kueue_pending_workloads"
+IDLE_POLL_S = 0.2
+METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+
+
+class KueueBuildError(RuntimeError):
+    """Kueue could not be built or found."""
+
+
+def build_kueue(timeout: float = 3600.0) -> Path:
+    """Run scripts/build-kueue.sh (a no-op when cached) and return the binary's path."""
+    return run_build_script(BUILD_SCRIPT, cwd=REPO_ROOT, error=KueueBuildError, timeout=timeout)
+
+
+def queued(manifest: dict[str, Any], gang: tuple[str, int] | None, tas: bool = False) -> dict[str, Any]:
+    """``manifest`` for Kueue: in the replay's LocalQueue and, for a gang member, in the gang's pod
+    group (Kueue's own labels; the gang annotations of docs/annotations.md stay, unread). With
+    ``tas``, the pod set prefers as few nodes as possible (Kueue's topology-aware scheduling)."""
+    m = json.loads(json.dumps(manifest))
+    meta = m["metadata"]
+    meta.setdefault("labels", {})[QUEUE_LABEL] = QUEUE
+    if tas:
+        meta.setdefault("annotations", {})[PREFERRED_TOPOLOGY] = HOSTNAME
+    if gang is not None:
+        key, size = gang
+        # The gang key is namespace/name; a label value cannot hold the slash.
+        meta["labels"][GROUP_LABEL] = key.rsplit("/", 1)[-1]
+        meta.setdefault("annotations", {})[GROUP_COUNT] = str(size)
+    return m
+
+
+def _quantity(q: str) -> float:
+    from kubernetes.utils.quantity import parse_quantity
+
+    return float(parse_quantity(q))
+
+
+def cluster_quota(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, str]:
+    """The ClusterQueue's nominal quota: every resource a pod requests, at the nodes' allocatable
+    total (a resource no node has gets 0, so pods asking for it are never admitted, as on the nodes)."""
+    names = sorted({r for p in pods for c in p["spec"]["containers"]
+                    for r in ((c.get("resources") or {}).get("requests") or {})})
+    out = {}
+    for r in names:
+        total = sum(_quantity(str((n.get("status") or {}).get("allocatable", {}).get(r, "0"))) for n in nodes)
+        out[r] = f"{int(total * 1000)}m" if r == "cpu" else str(int(total))
+    return out
+
+
+class Kueue:
+    """One Kueue controller serving the replay namespace ``namespace`` of ``cp``.
+
+    ``k = Kueue(binary, cp, workdir, namespace); k.start(quota); ...; k.stop()``. Its log is
+    ``<workdir>/logs/kueue.log`` next to the control plane's.
+    """
+
+    def __init__(self, binary: Path, cp: ControlPlane, workdir: Path, namespace: str, *, tas: bool = False,
+                 node_labels: dict[str, str] | None = None) -> None:
+        self.binary, self.cp, self.workdir, self.namespace = binary, cp, workdir, namespace
+        self.tas, self.node_labels = tas, node_labels or {}
+        self.config_dir = binary.parent / "config"
+        self.component: Component | None = None
+        self.ports = {"health": free_port(), "metrics": free_port(), "webhook": free_port()}
+        self._token: str | None = None
+        self._asked = 0.0
+        self._admitted: set[str] = set()
+        self.idle_answers = {True: 0, False: 0}
+        self._topology: set[str] = set()
+
+    @property
+    def _pki(self) -> Any:
+        assert self.cp.pki is not None, "the control plane is not started"
+        return self.cp.pki
+
+    # ----- set-up --------------------------------------------------------------------------------
+    def install_crds(self, timeout: float = 60.0) -> None:
+        ext = ApiextensionsV1Api(self.cp.api)
+        names = []
+        for f in sorted((self.config_dir / "crd").glob("*.yaml")):
+            crd = yaml.safe_load(f.read_text())
+            names.append(crd["metadata"]["name"])
+            _create(ext.create_custom_resource_definition, crd)
+
+        def established() -> bool:
+            for n in names:
+                st = ext.read_custom_resource_definition(n).status
+                if not any(c.type == "Established" and c.status == "True" for c in (st.conditions or [])):
+                    return False
+            return True
+
+        wait_until(established, timeout, "Kueue's CRDs to be established", interval=0.2)
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "apiVersion": f"config.{GROUP}/{VERSION}",
+            "kind": "Configuration",
+            "namespace": "kueue-system",
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{self.ports['health']}"},
+            "metrics": {"bindAddress": f"127.0.0.1:{self.ports['metrics']}"},
+            "webhook": {"host": "127.0.0.1", "port": self.ports["webhook"], "certDir": str(self.workdir / "kueue-certs")},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "managedJobsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}},
+            "integrations": {"frameworks": ["pod"]},
+            # As fast as the replay's clock: a 2-core machine and tens of workloads per second.
+            "clientConnection": {"qps": 100, "burst": 200},
+        }
+
+    def _webhooks(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Kueue's own webhook configuration with every Service reference replaced by a URL on
+        127.0.0.1, kept to the pod and Kueue-API webhooks, pods limited to the replay namespace."""
+        docs = [d for d in yaml.safe_load_all((self.config_dir / "webhook.yaml").read_text()) if d]
+        ca = base64.b64encode(self._pki.ca.cert.read_bytes()).decode()
+        out = []
+        for doc in docs:
+            kept = []
+            for hook in doc.get("webhooks") or []:
+                path = hook["clientConfig"]["service"]["path"]
+                if not (path.endswith("-v1-pod") or "-kueue-x-k8s-io-" in path):
+                    continue
+                hook["clientConfig"] = {"url": f"https://127.0.0.1:{self.ports['webhook']}{path}", "caBundle": ca}
+                if path.endswith("-v1-pod"):
+                    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}}
+                kept.append(hook)
+            doc["metadata"] = {"name": f"{WEBHOOK_PREFIX}-{doc['kind'].lower()}"}
+            doc["webhooks"] = kept
+            out.append(doc)
+        mutating = next(d for d in out if d["kind"] == "MutatingWebhookConfiguration")
+        validating = next(d for d in out if d["kind"] == "ValidatingWebhookConfiguration")
+        return mutating, validating
+
+    def start(self, quota: dict[str, str], timeout: float = KUEUE_READY_TIMEOUT) -> None:
+        """Install the CRDs, start the controller, register its webhooks and create the queues."""
+        self.install_crds()
+        core = self.cp.core
+        from .controlplane import ensure_namespace
+
+        ensure_namespace(core, "kueue-system")
+        # The apiserver's serving certificate names 127.0.0.1, where the webhook and metrics servers
+        # listen. Kueue reads its metrics certificate from a fixed path (its Deployment mounts a
+        # Secret there) whenever its internal certificate management is off.
+        for certs in (self.workdir / "kueue-certs", METRICS_CERT_DIR):
+            try:
+                certs.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(self._pki.apiserver.cert, certs / "tls.crt")
+                shutil.copyfile(self._pki.apiserver.key, certs / "tls.key")
+            except OSError as exc:
+                raise KueueBuildError(f"Kueue needs its serving certificate in {certs}: {exc}") from exc
+        cfg = self.workdir / "kueue.yaml"
+        cfg.write_text(yaml.safe_dump(self._config(), sort_keys=False))
+        argv = [str(self.binary), f"--config={cfg}", f"--kubeconfig={self.cp.admin_kubeconfig}",
+                # The on-demand visibility API (an aggregated apiserver with its own certificate
+                # path) is not used here.
+                "--feature-gates=VisibilityOnDemand=false",
+                # LLMP_KUEUE_LOG_LEVEL=3 logs each pod and workload decision, to read a run afterwards.
+                "--zap-log-level=" + os.environ.get("LLMP_KUEUE_LOG_LEVEL", "info")]
+        log = self.workdir / "logs" / "kueue.log"
+        self.component = Component("kueue", argv, log, env={**os.environ, "KUBE_FEATURE_WatchListClient": "false"})
+        self.component.start()
+        comp = self.component
+
+        def ready() -> bool:
+            comp.check_alive()
+            try:
+                return httpx.get(f"http://127.0.0.1:{self.ports['health']}/readyz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(ready, timeout, "Kueue to be ready", interval=0.3, watch=[comp])
+        adm = AdmissionregistrationV1Api(self.cp.api)
+        mutating, validating = self._webhooks()
+        _replace(adm.create_mutating_webhook_configuration, adm.delete_mutating_webhook_configuration, mutating)
+        _replace(adm.create_validating_webhook_configuration, adm.delete_validating_webhook_configuration,
+                 validating)
+        self._queues(quota)
+
+    def _queues(self, quota: dict[str, str]) -> None:
+        co = CustomObjectsApi(self.cp.api)
+
+        def make(plural: str, body: dict[str, Any], namespace: str | None = None) -> None:
+            body = {"apiVersion": f"{GROUP}/{VERSION}", **body}
+            # The webhooks were just registered; the apiserver may not route to them for a moment.
+            def created() -> bool:
+                try:
+                    if namespace:
+                        co.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
+                    else:
+                        co.create_cluster_custom_object(GROUP, VERSION, plural, body)
+                except ApiException as exc:
+                    if exc.status == 409:
+                        return True
+                    if exc.status >= 500:
+                        return False
+                    raise
+                return True
+
+            wait_until(created, 30, f"Kueue {plural} to be created", interval=0.5)
+
+        flavor: dict[str, Any] = {}
+        if self.tas:
+            make("topologies", {"kind": "Topology", "metadata": {"name": TOPOLOGY},
+                                "spec": {"levels": [{"nodeLabel": HOSTNAME}]}})
+            flavor = {"nodeLabels": self.node_labels, "topologyName": TOPOLOGY}
+        make("resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": FLAVOR}, "spec": flavor})
+        make("clusterqueues", {
+            "kind": "ClusterQueue", "metadata": {"name": QUEUE},
+            "spec": {
+                "namespaceSelector": {},
+                # Kueue's default: FIFO, but a group that does not fit steps aside for later ones
+                # that do (under StrictFIFO the blocked head keeps every workload "active", and
+                # nothing would tell the replay's clock that Kueue has tried them all).
+                "queueingStrategy": "BestEffortFIFO",
+                "resourceGroups": [{
+                    "coveredResources": sorted(quota),
+                    "flavors": [{"name": FLAVOR, "resources": [
+                        {"name": r, "nominalQuota": q} for r, q in sorted(quota.items())]}],
+                }],
+            },
+        })
+        make("localqueues", {"kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": self.namespace},
+                             "spec": {"clusterQueue": QUEUE}}, self.namespace)
+
+        def active() -> bool:
+            cq = co.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", QUEUE)
+            return any(c.get("type") == "Active" and c.get("status") == "True"
+                       for c in (cq.get("status") or {}).get("conditions") or [])
+
+        wait_until(active, 30, "Kueue's ClusterQueue to be active", interval=0.3)
+
+    # ----- while replaying -----------------------------------------------------------------------
+    def _metrics_token(self) -> str:
+        if self._token is None:
+            from .tokens import metrics_reader_token
+
+            self._token = metrics_reader_token(self.cp.api, "kueue-system", "bench-metrics")
+        return self._token
+
+    def pending_active(self) -> float | None:
+        """Workloads Kueue still has to try (its ``kueue_pending_workloads{status="active"}``); None
+        when its metrics cannot be read."""
+        ctx = ssl.create_default_context(cafile=str(self._pki.ca.cert))
+        try:
+            text = httpx.get(f"https://127.0.0.1:{self.ports['metrics']}/metrics", verify=ctx, timeout=2,
+                             headers={"Authorization": f"Bearer {self._metrics_token()}"}).text
+        except httpx.HTTPError:
+            return None
+        return metric_value(text, PENDING_METRIC, {"cluster_queue": QUEUE, "status": "active"})
+
+    def in_flight(self) -> int:
+        """Workloads Kueue has yet to act on: admitted with a pod still behind a scheduling gate it is
+        about to lift, or still holding quota although every pod of theirs has ended (Kueue has not
+        yet seen them finish, so a waiting group cannot have been tried against the freed quota).
+        While any is left the replay's clock must wait."""
+        co = CustomObjectsApi(self.cp.api)
+        wls = co.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "workloads")["items"]
+        self._note_admissions(wls)
+        pods = {p["metadata"]["name"]: p for p in json.loads(
+            self.cp.core.list_namespaced_pod(self.namespace, _preload_content=False).data)["items"]}
+        busy = 0
+        for w in wls:
+            conds = {c.get("type"): c.get("status") for c in (w.get("status") or {}).get("conditions") or []}
+            if conds.get("QuotaReserved") != "True" or conds.get("Finished") == "True":
+                continue
+            members = [pods.get(o["name"]) for o in w["metadata"].get("ownerReferences") or []]
+            gated = any(g.get("name") in KUEUE_GATES for p in members if p
+                        for g in p["spec"].get("schedulingGates") or [])
+            ended = all(p is None or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+                        for p in members)
+            busy += gated or ended
+        return busy
+
+    def idle(self) -> bool:
+        """True when Kueue has tried every pending workload since the last change and released every
+        admitted one: the replay's virtual clock may move on. Asked at most every IDLE_POLL_S (it
+        lists the namespace's pods and Workloads)."""
+        now = time.monotonic()
+        if now - self._asked < IDLE_POLL_S:
+            return False
+        self._asked = now
+        idle = self.pending_active() == 0 and self.in_flight() == 0
+        self.idle_answers[idle] += 1
+        return idle
+
+    # ----- tear-down -----------------------------------------------------------------------------
+    def release(self) -> None:
+        """Drop Kueue's finalizer from every pod left in the namespace and delete its Workloads, so
+        the namespace can be emptied once the controller is gone."""
+        core: CoreV1Api = self.cp.core
+        pods = json.loads(core.list_namespaced_pod(self.namespace, _preload_content=False).data)["items"]
+        for p in pods:
+            fins = p["metadata"].get("finalizers") or []
+            if MANAGED_FINALIZER in fins:
+                try:
+                    core.patch_namespaced_pod(p["metadata"]["name"], self.namespace, [
+                        {"op": "test", "path": "/metadata/finalizers", "value": fins},
+                        {"op": "replace", "path": "/metadata/finalizers",
+                         "value": [f for f in fins if f != MANAGED_FINALIZER]}])
+                except ApiException as exc:
+                    if exc.status not in (404, 409, 422):
+                        raise
+        co = CustomObjectsApi(self.cp.api)
+        for plural in ("workloads", "localqueues"):
+            for w in co.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)["items"]:
+                _force_delete(co, plural, w, self.namespace)
+        # The queues and flavor are cluster-wide: the next Kueue run (other nodes, another mode)
+        # creates its own.
+        for plural in ("clusterqueues", "resourceflavors", "topologies"):
+            for w in co.list_cluster_custom_object(GROUP, VERSION, plural)["items"]:
+                _force_delete(co, plural, w, None)
+
+    def stop(self) -> None:
+        """Unregister the webhooks (pods of later variants must not wait for a gone controller), stop
+        the controller and release what it held."""
+        adm = AdmissionregistrationV1Api(self.cp.api)
+        for delete, kind in ((adm.delete_mutating_webhook_configuration, "mutatingwebhookconfiguration"),
+                             (adm.delete_validating_webhook_configuration, "validatingwebhookconfiguration")):
+            try:
+                delete(f"{WEBHOOK_PREFIX}-{kind}")
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        # For reading a run afterwards: every Workload's conditions as Kueue left them.
+        co = CustomObjectsApi(self.cp.api)
+        wls = co.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "workloads")["items"]
+        self._note_admissions(wls)
+        (self.workdir / "logs" / f"kueue-workloads-{self.namespace}.json").write_text(json.dumps(
+            {w["metadata"]["name"]: [(c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+                                     for c in (w.get("status") or {}).get("conditions") or []]
+             for w in wls}, indent=1))
+        if self.component is not None:
+            self.component.stop()
+        self.release()
+
+    def _note_admissions(self, workloads: list[dict[str, Any]]) -> None:
+        """Count the workloads seen admitted, and of those the ones Kueue placed on nodes itself (a
+        topology assignment: the proof that TAS, not only quota, decided)."""
+        for w in workloads:
+            adm = (w.get("status") or {}).get("admission")
+            if adm:
+                self._admitted.add(w["metadata"]["uid"])
+                if any(a.get("topologyAssignment") for a in adm.get("podSetAssignments") or []):
+                    self._topology.add(w["metadata"]["uid"])
+
+    @property
+    def admitted(self) -> int:
+        return len(self._admitted)
+
+    @property
+    def topology_assigned(self) -> int:
+        return len(self._topology)
+
+    def alive(self) -> bool:
+        return self.component is not None and self.component.alive()
+
+    def check_alive(self) -> None:
+        if self.component is not None:
+            self.component.check_alive()
+
+    def tail(self, lines: int = 40) -> str:
+        return self.component.tail(lines) if self.component else ""
+
+
+def _create(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except ApiException as exc:
+        if exc.status != 409:  # already there (a second variant in one control plane)
+            raise
+
+
+def _force_delete(co: CustomObjectsApi, plural: str, obj: dict[str, Any], namespace: str | None) -> None:
+    """Delete a Kueue object once its controller is gone: nobody is left to clear its finalizers."""
+    name = obj["metadata"]["name"]
+    try:
+        if namespace:
+            if obj["metadata"].get("finalizers"):
+                co.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name,
+                                                  {"metadata": {"finalizers": None}})
+            co.delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        else:
+            if obj["metadata"].get("finalizers"):
+                co.patch_cluster_custom_object(GROUP, VERSION, plural, name, {"metadata": {"finalizers": None}})
+            co.delete_cluster_custom_object(GROUP, VERSION, plural, name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def _replace(create: Any, delete: Any, body: dict[str, Any]) -> None:
+    try:
+        delete(body["metadata"]["name"])
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    create(body)
