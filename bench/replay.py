@@ -517,7 +517,7 @@ class Bench:
 
     def run(self, label: str, nodes: list[dict[str, Any]], pods: list[ReplayPod], variant: str, speed: float,
             window: int, timeout: float, clock: str) -> ReplayResult:
-        ns = f"replay-{label}-{variant}".lower()[:60]
+        ns = f"replay-{label}-{variant}".lower().replace(".", "-")[:60]
         ensure_namespace(self.cp.core, ns)
         config = variant_config(self.cp, variant)
         if clock == "virtual":
