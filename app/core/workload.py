@@ -200,6 +200,10 @@ class WorkloadSpec(BaseModel):
     # GANG_GATE: a member that exists and counts, held out of kube-scheduler's queue until its
     # gang is complete, when the extender lifts the gate (docs/gangs.md, "Held at admission").
     held: bool = False
+    # The pod's spec.nodeSelector, sorted. kube-scheduler applies it to the pod it filters; a gang
+    # plan needs it for the other members, which may each be pinned elsewhere (Kueue's topology-
+    # aware scheduling pins every member to its own node, docs/gangs.md).
+    node_selector: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -594,6 +598,11 @@ def _object_fields(meta: dict[str, Any], spec: dict[str, Any], problems: list[st
     names = [g.get("name") if isinstance(g, dict) else g for g in gates] if isinstance(gates, list) else []
     fields["gated"] = bool(gates) and (not isinstance(gates, list) or any(n != GANG_GATE for n in names))
     fields["held"] = GANG_GATE in names
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, dict):
+        # The API server only admits string keys and values; anything else cannot match a node.
+        fields["node_selector"] = tuple(sorted((str(k), v) for k, v in selector.items()
+                                               if isinstance(v, str)))
     return fields
 
 

@@ -57,12 +57,14 @@ def build(
     reserved: Callable[[str], int],
     excluded: set[str] | frozenset[str] = frozenset(),
     data_sites: DataSites | None = None,
+    own_shape: str | None = None,
 ) -> GangInstance:
     """The problem for ``members`` of ``gang`` over ``candidates`` (the nodes kube-scheduler offered).
 
     ``eligible(shape, spec, node)``: may one member of that shape run on the node on its own;
     ``reserved(node)`` is what other gangs hold there; ``data_sites(member)``: where the data a
-    member reads sits (data gravity; None: no pull).
+    member reads sits (data gravity; None: no pull); ``own_shape``: the shape of the member
+    kube-scheduler is filtering, whose offered nodes already passed its own selector.
     """
     pending: dict[str, list[WorkloadSpec]] = defaultdict(list)
     bound: dict[str, str] = {}
@@ -80,7 +82,8 @@ def build(
     offered = set(candidates) - set(excluded)
     allowed: dict[str, set[str]] = {}
     for key, specs in pending.items():
-        allowed[key] = {n for n in offered if n in snapshot.nodes and eligible(key, specs[0], n)}
+        allowed[key] = {n for n in _pool(snapshot, offered, specs[0], key == own_shape, excluded)
+                        if n in snapshot.nodes and eligible(key, specs[0], n)}
     prices = sorted({_price(f) for f in snapshot.nodes.values() if f.has_gpus})
     rank = {p: i for i, p in enumerate(prices)}
     wanted_gpus = any(s.gpus for s in shapes) or not shapes
@@ -253,6 +256,19 @@ def _pref_rank(spec: WorkloadSpec, facts: NodeFacts) -> int:
         if want.lower() in names:
             return i
     return len(spec.gpu_preference)
+
+
+def _pool(snapshot: ClusterSnapshot, offered: set[str], spec: WorkloadSpec, own: bool,
+          excluded: set[str] | frozenset[str]) -> Iterable[str]:
+    """Nodes a pending shape may be planned on. kube-scheduler offers the nodes that passed its
+    filters for the member it is filtering; members alike would be offered the same, so they share
+    that set. A member with a nodeSelector of its own (each member of a Kueue TAS gang is pinned to
+    its node) would be offered other nodes: its own selector decides, over the whole cluster."""
+    if own or not spec.node_selector:
+        return offered
+    want = dict(spec.node_selector)
+    return [n for n, f in snapshot.nodes.items()
+            if n not in excluded and all(f.labels.get(k) == v for k, v in want.items())]
 
 
 def evaluator(

@@ -217,7 +217,7 @@ class Planner:
         own_shape = shape_key(spec) if fits is not None else None
         eligible = evaluator(snapshot, self.policy, fits, own_shape, reserved)
         inst = build(snapshot, self.policy, key, members, eligible, offered, reserved, state.excluded,
-                     self.data_sites)
+                     self.data_sites, own_shape)
         if not inst.pending:
             return reject(ReasonCode.GANG, "every gang member is already bound")
         prefer = frozenset(previous.nodes()) if previous else frozenset()

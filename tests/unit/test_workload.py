@@ -153,3 +153,20 @@ def test_quantities_and_bandwidth() -> None:
     assert parse_bandwidth_tbs("4.1TB/s") == 4.1 and parse_bandwidth_tbs("900GB/s") == 0.9
     with pytest.raises(ValueError):
         parse_quantity("12 parsecs")
+
+
+def test_node_selector_is_read_sorted_and_makes_members_distinct_shapes() -> None:
+    # Kueue's topology-aware scheduling pins each gang member to its own node: the plan must see
+    # each member's selector, and members pinned apart are no longer interchangeable.
+    from app.gang.instance import shape_key
+
+    a, b = pod(stage="pretraining"), pod(stage="pretraining")
+    a["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "n1", "a/zone": "z", "bad": 3}
+    b["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "n2"}
+    sa, sb = parse_workload(a), parse_workload(b)
+    assert sa.node_selector == (("a/zone", "z"), ("kubernetes.io/hostname", "n1"))
+    assert sb.node_selector == (("kubernetes.io/hostname", "n2"),)
+    assert parse_workload(pod(stage="pretraining")).node_selector == ()
+    assert shape_key(sa) != shape_key(sb)
+    b["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "n1", "a/zone": "z"}
+    assert shape_key(sa) == shape_key(parse_workload(b))
