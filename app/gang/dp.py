@@ -45,6 +45,9 @@ class _Node:
     splits: list[npt.NDArray[np.int32]]  # splits[i][j]: members given to child i+1 of j so far
 
 
+Cells = dict[tuple[str | None, str | None], list[int]]
+
+
 def tree_dp(index: Index, allowed: set[int], w: Weights) -> DpResult | None:
     """Best plan of the separable relaxation and its bounds (one member shape only).
 
@@ -57,57 +60,15 @@ def tree_dp(index: Index, allowed: set[int], w: Weights) -> DpResult | None:
     shape = problem.shapes[0]
     pods = shape.count
     fixed = index.fixed
-    pool = [i for i in sorted(allowed)
-            if index.classes[i].caps[shape.key] > 0 or index.classes[i].first.fixed]
-    if problem.required_key is not None:
-        pool = [i for i in pool if index.classes[i].first.required is not None]
-        pinned = {n.required for n in fixed}
-        if len(pinned) > 1 or None in pinned:
-            return None  # bound members in no (or several) required domains: nothing is feasible
-        if pinned:
-            pool = [i for i in pool if index.classes[i].first.required in pinned]
-    if fixed and not all(n.rdma for n in fixed):
-        # A bound member on a node without RDMA: the gang cannot span nodes; that node or nothing.
-        if len(fixed) > 1:
-            return None
-        pool = [i for i in pool if index.classes[i].first.fixed]
+    pool = _pool(index, allowed)
+    if pool is None:
+        return None
     exact = w.exact and not (fixed and problem.preferred_key is not None)
-    cells: dict[tuple[str | None, str | None], list[int]] = defaultdict(list)
-    pref_const = 0
-    if problem.preferred_key is not None and not fixed:
-        for i in pool:
-            f = index.classes[i].first
-            cells[(f.required, f.preferred or f"?{f.name}")].append(i)
-        fitting = {k: v for k, v in cells.items() if _fits(index, v, shape.key, pods)}
-        if fitting:
-            cells = defaultdict(list, fitting)
-            pref_const = w.preferred  # one preferred domain, whatever the cell
-        else:
-            exact = False  # the preferred count would need a non-separable term: relaxation only
-            cells = defaultdict(list)
-            for i in pool:
-                cells[(index.classes[i].first.required, None)].append(i)
-    else:
-        for i in pool:
-            cells[(index.classes[i].first.required, None)].append(i)
+    cells, pref_const, separable = _cells(index, pool, w)
+    exact = exact and separable
 
-    def solve(pool_cells: dict[tuple[str | None, str | None], list[int]]) -> tuple[int, Assignment] | None:
-        """Best plan over the cells: each cell split at the innermost tier holding the whole gang,
-        pieces solved in order of a lower bound until no piece left can beat the best found."""
-        pieces = []
-        for key in sorted(pool_cells, key=lambda k: (k[0] or "", k[1] or "")):
-            if pool_cells[key]:
-                cell = pool_cells[key]
-                pieces += _split(index, cell, shape.key, pods, w) if not fixed else [(0, cell)]
-        pieces.sort(key=lambda lp: lp[0])
-        best: tuple[int, Assignment] | None = None
-        for lb, members in pieces:
-            if best is not None and lb >= best[0]:
-                break  # bounds only grow from here: nothing left can be better
-            got = _solve_cell(index, members, shape.key, pods, w)
-            if got is not None and (best is None or got[0] < best[0]):
-                best = got
-        return best
+    def solve(pool_cells: Cells) -> tuple[int, Assignment] | None:
+        return _solve_cells(index, pool_cells, shape.key, pods, w)
 
     relaxed = solve(cells)
     if relaxed is None:
@@ -141,6 +102,68 @@ def tree_dp(index: Index, allowed: set[int], w: Weights) -> DpResult | None:
             if got[0] + pref_const + w.models < value:
                 value, assignment = got[0] + pref_const + w.models, got[1]
     return DpResult(assignment, value, lower if exact else None, exact and value == lower)
+
+
+def _pool(index: Index, allowed: set[int]) -> list[int] | None:
+    """The node classes the one shape may use; None when bound members already rule out any plan."""
+    problem, fixed, shape = index.problem, index.fixed, index.problem.shapes[0]
+    pool = [i for i in sorted(allowed)
+            if index.classes[i].caps[shape.key] > 0 or index.classes[i].first.fixed]
+    if problem.required_key is not None:
+        pool = [i for i in pool if index.classes[i].first.required is not None]
+        pinned = {n.required for n in fixed}
+        if len(pinned) > 1 or None in pinned:
+            return None  # bound members in no (or several) required domains: nothing is feasible
+        if pinned:
+            pool = [i for i in pool if index.classes[i].first.required in pinned]
+    if fixed and not all(n.rdma for n in fixed):
+        # A bound member on a node without RDMA: the gang cannot span nodes; that node or nothing.
+        if len(fixed) > 1:
+            return None
+        pool = [i for i in pool if index.classes[i].first.fixed]
+    return pool
+
+
+def _cells(index: Index, pool: list[int], w: Weights) -> tuple[Cells, int, bool]:
+    """The pool cut into cells solved apart (required domain, and preferred domain when one can
+    hold the gang), the constant the preference adds, and whether the cells keep the problem
+    separable (False: the preferred count would need a non-separable term, relaxation only)."""
+    problem, shape = index.problem, index.problem.shapes[0]
+    cells: Cells = defaultdict(list)
+    if problem.preferred_key is not None and not index.fixed:
+        for i in pool:
+            f = index.classes[i].first
+            cells[(f.required, f.preferred or f"?{f.name}")].append(i)
+        fitting = {k: v for k, v in cells.items() if _fits(index, v, shape.key, shape.count)}
+        if fitting:
+            return defaultdict(list, fitting), w.preferred, True  # one preferred domain, whatever the cell
+        cells = defaultdict(list)
+        for i in pool:
+            cells[(index.classes[i].first.required, None)].append(i)
+        return cells, 0, False
+    for i in pool:
+        cells[(index.classes[i].first.required, None)].append(i)
+    return cells, 0, True
+
+
+def _solve_cells(index: Index, pool_cells: Cells, shape_key: str, pods: int,
+                 w: Weights) -> tuple[int, Assignment] | None:
+    """Best plan over the cells: each cell split at the innermost tier holding the whole gang,
+    pieces solved in order of a lower bound until no piece left can beat the best found."""
+    pieces = []
+    for key in sorted(pool_cells, key=lambda k: (k[0] or "", k[1] or "")):
+        if pool_cells[key]:
+            cell = pool_cells[key]
+            pieces += _split(index, cell, shape_key, pods, w) if not index.fixed else [(0, cell)]
+    pieces.sort(key=lambda lp: lp[0])
+    best: tuple[int, Assignment] | None = None
+    for lb, members in pieces:
+        if best is not None and lb >= best[0]:
+            break  # bounds only grow from here: nothing left can be better
+        got = _solve_cell(index, members, shape_key, pods, w)
+        if got is not None and (best is None or got[0] < best[0]):
+            best = got
+    return best
 
 
 def _kcover(caps: list[int], need: int) -> int:

@@ -28,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 # Weight of the GPU type inside the bottom group, in GPU units: a member on a less preferred /
 # pricier GPU model costs about one GPU of fragmentation per GPU it uses and rank step.
@@ -237,57 +238,19 @@ class Index:
             q = qualify(tuple(path[1:]), n.name) if depth > 1 else ("",)
             group_of[n.name] = q
             free, total, pristine = max(n.free_gpus, 0), n.total_gpus, int(n.pristine)
-            st = group_stats.get(q)
-            if st is None:
-                group_stats[q] = [free, total, pristine]
-            else:
-                st[0] += free
-                st[1] += total
-                st[2] &= pristine
+            _accumulate(group_stats, q, free, total, pristine)
             if labelled[0]:
                 own = path[0] or f"?{n.name}"
                 outer = next((q[u] for u in range(1, depth) if labelled[u]), "")
                 d = f"{outer}/{own}" if outer else own
                 ids[0][n.name] = d
-                st0 = stats[0].get(d)
-                if st0 is None:
-                    stats[0][d] = [free, total, pristine]
-                else:
-                    st0[0] += free
-                    st0[1] += total
-                    st0[2] &= pristine
+                _accumulate(stats[0], d, free, total, pristine)
         for t in range(1, depth):
             if not labelled[t]:
                 continue
             for q, (free, total, pristine) in group_stats.items():
-                st = stats[t].get(q[t])
-                if st is None:
-                    stats[t][q[t]] = [free, total, pristine]
-                else:
-                    st[0] += free
-                    st[1] += total
-                    st[2] &= pristine
-        tiers: list[Tier] = []
-        last_count = 1
-        for t in range(depth - 1, -1, -1):
-            if not labelled[t]:
-                continue
-            count = len(stats[t])
-            if count <= last_count or count >= len(nodes):
-                continue
-            last_count = count
-            st_t = stats[t]
-            if t > 0:
-                ids[t] = {name: q[t] for name, q in group_of.items()}
-            tiers.append(Tier(names[t], ids[t], {d: v[0] for d, v in st_t.items()},
-                              {d: v[1] for d, v in st_t.items()}, {d: bool(v[2]) for d, v in st_t.items()}))
-        node_tier = Tier(NODE_TIER, {n.name: n.name for n in nodes})
-        for n in nodes:
-            node_tier.free[n.name] = max(n.free_gpus, 0)
-            node_tier.total[n.name] = n.total_gpus
-            node_tier.pristine[n.name] = n.pristine
-        tiers.append(node_tier)
-        return tiers
+                _accumulate(stats[t], q[t], free, total, pristine)
+        return _kept_tiers(nodes, labelled, names, ids, stats, group_of)
 
     def _classes(self) -> list[NodeClass]:
         shapes = self.problem.shapes
@@ -529,3 +492,40 @@ def prune(index: Index, exact_weights: bool = True) -> set[int]:
         if keep:
             return set(keep)
     return set(pool)
+
+
+def _accumulate(stats: dict[Any, list[int]], key: Any, free: int, total: int, pristine: int) -> None:
+    """Add one node's (or group's) GPUs to its domain: free and total summed, pristine only if all are."""
+    st = stats.get(key)
+    if st is None:
+        stats[key] = [free, total, pristine]
+    else:
+        st[0] += free
+        st[1] += total
+        st[2] &= pristine
+
+
+def _kept_tiers(nodes: Sequence[Candidate], labelled: list[bool], names: list[str], ids: list[dict[str, str]],
+                stats: list[dict[str, list[int]]], group_of: dict[str, tuple[str, ...]]) -> list[Tier]:
+    """The tiers that tell placements apart, outer first, then the node tier (rules: ``_tiers``)."""
+    tiers: list[Tier] = []
+    last_count = 1
+    for t in range(len(labelled) - 1, -1, -1):
+        if not labelled[t]:
+            continue
+        count = len(stats[t])
+        if count <= last_count or count >= len(nodes):
+            continue
+        last_count = count
+        st_t = stats[t]
+        if t > 0:
+            ids[t] = {name: q[t] for name, q in group_of.items()}
+        tiers.append(Tier(names[t], ids[t], {d: v[0] for d, v in st_t.items()},
+                          {d: v[1] for d, v in st_t.items()}, {d: bool(v[2]) for d, v in st_t.items()}))
+    node_tier = Tier(NODE_TIER, {n.name: n.name for n in nodes})
+    for n in nodes:
+        node_tier.free[n.name] = max(n.free_gpus, 0)
+        node_tier.total[n.name] = n.total_gpus
+        node_tier.pristine[n.name] = n.pristine
+    tiers.append(node_tier)
+    return tiers

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
@@ -305,12 +306,33 @@ class _Model:
 
     # --- model ----------------------------------------------------------------------------------
     def _build(self) -> None:
-        m, index, problem, w = self.m, self.index, self.problem, self.w
-        classes = index.classes
-        shapes = problem.shapes
-        pods = problem.pods
-        fixed = index.fixed
-        multi = len(shapes) > 1
+        """The model, in the order its variables and constraints were always added (CP-SAT's search
+        depends on that order, so the split into steps keeps it)."""
+        self._placement_vars()
+        self._node_capacity()
+        # Node tier: nodes used (bound members' nodes are a constant).
+        index, w, fixed = self.index, self.w, self.index.fixed
+        for i, u in self.u.items():
+            self._obj(u, w.tiers[-1] + index.node_bottom(index.classes[i].first))
+        self.constant += len(fixed) * w.tiers[-1] + sum(index.node_bottom(n) for n in fixed)
+        n_max = min(self.problem.pods, sum(index.classes[i].k for i in self.u)) + len(fixed)
+        self._domain_tiers()
+        if self.cuts and not fixed and len(self.problem.shapes) == 1:
+            self._cover_cuts()  # (in GPU units they cost several shapes more search than they save)
+        # Per member: GPU type (preference rank, then price).
+        for (key, i), var in self.x.items():
+            self._obj(var, index.shapes[key].gpus * index.type_cost(index.classes[i].first))
+        if self.problem.required_key is not None:
+            self._required()
+        self._rdma(n_max)
+        self._gpu_models()
+        if self.problem.preferred_key is not None:
+            self._preferred()
+        self.m.minimize(_wsum(self.obj_vars, self.obj_coefs))
+
+    def _placement_vars(self) -> None:
+        """x[shape, class]: members of a shape on a class of identical nodes; u[class]: its nodes used."""
+        m, classes, shapes = self.m, self.index.classes, self.problem.shapes
         for i in self.ids:
             c = classes[i]
             for s in shapes:
@@ -322,6 +344,9 @@ class _Model:
         for s in shapes:
             m.add(_sum([self.x[(s.key, i)] for i in self.ids if (s.key, i) in self.x]) == s.count)
 
+    def _node_capacity(self) -> None:
+        m, classes, shapes = self.m, self.index.classes, self.problem.shapes
+        multi = len(shapes) > 1
         for i in self.ids:
             c = classes[i]
             xs = [(s, self.x[(s.key, i)]) for s in shapes if (s.key, i) in self.x]
@@ -351,18 +376,14 @@ class _Model:
                     else:
                         m.add(_wsum(vs, coefs) <= cap)
 
-        # Node tier: nodes used (bound members' nodes are a constant).
-        for i, u in self.u.items():
-            self._obj(u, w.tiers[-1] + index.node_bottom(classes[i].first))
-        self.constant += len(fixed) * w.tiers[-1] + sum(index.node_bottom(n) for n in fixed)
-        n_max = min(pods, sum(classes[i].k for i in self.u)) + len(fixed)
-
-        # Domains per tier: y = 1 iff a node of the domain is used.
+    def _domain_tiers(self) -> None:
+        """Domains per tier: y = 1 iff a node of the domain is used."""
+        m, index, w, classes = self.m, self.index, self.w, self.index.classes
         for ti, tier in enumerate(index.tiers[:-1]):
             members: dict[str, list[int]] = defaultdict(list)
             for i in self.ids:
                 members[classes[i].domains[ti]].append(i)
-            fixed_doms = {tier.domain_of[n.name] for n in fixed}
+            fixed_doms = {tier.domain_of[n.name] for n in index.fixed}
             for d in fixed_doms:
                 self.constant += w.tiers[ti] + index.domain_bottom(tier, d)
             for d, idx in sorted(members.items()):
@@ -374,30 +395,26 @@ class _Model:
                     m.add(self.u[i] <= classes[i].k * y)
                 m.add(y <= _sum([self.u[i] for i in us]))
                 self._obj(y, w.tiers[ti] + index.domain_bottom(tier, d))
-        if self.cuts and not fixed and len(shapes) == 1:
-            self._cover_cuts()  # (in GPU units they cost several shapes more search than they save)
 
-        # Per member: GPU type (preference rank, then price).
-        for (key, i), var in self.x.items():
-            self._obj(var, index.shapes[key].gpus * index.type_cost(classes[i].first))
-
-        if problem.required_key is not None:
-            self._required()
-
-        # RDMA whenever the gang spans more than one node.
+    def _rdma(self, n_max: int) -> None:
+        """RDMA whenever the gang spans more than one node."""
+        m, classes = self.m, self.index.classes
         non_rdma = [i for i in self.ids if not classes[i].first.rdma]
-        if non_rdma:
-            z = self.z = m.new_bool_var("any_non_rdma")
-            for i in non_rdma:
-                if i in self.u:
-                    m.add(self.u[i] <= classes[i].k * z)
-                else:
-                    m.add(z == 1)
-            used_nodes = _sum(list(self.u.values())) + len(fixed)
-            m.add(used_nodes <= 1 + max(n_max, 1) * (1 - z))
+        if not non_rdma:
+            return
+        z = self.z = m.new_bool_var("any_non_rdma")
+        for i in non_rdma:
+            if i in self.u:
+                m.add(self.u[i] <= classes[i].k * z)
+            else:
+                m.add(z == 1)
+        used_nodes = _sum(list(self.u.values())) + len(self.index.fixed)
+        m.add(used_nodes <= 1 + max(n_max, 1) * (1 - z))
 
-        # GPU models used (a lockstep gang runs at the speed of its slowest model).
-        fixed_models = {n.gpu_model for n in fixed if n.gpu_model}
+    def _gpu_models(self) -> None:
+        """GPU models used (a lockstep gang runs at the speed of its slowest model)."""
+        m, classes, w = self.m, self.index.classes, self.w
+        fixed_models = {n.gpu_model for n in self.index.fixed if n.gpu_model}
         self.constant += w.models * len(fixed_models)
         for gm in sorted({classes[i].first.gpu_model for i in self.u if classes[i].first.gpu_model}):
             if gm in fixed_models:
@@ -408,10 +425,6 @@ class _Model:
                     m.add(self.u[i] <= classes[i].k * b)
             self._obj(b, w.models)
 
-        if problem.preferred_key is not None:
-            self._preferred()
-        m.minimize(_wsum(self.obj_vars, self.obj_coefs))
-
     def _cover_cuts(self) -> None:
         """Knapsack-cover cuts: a domain holding ``x`` members uses at least as many children as the
         largest children would need. With child capacities c1 >= c2 >= ... and T_k = c1+..+ck,
@@ -420,19 +433,7 @@ class _Model:
         instead of members / largest capacity. One shape counts members; several count GPUs.
         """
         m, classes, depth = self.m, self.index.classes, len(self.index.tiers) - 1
-        shapes = self.problem.shapes
-        if len(shapes) == 1:
-            need = shapes[0].count
-            unit = {shapes[0].key: 1}
-
-            def node_cap(c: NodeClass) -> int:
-                return c.caps[shapes[0].key]
-        else:
-            need = self.problem.gpus
-            unit = {s.key: s.gpus for s in shapes if s.gpus}
-
-            def node_cap(c: NodeClass) -> int:
-                return max(c.first.free_gpus, 0) if any(c.caps.values()) else 0
+        need, unit, node_cap = _cover_units(self.problem)
         if need <= 0 or not unit:
             return
 
@@ -443,20 +444,10 @@ class _Model:
         def cap_of(idx: list[int]) -> int:
             return min(need, sum(node_cap(classes[i]) * classes[i].k for i in idx))
 
-        def cuts(count: list[cp_model.IntVar], held: tuple[list[cp_model.IntVar], list[int]] | int,
-                 caps: list[int]) -> None:
-            total = 0
-            for k, c in enumerate(sorted((c for c in caps if c > 0), reverse=True)):
-                if total >= need:
-                    break
-                # c * count - held >= c * k - T_k
-                if isinstance(held, int):
-                    m.add(_wsum(count, [c] * len(count)) >= c * k - total + held)
-                else:
-                    m.add(_wsum(count + held[0], [c] * len(count) + [-w for w in held[1]]) >= c * k - total)
-                total += c
+        def cuts(count: list[cp_model.IntVar], held: Held, caps: list[int]) -> None:
+            _cover_cut(m, count, held, caps, need)
 
-        def walk(level: int, idx: list[int], held: tuple[list[cp_model.IntVar], list[int]] | int) -> None:
+        def walk(level: int, idx: list[int], held: Held) -> None:
             if level == depth:
                 cuts([self.u[i] for i in idx if i in self.u], held,
                      [node_cap(classes[i]) for i in idx if i in self.u
@@ -600,3 +591,32 @@ def _sum(xs: list[cp_model.IntVar]) -> cp_model.LinearExprT:
 
 def _wsum(xs: list[cp_model.IntVar], ws: list[int]) -> cp_model.LinearExprT:
     return cp_model.LinearExpr.WeightedSum(xs, ws) if xs else 0
+
+
+# Members a domain holds: weighted variables (count, weights), or a constant at the top.
+Held = tuple[list[cp_model.IntVar], list[int]] | int
+
+
+def _cover_units(problem: Problem) -> tuple[int, dict[str, int], Callable[[NodeClass], int]]:
+    """What the cover cuts count: members of the one shape, or GPUs when there are several; the
+    total needed, each shape's weight and a node's capacity in that unit."""
+    shapes = problem.shapes
+    if len(shapes) == 1:
+        key = shapes[0].key
+        return shapes[0].count, {key: 1}, lambda c: c.caps[key]
+    return (problem.gpus, {s.key: s.gpus for s in shapes if s.gpus},
+            lambda c: max(c.first.free_gpus, 0) if any(c.caps.values()) else 0)
+
+
+def _cover_cut(m: cp_model.CpModel, count: list[cp_model.IntVar], held: Held, caps: list[int],
+               need: int) -> None:
+    """``c * count - held >= c * k - T_k`` for each k, largest capacities first, until T_k covers."""
+    total = 0
+    for k, c in enumerate(sorted((c for c in caps if c > 0), reverse=True)):
+        if total >= need:
+            break
+        if isinstance(held, int):
+            m.add(_wsum(count, [c] * len(count)) >= c * k - total + held)
+        else:
+            m.add(_wsum(count + held[0], [c] * len(count) + [-w for w in held[1]]) >= c * k - total)
+        total += c
