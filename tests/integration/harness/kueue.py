@@ -24,10 +24,10 @@ scripts/build-kueue.sh, CRDs and webhook configuration from the same module vers
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import shutil
-import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -199,11 +199,19 @@ class Kueue:
         # The apiserver's serving certificate names 127.0.0.1, where the webhook and metrics servers
         # listen. Kueue reads its metrics certificate from a fixed path (its Deployment mounts a
         # Secret there) whenever its internal certificate management is off.
+        # That path is shared by every Kueue on the machine (a bench beside a test run): the pair is
+        # replaced under a lock, each file atomically, so a running Kueue's certificate watcher only
+        # ever settles on a matching certificate and key (whoever wrote them last); the metrics are
+        # read without verifying whose CA signed it.
         for certs in (self.workdir / "kueue-certs", METRICS_CERT_DIR):
             try:
                 certs.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(self._pki.apiserver.cert, certs / "tls.crt")
-                shutil.copyfile(self._pki.apiserver.key, certs / "tls.key")
+                with (certs / ".lock").open("w") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    for src, name in ((self._pki.apiserver.cert, "tls.crt"), (self._pki.apiserver.key, "tls.key")):
+                        tmp = certs / f".{name}.{os.getpid()}"
+                        shutil.copyfile(src, tmp)
+                        os.replace(tmp, certs / name)
             except OSError as exc:
                 raise KueueBuildError(f"Kueue needs its serving certificate in {certs}: {exc}") from exc
         cfg = self.workdir / "kueue.yaml"
@@ -298,9 +306,9 @@ class Kueue:
     def pending_active(self) -> float | None:
         """Workloads Kueue still has to try (its ``kueue_pending_workloads{status="active"}``); None
         when its metrics cannot be read."""
-        ctx = ssl.create_default_context(cafile=str(self._pki.ca.cert))
         try:
-            text = httpx.get(f"https://127.0.0.1:{self.ports['metrics']}/metrics", verify=ctx, timeout=2,
+            # Loopback, and the certificate may be another run's (METRICS_CERT_DIR is machine-wide).
+            text = httpx.get(f"https://127.0.0.1:{self.ports['metrics']}/metrics", verify=False, timeout=2,
                              headers={"Authorization": f"Bearer {self._metrics_token()}"}).text
         except httpx.HTTPError:
             return None
