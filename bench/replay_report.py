@@ -1,6 +1,7 @@
-"""Markdown rows for BENCHMARKS.md from pipeline replay results (bench/replay.py --gravity ...).
+"""Markdown rows for BENCHMARKS.md from replay results (bench/replay.py --gravity / --llm-jobs).
 
     python bench/replay_report.py bench/results/replay-gravity-seed1.json ...-seed2.json ...
+    python bench/replay_report.py --llm bench/results/replay-llm-seed1.json ...
 
 One row per (file, mix, variant): time-weighted and sampled stranded share, whole free 8-GPU nodes,
 list price of the stranded GPUs, training beside interactive serving, interactive serving off its
@@ -81,8 +82,39 @@ def outcome_rows(path: Path) -> list[str]:
     return out
 
 
-def main(files: list[Path], outcomes: bool = False) -> None:
-    """--outcomes: the virtual-clock outcome table (gangs, queueing, completion, dollars spent)."""
+LLM_HEADER = ("| seed | load | variant | gangs run / deadlocks | GPU-h held idle | queueing p50 / p95, s | "
+              "job completion mean / p95, s | dollars spent | stranded $/h, time-weighted | "
+              "whole free 8-GPU nodes, time-weighted | gangs started across GPU models |")
+
+
+def llm_rows(path: Path) -> list[str]:
+    """The LLM-cluster mix (bench/replay.py --llm-jobs): one row per load and variant."""
+    out = []
+    for _key, doc in json.loads(path.read_text()).items():
+        meta = doc["meta"]
+        for variant, v in doc["variants"].items():
+            tw = v.get("time_weighted") or {}
+            out.append(" | ".join([
+                "", str(meta["seed"]), f"{meta['load']:g}", variant,
+                f"{v['gangs_started']} / {v['gang_deadlocks']}", f"{v['idle_held_gpu_h']:.1f}",
+                f"{_s(v['queue_p50_s'])} / {_s(v['queue_p95_s'])}",
+                f"{_s(v['completion_mean_s'])} / {_s(v['completion_p95_s'])}",
+                f"{v['spent_total']:,.0f}", f"{v['mean_stranded_usd_per_hour']:.1f}",
+                f"{tw.get('whole_free_8gpu_nodes', 0.0):.2f}", str(v["mixed_gpu_gangs"]), "",
+            ]).strip())
+    return out
+
+
+def main(files: list[Path], outcomes: bool = False, llm: bool = False) -> None:
+    """--outcomes: the virtual-clock outcome table (gangs, queueing, completion, dollars spent);
+    --llm: the LLM-cluster mix table (files from ``bench/replay.py --llm-jobs``)."""
+    if llm:
+        print(LLM_HEADER)
+        print("|" + "---|" * 3 + "---:|" * 8)
+        for f in files:
+            for r in llm_rows(f):
+                print(r)
+        return
     if outcomes:
         print(OUTCOME_HEADER)
         print("|" + "---|" * 3 + "---:|" * 8)
