@@ -108,24 +108,14 @@ def llm_rows(path: Path) -> list[str]:
 def main(files: list[Path], outcomes: bool = False, llm: bool = False) -> None:
     """--outcomes: the virtual-clock outcome table (gangs, queueing, completion, dollars spent);
     --llm: the LLM-cluster mix table (files from ``bench/replay.py --llm-jobs``)."""
-    if llm:
-        print(LLM_HEADER)
-        print("|" + "---|" * 3 + "---:|" * 8)
-        for f in files:
-            for r in llm_rows(f):
-                print(r)
-        return
-    if outcomes:
-        print(OUTCOME_HEADER)
-        print("|" + "---|" * 3 + "---:|" * 8)
-        for f in files:
-            for r in outcome_rows(f):
-                print(r)
-        return
-    print(HEADER)
-    print("|" + "---|" * 3 + "---:|" * 10 + "---|")
+    header, align, make = (
+        (LLM_HEADER, "|" + "---|" * 3 + "---:|" * 8, llm_rows) if llm
+        else (OUTCOME_HEADER, "|" + "---|" * 3 + "---:|" * 8, outcome_rows) if outcomes
+        else (HEADER, "|" + "---|" * 3 + "---:|" * 10 + "---|", rows))
+    print(header)
+    print(align)
     for f in files:
-        for r in rows(f):
+        for r in make(f):
             print(r)
 
 
