@@ -747,6 +747,10 @@ def main(
         raise typer.BadParameter(f"--clock must be one of {', '.join(CLOCKS)}")
     if sharing not in ("whole", "skip"):
         raise typer.BadParameter("--sharing must be whole or skip")
+    if any(not (0.0 < x < float("inf")) for x in load):
+        raise typer.BadParameter("--load must be a finite demand/capacity ratio above 0, such as 1.0 or 1.3")
+    if llm_jobs < 0 or gangs < 0:
+        raise typer.BadParameter("--llm-jobs and --gangs count jobs: 0 or more")
     if trace and not (data / "openb_node_list_gpu_node.csv").exists():
         console.print(f"[red]openb data not found at {data}[/red]")
         raise typer.Exit(1)

@@ -109,3 +109,29 @@ def test_an_unknown_clock_is_refused_before_anything_starts(bench_replay: Module
     result = CliRunner().invoke(app, ["--gravity", "gpu", "--clock", "sundial"])
     assert result.exit_code == 2
     assert "--clock must be one of wall, virtual" in result.output
+
+
+@pytest.mark.parametrize("load", ["0", "-1", "nan", "inf"])
+def test_a_load_that_is_not_a_positive_ratio_is_refused_before_anything_starts(
+        bench_replay: ModuleType, load: str) -> None:
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    app.command()(bench_replay.main)
+    result = CliRunner().invoke(app, ["--llm-jobs", "10", "--load", load])
+    assert result.exit_code == 2
+    assert "--load must be a finite demand/capacity ratio above 0" in " ".join(result.output.split())
+
+
+def test_the_llm_mix_has_the_kalos_shares_and_the_load_sets_the_span(bench_replay: ModuleType) -> None:
+    nodes, pods, meta = bench_replay.llm_cluster_workload(400, 1, 1.0)
+    _, _, heavy = bench_replay.llm_cluster_workload(400, 1, 2.0)
+    assert len(nodes) == 16 and meta["gpus"] == 128
+    jobs = meta["jobs_by_class"]
+    assert sum(jobs.values()) == 400 and jobs["eval"] > jobs["sft"] > jobs["pretrain"] > 0
+    # Twice the load on the same jobs: the same work arrives over half the span.
+    assert heavy["span_s"] == pytest.approx(meta["span_s"] / 2)
+    gangs = {p.name.rsplit("-", 1)[0] for p in pods if p.name.startswith("p")}
+    assert len(gangs) == jobs["pretrain"]
+    assert all(int(p.manifest["metadata"]["annotations"]["llm-placement.io/gang-size"]) >= 2
+               for p in pods if p.name.startswith("p"))

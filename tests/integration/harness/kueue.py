@@ -40,6 +40,7 @@ from kubernetes.client.rest import ApiException
 from .controlplane import ControlPlane, metric_value
 from .procs import Component, free_port, run_build_script, wait_until
 from .schedconfig import REPO_ROOT
+from .tokens import create_or_keep
 
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kueue.sh"
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -139,7 +140,7 @@ class Kueue:
         for f in sorted((self.config_dir / "crd").glob("*.yaml")):
             crd = yaml.safe_load(f.read_text())
             names.append(crd["metadata"]["name"])
-            _create(ext.create_custom_resource_definition, crd)
+            create_or_keep(ext.create_custom_resource_definition, crd)
 
         def established() -> bool:
             for n in names:
@@ -426,14 +427,6 @@ class Kueue:
 
     def tail(self, lines: int = 40) -> str:
         return self.component.tail(lines) if self.component else ""
-
-
-def _create(fn: Any, *args: Any) -> None:
-    try:
-        fn(*args)
-    except ApiException as exc:
-        if exc.status != 409:  # already there (a second variant in one control plane)
-            raise
 
 
 def _force_delete(co: CustomObjectsApi, plural: str, obj: dict[str, Any], namespace: str | None) -> None:

@@ -6,7 +6,8 @@ from kubernetes.client import ApiClient, CoreV1Api, RbacAuthorizationV1Api
 from kubernetes.client.rest import ApiException
 
 
-def _create(fn: object, *args: object) -> None:
+def create_or_keep(fn: object, *args: object) -> None:
+    """Call a create_* method; an object already there (409) is kept."""
     try:
         fn(*args)  # type: ignore[operator]
     except ApiException as exc:
@@ -17,19 +18,19 @@ def _create(fn: object, *args: object) -> None:
 def pod_reader_token(api: ApiClient, namespace: str, name: str, cluster_wide: bool = False) -> str:
     """A token for ServiceAccount ``namespace/name`` that may get pods in its namespace (or all)."""
     core, rbac = CoreV1Api(api), RbacAuthorizationV1Api(api)
-    _create(core.create_namespaced_service_account, namespace,
+    create_or_keep(core.create_namespaced_service_account, namespace,
             {"metadata": {"name": name}})
     rule = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
     subject = [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
     if cluster_wide:
         role = f"{namespace}-{name}-pod-reader"
-        _create(rbac.create_cluster_role, {"metadata": {"name": role}, "rules": rule})
-        _create(rbac.create_cluster_role_binding, {
+        create_or_keep(rbac.create_cluster_role, {"metadata": {"name": role}, "rules": rule})
+        create_or_keep(rbac.create_cluster_role_binding, {
             "metadata": {"name": role}, "subjects": subject,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}})
     else:
-        _create(rbac.create_namespaced_role, namespace, {"metadata": {"name": f"{name}-pod-reader"}, "rules": rule})
-        _create(rbac.create_namespaced_role_binding, namespace, {
+        create_or_keep(rbac.create_namespaced_role, namespace, {"metadata": {"name": f"{name}-pod-reader"}, "rules": rule})
+        create_or_keep(rbac.create_namespaced_role_binding, namespace, {
             "metadata": {"name": f"{name}-pod-reader"}, "subjects": subject,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-pod-reader"}})
     req = core.create_namespaced_service_account_token(
@@ -41,11 +42,11 @@ def metrics_reader_token(api: ApiClient, namespace: str, name: str) -> str:
     """A token for ServiceAccount ``namespace/name`` that may read ``/metrics`` (non-resource URL):
     what a controller-runtime manager's secure metrics endpoint checks (TokenReview + SubjectAccessReview)."""
     core, rbac = CoreV1Api(api), RbacAuthorizationV1Api(api)
-    _create(core.create_namespaced_service_account, namespace, {"metadata": {"name": name}})
+    create_or_keep(core.create_namespaced_service_account, namespace, {"metadata": {"name": name}})
     role = f"{namespace}-{name}-metrics-reader"
-    _create(rbac.create_cluster_role, {"metadata": {"name": role},
+    create_or_keep(rbac.create_cluster_role, {"metadata": {"name": role},
                                        "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]})
-    _create(rbac.create_cluster_role_binding, {
+    create_or_keep(rbac.create_cluster_role_binding, {
         "metadata": {"name": role},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}})
