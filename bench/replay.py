@@ -237,8 +237,9 @@ def gang_workload(gangs: int, seed: int) -> tuple[list[dict[str, Any]], list[Rep
 
 
 # The LLM-cluster mix: job classes and their shares, scaled from the Kalos cluster of the AcmeTrace
-# study (Shanghai AI Lab, NSDI'24; acmetrace/cluster_summary.csv and its README, read in place, never
-# copied): GPU jobs there have a median of 1 GPU and a median run of 124 s (mean 1,260 s);
+# study (Shanghai AI Lab, NSDI'24; InternLM/AcmeTrace @ 6d6ac9cd15f3, data/cluster_summary.csv, row
+# Kalos, and the study's README; read in place, never copied): GPU jobs there have a median of 1
+# GPU and a median run of 124 s (mean 1,260 s);
 # evaluation is most jobs at 1 GPU; pretraining is 1-3 % of jobs but most GPU time, on whole 8-GPU
 # nodes. Scaled to 16 nodes: pretraining gangs of 2-6 whole nodes, the rest single pods.
 LLM_MIX = (

@@ -199,7 +199,8 @@ class Kueue:
         ensure_namespace(core, "kueue-system")
         # The apiserver's serving certificate names 127.0.0.1, where the webhook and metrics servers
         # listen. Kueue reads its metrics certificate from a fixed path (its Deployment mounts a
-        # Secret there) whenever its internal certificate management is off.
+        # Secret there) whenever its internal certificate management is off (sigs.k8s.io/kueue
+        # v0.17.0, cmd/kueue/main.go, metricsCertPath).
         # That path is shared by every Kueue on the machine (a bench beside a test run): the pair is
         # replaced under a lock, each file atomically, so a running Kueue's certificate watcher only
         # ever settles on a matching certificate and key (whoever wrote them last); the metrics are
