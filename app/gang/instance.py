@@ -81,8 +81,9 @@ def build(
     first = next(iter(pending.values()), list(members))[0]
     offered = set(candidates) - set(excluded)
     allowed: dict[str, set[str]] = {}
+    by_label: dict[str, dict[str, set[str]]] = {}
     for key, specs in pending.items():
-        allowed[key] = {n for n in _pool(snapshot, offered, specs[0], key == own_shape, excluded)
+        allowed[key] = {n for n in _pool(snapshot, offered, specs[0], key == own_shape, excluded, by_label)
                         if n in snapshot.nodes and eligible(key, specs[0], n)}
     prices = sorted({_price(f) for f in snapshot.nodes.values() if f.has_gpus})
     rank = {p: i for i, p in enumerate(prices)}
@@ -259,16 +260,26 @@ def _pref_rank(spec: WorkloadSpec, facts: NodeFacts) -> int:
 
 
 def _pool(snapshot: ClusterSnapshot, offered: set[str], spec: WorkloadSpec, own: bool,
-          excluded: set[str] | frozenset[str]) -> Iterable[str]:
+          excluded: set[str] | frozenset[str], by_label: dict[str, dict[str, set[str]]]) -> Iterable[str]:
     """Nodes a pending shape may be planned on. kube-scheduler offers the nodes that passed its
     filters for the member it is filtering; members alike would be offered the same, so they share
     that set. A member with a nodeSelector of its own (each member of a Kueue TAS gang is pinned to
-    its node) would be offered other nodes: its own selector decides, over the whole cluster."""
+    its node) would be offered other nodes: its own selector decides, over the whole cluster.
+
+    ``by_label`` (label key -> value -> nodes) is filled once per key a selector names, so a gang
+    of hundreds of members pinned one per node costs one pass over the nodes, not one per member."""
     if own or not spec.node_selector:
         return offered
-    want = dict(spec.node_selector)
-    return [n for n, f in snapshot.nodes.items()
-            if n not in excluded and all(f.labels.get(k) == v for k, v in want.items())]
+    sets = []
+    for k, v in spec.node_selector:
+        if k not in by_label:
+            values: dict[str, set[str]] = defaultdict(set)
+            for n, f in snapshot.nodes.items():
+                if k in f.labels:
+                    values[f.labels[k]].add(n)
+            by_label[k] = values
+        sets.append(by_label[k].get(v, set()))
+    return set.intersection(*sets) - set(excluded)
 
 
 def evaluator(
