@@ -87,7 +87,6 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -103,12 +102,11 @@ from rich.table import Table  # noqa: E402
 
 from app.config import Settings  # noqa: E402
 from app.core.catalog import GpuCatalog  # noqa: E402
-from app.core.feasibility import NodeFit, evaluate, pod_hourly_cost  # noqa: E402
-from app.core.nodes import NodeFacts, node_facts  # noqa: E402
-from app.core.policy import FeasibilityPolicy  # noqa: E402
-from app.core.snapshot import NodeUsage  # noqa: E402
-from app.core.workload import LatencyClass, Stage, WorkloadSpec, parse_workload  # noqa: E402
+from app.core.feasibility import pod_hourly_cost  # noqa: E402
+from app.core.nodes import node_facts  # noqa: E402
+from app.core.workload import LatencyClass, Stage, parse_workload  # noqa: E402
 from app.objects import expand_cluster, node_object, pod_object  # noqa: E402
+from bench.replay_report import attainment  # noqa: E402
 from tests.integration.harness import (  # noqa: E402
     ControlPlane,
     create_nodes,
@@ -131,7 +129,7 @@ from tests.integration.harness.replay import (  # noqa: E402
     variant_config,
     with_retry_backoff,
 )
-from tests.integration.harness.runtime import TrainingSpeed, node_gpus  # noqa: E402
+from tests.integration.harness.runtime import PodRuntime, ServingJudge, node_gpus  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023"
 RESULTS = REPO / "bench" / "results"
@@ -371,10 +369,9 @@ def variant_pods(variant: str, pods: list[ReplayPod]) -> list[ReplayPod]:
     return pods
 
 
-def measured_runtime(nodes: list[dict[str, Any]]) -> Callable[[ReplayPod, str, dict[str, str]], float]:
-    """Training pods run for their work at the measured speed of the GPU they got (virtual clock)."""
-    speed, gpus = TrainingSpeed.load(), node_gpus(nodes)
-    return lambda pod, node, _where: speed.seconds(pod.manifest, pod.duration or 0.0, gpus.get(node))
+def run_meta(meta: dict[str, Any], nodes: list[dict[str, Any]], clock: str) -> dict[str, Any]:
+    """A run's description, with (virtual clock) each GPU's run-time ratios and where they come from."""
+    return {**meta, "clock": clock, **({"runtime": PodRuntime(nodes).facts()} if clock == "virtual" else {})}
 
 
 def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: ReplayResult) -> dict[str, Any]:
@@ -393,8 +390,11 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
     spent: dict[str, float] = defaultdict(float)
     edges: dict[str, list[dict[str, Any]]] = defaultdict(list)
     feasibility = settings.policies().placement.feasibility
+    judge, gpus = ServingJudge.load(), node_gpus(nodes, catalog)
     interactive = 0
-    off_target: list[float] = []  # estimated ms/token of interactive pods placed off their target
+    off_target: list[float] = []  # measured ms/token of interactive pods placed off their target
+    unjudged: list[str] = []  # interactive pods on a GPU, size and width the corpus has not measured
+    judged_how: dict[str, int] = defaultdict(int)
     for p in pods:
         node = r.placements.get(p.name)
         spec = parse_workload(p.manifest)
@@ -407,9 +407,15 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
         spent[stage] += pod_hourly_cost(spec, facts[node]) * r.ran_s.get(p.name, p.duration or 0.0) / 3600
         if spec.stage is Stage.SERVING and spec.effective_latency_class is LatencyClass.INTERACTIVE:
             interactive += 1
-            ms = _ms_per_token(spec, facts[node], feasibility)
-            if ms is None or ms > (spec.max_ms_per_token or feasibility.default_interactive_ms_per_token):
-                off_target.append(ms if ms is not None else float("inf"))
+            # Judged by measurement (the serving corpus), never by the extender's estimate.
+            judged = judge.judge(spec, gpus.get(node))
+            if judged is None:
+                unjudged.append(f"{spec.model_params or 0:.0e} x{spec.gpus} on {gpus.get(node)}")
+            else:
+                judged_how[judged.how] += 1
+                target = spec.max_ms_per_token or feasibility.default_interactive_ms_per_token
+                if judged.ms_per_token > target:
+                    off_target.append(judged.ms_per_token)
         for producer in spec.depends_on:
             members = gangs.get(producer) or [producer]
             sites = [r.placements[m] for m in members if m in r.placements]
@@ -453,14 +459,10 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
         "interactive_pods": interactive,
         "interactive_off_target": len(off_target),
         "off_target_ms_per_token": sorted(round(x, 1) for x in off_target),
+        "interactive_unjudged": len(unjudged),
+        "unjudged_cases": sorted(set(unjudged)),
+        "interactive_judged_how": dict(judged_how),
     }
-
-
-def _ms_per_token(spec: WorkloadSpec, node: NodeFacts, feasibility: FeasibilityPolicy) -> float | None:
-    """The extender's own decode estimate for ``spec`` on ``node`` (docs/stage-policy.md), whichever
-    variant placed it: every variant is judged by the same latency model."""
-    fit = evaluate(spec, node, NodeUsage(), node.gpu_count, feasibility)
-    return fit.ms_per_token if isinstance(fit, NodeFit) else None
 
 
 def _gpus(p: ReplayPod) -> int:
@@ -532,7 +534,7 @@ class Bench:
         columns = (TextColumn(f"{label} {variant}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("pods", total=len(pods))
-            runtime = measured_runtime(nodes) if clock == "virtual" else None
+            runtime = PodRuntime(nodes) if clock == "virtual" else None
             try:
                 r = replay(self.cp, ns, nodes, pods, variant=variant, speed=speed, window=window,
                            timeout_s=timeout, clock=clock, runtime=runtime,
@@ -776,7 +778,7 @@ def main(
         if gangs:
             nodes, pods, meta = gang_workload(gangs, seed)
             bench.use_nodes(nodes)
-            doc: dict[str, Any] = {"meta": {**meta, "clock": clock}, "variants": {}}
+            doc: dict[str, Any] = {"meta": run_meta(meta, nodes, clock), "variants": {}}
             for v in variants or ("ours",):
                 before = solver_counters(bench) if v == "ours" else {}
                 r = bench.run("gangs", nodes, variant_pods(v, pods), v, 1.0, window, timeout, clock)
@@ -800,7 +802,7 @@ def main(
                 nodes, pods, meta = llm_cluster_workload(llm_jobs, seed, level)
                 bench.use_nodes(nodes)
                 key = f"load-{level:g}"
-                llm_doc[key] = {"meta": {**meta, "clock": clock}, "variants": {}}
+                llm_doc[key] = {"meta": run_meta(meta, nodes, clock), "variants": {}}
                 for v in variants or ("ours", "mostalloc", "kueue", "kueue-tas"):
                     vp = variant_pods(v, pods)
                     r = bench.run(f"llm-{key}", nodes, vp, v, 1.0, window, timeout, clock)
@@ -831,7 +833,7 @@ def main(
                 nodes, pods, meta = gravity_workload(sc, pipelines, seed)
                 bench.use_nodes(nodes)
                 figs[sc] = {}
-                report[sc] = {"meta": {**meta, "clock": clock}, "variants": {}}
+                report[sc] = {"meta": run_meta(meta, nodes, clock), "variants": {}}
                 runs: dict[str, ReplayResult] = {}
                 for v in variants or ("ours", "default", "mostalloc", "affinity"):
                     vp = variant_pods(v, pods)
@@ -912,7 +914,7 @@ def _gravity_table(scenario: str, figs: dict[str, dict[str, Any]], sums: dict[st
                   f"{f['cross_node_gb']:,.0f}", f"{f['cost_total']:,.0f}", f"{s['mean_stranded_share']:.4f}",
                   f"{f['mean_stranded_usd_per_hour']:.2f}", f"{s['mean_whole_free_8gpu_nodes']:.2f}",
                   _weighted(s), f"{s['mean_mixed_nodes']:.2f}/{s['max_mixed_nodes']}",
-                  f"{f['interactive_off_target']}/{f['interactive_pods']}", str(s["overcommits"]),
+                  attainment(f), str(s["overcommits"]),
                   "-" if agree is None else f"{100 * agree:.1f}%")
     console.print(t)
 

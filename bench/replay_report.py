@@ -25,6 +25,13 @@ def _agreement(v: dict) -> str:
     return f"{100 * share:.0f} % ({a.get('top', 0):.0f} top, {a.get('tied_top', 0):.0f} tied)"
 
 
+def attainment(v: dict) -> str:
+    """Interactive serving off its per-token target, judged by measurement, out of those judged."""
+    judged = v["interactive_pods"] - v.get("interactive_unjudged", 0)
+    unjudged = v.get("interactive_unjudged")
+    return f"{v['interactive_off_target']}/{judged}" + (f" ({unjudged} not judged)" if unjudged else "")
+
+
 def rows(path: Path) -> list[str]:
     label = path.stem.removeprefix("replay-gravity-").removeprefix("replay-gravity")
     out = []
@@ -39,7 +46,7 @@ def rows(path: Path) -> list[str]:
                 f"{v['mean_whole_free_8gpu_nodes']:.2f}",
                 f"{v['mean_stranded_usd_per_hour']:.2f}",
                 f"{v['mean_mixed_nodes']:.2f} / {v['max_mixed_nodes']}",
-                f"{v['interactive_off_target']}/{v['interactive_pods']}",
+                attainment(v),
                 f"{v['cost_total']:,.0f}",
                 f"{100 * v['colocated']:.1f} %",
                 str(v["overcommits"]),
@@ -50,7 +57,8 @@ def rows(path: Path) -> list[str]:
 
 HEADER = ("| run | mix | variant | stranded / free GPUs, time-weighted | same, sampled at arrivals | "
           "whole free 8-GPU nodes, time-weighted | same, sampled | list price of the stranded GPUs, $/h | "
-          "training beside interactive serving (nodes, mean / max) | interactive serving off its target | "
+          "training beside interactive serving (nodes, mean / max) | "
+          "interactive serving off its target (measured) | "
           "est. cost $ | co-located, all edges | over-commits | agreement (top or tied) |")
 
 

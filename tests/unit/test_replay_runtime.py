@@ -1,11 +1,14 @@
-"""Run times of replayed training pods from measured throughput (tests/integration/harness/runtime.py)."""
+"""Run times of replayed pods and the judge of serving, from measurements (tests/integration/harness/runtime.py)."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
 
+from app.calibration.corpus import Measurement, load_file
+from app.core.workload import parse_workload
 from app.objects import node_object, pod_object
-from tests.integration.harness.runtime import TrainingSpeed, node_gpus
+from tests.integration.harness.runtime import Judged, ServingJudge, ServingSpeed, TrainingSpeed, node_gpus
 
 SEVEN_B = "6.658859008B"  # the measured MPT-7B's parameter count (the rows' NumParams)
 
@@ -42,3 +45,68 @@ def test_an_unmeasured_gpu_is_scaled_by_its_datasheet_peak_and_reported() -> Non
 def test_node_gpus_reads_the_product_label() -> None:
     nodes = [node_object("a", gpus=8, product="NVIDIA-A100-SXM4-80GB"), node_object("c")]
     assert node_gpus(nodes) == {"a": "A100-SXM4-80GB", "c": None}
+
+
+# ----- serving -----------------------------------------------------------------------------------
+
+def serve(params: str = "7B", precision: str = "int8", latency: str = "batch", gpus: int = 1) -> dict[str, object]:
+    return pod_object("s", stage="serving", gpus=gpus, annotations={
+        "llm-placement.io/model-params": params, "llm-placement.io/precision": precision,
+        "llm-placement.io/latency-class": latency})
+
+
+def measurement(gpu: str, tpot: float, concurrency: int = 8, params: str = "7B", source: str = "s1",
+                precision: str = "int8") -> Measurement:
+    text = yaml.safe_dump({"source": {"id": source, "title": "t", "url": "https://example.org/t",
+                                      "publisher": "p", "kind": "paper"},
+                           "points": [{"locator": "row", "engine": "vllm", "engine_version": "0.6.0",
+                                       "model": "llama-2-7b", "model_params": params, "precision": precision,
+                                       "gpu": gpu, "gpus": 1, "tp": 1, "pp": 1, "concurrency": concurrency,
+                                       "load": "closed-loop", "input_tokens": 128, "output_tokens": 128,
+                                       "tpot_ms": tpot, "tpot_stat": "mean"}]})
+    return load_file(f"{source}-{gpu}-{concurrency}.yaml", text=text)[0]
+
+
+def test_batch_serving_runs_longer_by_the_measured_per_token_ratio_of_paired_points() -> None:
+    rows = [measurement("H100-SXM-80GB", 10.0), measurement("A100-SXM4-80GB", 16.0),
+            measurement("H100-SXM-80GB", 20.0, source="s2"), measurement("A100-SXM4-80GB", 36.0, source="s2"),
+            # unpaired (another source, or below batch concurrency): ignored
+            measurement("A100-SXM4-80GB", 99.0, source="s3"),
+            measurement("H100-SXM-80GB", 5.0, concurrency=1), measurement("A100-SXM4-80GB", 50.0, concurrency=1)]
+    speed = ServingSpeed(rows)
+    assert speed.ratio("A100-SXM4-80GB") == pytest.approx(1.7)  # median of 1.6 and 1.8
+    assert speed.pairs == {"A100-SXM4-80GB": 2}
+    assert speed.seconds(serve(), 100.0, "A100-SXM4-80GB") == pytest.approx(170.0)
+    assert speed.seconds(serve(), 100.0, "H100-SXM-80GB") == pytest.approx(100.0)
+    # Interactive serving runs its lifetime, training is TrainingSpeed's, no GPU keeps the trace.
+    assert speed.seconds(serve(latency="interactive"), 100.0, "A100-SXM4-80GB") == 100.0
+    assert speed.seconds(train(), 100.0, "A100-SXM4-80GB") == 100.0
+    assert speed.seconds(serve(), 100.0, None) == 100.0
+
+
+def test_a_gpu_without_pairs_is_scaled_by_datasheet_bandwidth_and_reported() -> None:
+    speed = ServingSpeed([measurement("H100-SXM-80GB", 10.0)])
+    assert speed.ratio("L4") == pytest.approx(3.35 / 0.3, rel=1e-3) and "L4" in speed.scaled
+
+
+def test_the_packaged_corpus_pairs_a100_with_h100_and_finds_it_slower() -> None:
+    speed = ServingSpeed.load()
+    assert speed.pairs["A100-SXM4-80GB"] >= 10 and 1.2 < speed.ratio("A100-SXM4-80GB") < 2.5
+    assert "A100-SXM4-80GB" not in speed.scaled
+
+
+def test_interactive_serving_is_judged_by_the_measured_time_for_its_size() -> None:
+    rows = [measurement("A100-SXM4-80GB", 8.0, concurrency=1, params="7B"),
+            measurement("A100-SXM4-80GB", 20.0, concurrency=1, params="70B"),
+            measurement("A100-SXM4-80GB", 99.0, concurrency=8, params="7B")]  # batched: not a judge
+    judge = ServingJudge(rows)
+    spec = parse_workload(serve("7B", latency="interactive"))
+    assert judge.judge(spec, "A100-SXM4-80GB") == Judged(8.0, "measured")
+    mid = judge.judge(parse_workload(serve("20B", latency="interactive")), "A100-SXM4-80GB")
+    assert mid is not None and mid.how == "interpolated" and 8.0 < mid.ms_per_token < 20.0
+    assert judge.judge(parse_workload(serve("1B")), "A100-SXM4-80GB") == Judged(8.0, "bounded")
+    assert judge.judge(parse_workload(serve("140B")), "A100-SXM4-80GB") == Judged(40.0, "scaled")
+    # Another GPU, another GPU count or another weight width: not judged.
+    assert judge.judge(spec, "H100-SXM-80GB") is None
+    assert judge.judge(parse_workload(serve("7B", gpus=2)), "A100-SXM4-80GB") is None
+    assert judge.judge(parse_workload(serve("7B", precision="bf16")), "A100-SXM4-80GB") is None

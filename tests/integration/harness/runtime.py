@@ -10,22 +10,38 @@ nearest measured one by the catalog's dense BF16 peak (a datasheet ratio, stated
 results). Never the extender's own estimator: a replay must not judge placements by the model whose
 quality it measures.
 
-Serving and other pods keep their trace duration (a service runs for its lifetime, not a fixed
-amount of work). Data transfer time is not modelled here.
+Batch serving (an evaluation or offline generation job) is a fixed number of tokens too: it runs
+its duration times the GPU's measured per-token decode time over the reference GPU's, from pairs of
+the serving corpus (app/data/measurements/) that differ only in the GPU (``ServingSpeed``).
+Interactive serving runs for its lifetime whatever the node, and is judged instead: its per-token
+time on the node it got is read from the corpus (``ServingJudge``), never estimated by the extender.
+Data transfer time is not modelled here.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
+from app.calibration import corpus
+from app.calibration.corpus import Measurement
 from app.core.catalog import GpuCatalog
-from app.core.workload import TRAINING_STAGES, WorkloadError, parse_workload
+from app.core.workload import (
+    TRAINING_STAGES,
+    LatencyClass,
+    Stage,
+    WorkloadError,
+    WorkloadSpec,
+    parse_workload,
+)
 
 DATA = Path(__file__).resolve().parents[3] / "bench" / "data" / "training_throughput.yaml"
 REFERENCE_GPU = "H100-SXM-80GB"
@@ -34,14 +50,14 @@ DEFAULT_PARAMS = 7e9  # a training pod without model-params is taken as a 7B mod
 
 @dataclass(frozen=True, slots=True)
 class Curve:
-    """One GPU's measured tokens/s/GPU by model size (sorted by size)."""
+    """A measured figure by model size (sorted by size): tokens/s/GPU, or ms per token."""
 
     params: tuple[float, ...]
-    tokens_per_s: tuple[float, ...]
+    values: tuple[float, ...]
 
     def at(self, params: float) -> float:
         """Log-log interpolation; flat beyond the measured ends (no extrapolation)."""
-        xs, ys = self.params, self.tokens_per_s
+        xs, ys = self.params, self.values
         if params <= xs[0]:
             return ys[0]
         if params >= xs[-1]:
@@ -98,6 +114,124 @@ class TrainingSpeed:
         return duration * self.speed(self.reference, params) / self.speed(gpu, params)
 
 
+# A batch job keeps many sequences in flight: its speed ratio comes from pairs measured at this
+# concurrency or more (decode at batch 1 is bound by weight reads, batched decode less so).
+BATCHED_FROM = 8
+
+
+def _pair_key(m: Measurement) -> tuple[object, ...]:
+    """Everything a corpus point was measured under except the GPU."""
+    p = m.point
+    return (m.source.id, p.engine, p.engine_version, p.model, p.precision, p.kv_precision, p.tp, p.pp,
+            p.ep, p.concurrency, p.load, p.input_tokens, p.output_tokens)
+
+
+def _batch_serving(spec: WorkloadSpec) -> bool:
+    return (spec.stage is Stage.SERVING and spec.gpus > 0
+            and spec.effective_latency_class is LatencyClass.BATCH)
+
+
+class ServingSpeed:
+    """Batch serving's per-token time on each GPU relative to the reference GPU, measured.
+
+    For every set of corpus points measured alike on several GPUs (same source, engine and version,
+    model, precision, parallelism, concurrency, lengths), the ratio of each GPU's per-token time to
+    the reference GPU's; a GPU's ratio is the median over its pairs. A GPU no source paired with the
+    reference is scaled by the datasheet memory bandwidth ratio and listed in ``scaled``.
+    """
+
+    def __init__(self, rows: Sequence[Measurement], catalog: GpuCatalog | None = None,
+                 reference: str = REFERENCE_GPU, batched_from: int = BATCHED_FROM) -> None:
+        self.catalog = catalog or GpuCatalog.load()
+        self.reference = reference
+        groups: dict[tuple[object, ...], dict[str, float]] = defaultdict(dict)
+        for m in rows:
+            if m.point.tpot_ms and m.point.concurrency >= batched_from:
+                groups[_pair_key(m)][m.point.gpu] = m.point.tpot_ms
+        ratios: dict[str, list[float]] = defaultdict(list)
+        for by_gpu in groups.values():
+            ref = by_gpu.get(reference)
+            if ref:
+                for gpu, ms in by_gpu.items():
+                    ratios[gpu].append(ms / ref)
+        self.pairs = {g: len(v) for g, v in ratios.items() if g != reference}
+        self.ratios = {g: statistics.median(v) for g, v in ratios.items()}
+        self.ratios[reference] = 1.0
+        self.scaled: set[str] = set()
+
+    @classmethod
+    def load(cls, catalog: GpuCatalog | None = None) -> ServingSpeed:
+        return cls(corpus.packaged(), catalog)
+
+    def ratio(self, gpu: str) -> float:
+        """Per-token time on ``gpu`` over the reference GPU's."""
+        if gpu in self.ratios:
+            return self.ratios[gpu]
+        spec, ref = self.catalog.lookup(gpu), self.catalog.lookup(self.reference)
+        if spec is None or ref is None or spec.hbm_bandwidth_tbs <= 0:
+            raise ValueError(f"unknown GPU {gpu!r}")
+        self.scaled.add(gpu)
+        return ref.hbm_bandwidth_tbs / spec.hbm_bandwidth_tbs
+
+    def seconds(self, manifest: dict[str, Any], duration: float, gpu: str | None) -> float:
+        """A batch serving pod's run time on ``gpu``; any other pod keeps ``duration``."""
+        try:
+            spec = parse_workload(manifest)
+        except WorkloadError:
+            return duration
+        if gpu is None or not _batch_serving(spec):
+            return duration
+        return duration * self.ratio(gpu)
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """A measured per-token time for a serving pod on a GPU, and how it was read from the corpus."""
+
+    ms_per_token: float
+    how: str  # "measured", "interpolated" (between two sizes), "bounded" (by a larger size), "scaled" (up)
+
+
+class ServingJudge:
+    """Interactive serving judged by measurement: the corpus's per-token time at one request.
+
+    A pod is judged on a GPU when the corpus holds dense points on that GPU at one request, with as
+    many GPUs as the pod asks and the same bytes per weight as the precision it declares first.
+    Between measured model sizes the time is interpolated log-log (decode reads the weights, so it
+    grows with size); below the smallest measured size the smallest one's time is taken (a smaller
+    model is no slower), above the largest it is scaled in proportion to size. Otherwise the pod is
+    not judged (``None``), and the replay counts it as such.
+    """
+
+    def __init__(self, rows: Sequence[Measurement]) -> None:
+        by: dict[tuple[str, int, float], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for m in rows:
+            p = m.point
+            if p.tpot_ms and p.concurrency == 1 and not m.moe:
+                by[(p.gpu, p.gpus, p.precision.bytes_per_param)][m.params].append(p.tpot_ms)
+        self.curves = {k: Curve(tuple(sorted(v)), tuple(statistics.median(v[x]) for x in sorted(v)))
+                       for k, v in by.items()}
+
+    @classmethod
+    def load(cls) -> ServingJudge:
+        return cls(corpus.packaged())
+
+    def judge(self, spec: WorkloadSpec, gpu: str | None) -> Judged | None:
+        if gpu is None or not spec.model_params or spec.gpus <= 0 or spec.active_params:
+            return None
+        curve = self.curves.get((gpu, spec.gpus, spec.precisions[0].bytes_per_param))
+        if curve is None:
+            return None
+        params, xs = spec.model_params, curve.params
+        if params in xs:
+            return Judged(curve.values[xs.index(params)], "measured")
+        if xs[0] < params < xs[-1]:
+            return Judged(curve.at(params), "interpolated")
+        if params < xs[0]:  # a smaller model is no slower: the smallest measured size bounds it
+            return Judged(curve.values[0], "bounded")
+        return Judged(curve.values[-1] * params / xs[-1], "scaled")
+
+
 def node_gpus(nodes: list[dict[str, Any]], catalog: GpuCatalog | None = None) -> dict[str, str | None]:
     """node name -> catalog GPU name (from the GPU Feature Discovery product label), None without."""
     catalog = catalog or GpuCatalog.load()
@@ -107,3 +241,46 @@ def node_gpus(nodes: list[dict[str, Any]], catalog: GpuCatalog | None = None) ->
         spec = catalog.lookup(product) if product else None
         out[n["metadata"]["name"]] = spec.name if spec else None
     return out
+
+
+class _Pod(Protocol):
+    manifest: dict[str, Any]
+    duration: float | None
+
+
+class PodRuntime:
+    """A replayed pod's run time on the node it got (the replay driver's ``runtime`` callback).
+
+    Training runs its work at the GPU's measured training speed, batch serving its tokens at the
+    GPU's measured per-token time; anything else runs its trace duration.
+    """
+
+    def __init__(self, nodes: list[dict[str, Any]], training: TrainingSpeed | None = None,
+                 serving: ServingSpeed | None = None, catalog: GpuCatalog | None = None) -> None:
+        catalog = catalog or GpuCatalog.load()
+        self.gpus = node_gpus(nodes, catalog)
+        self.training = training or TrainingSpeed.load()
+        self.serving = serving or ServingSpeed.load(catalog)
+
+    def __call__(self, pod: _Pod, node: str, _where: dict[str, str]) -> float:
+        duration, gpu = pod.duration or 0.0, self.gpus.get(node)
+        run = self.training.seconds(pod.manifest, duration, gpu)
+        return run if run != duration else self.serving.seconds(pod.manifest, duration, gpu)
+
+    def facts(self, params: float = DEFAULT_PARAMS) -> dict[str, Any]:
+        """Per GPU in the cluster: its speed ratios to the reference and where they come from."""
+        out: dict[str, Any] = {}
+        for gpu in sorted({g for g in self.gpus.values() if g}):
+            train = self.training.speed(self.training.reference, params) / self.training.speed(gpu, params)
+            out[gpu] = {"training_time_ratio": round(train, 4),
+                        "training_from": "datasheet BF16 peak" if gpu in self.training.scaled else "measured",
+                        "batch_serving_time_ratio": round(self.serving.ratio(gpu), 4),
+                        "batch_serving_from": self._serving_source(gpu)}
+        return out
+
+    def _serving_source(self, gpu: str) -> str:
+        if gpu == self.serving.reference:
+            return "reference"
+        if gpu in self.serving.scaled:
+            return "datasheet memory bandwidth"
+        return f"{self.serving.pairs[gpu]} measured pairs"
