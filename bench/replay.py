@@ -106,7 +106,7 @@ from app.core.feasibility import pod_hourly_cost  # noqa: E402
 from app.core.nodes import node_facts  # noqa: E402
 from app.core.workload import LatencyClass, Stage, parse_workload  # noqa: E402
 from app.objects import expand_cluster, node_object, pod_object  # noqa: E402
-from bench.replay_report import attainment  # noqa: E402
+from bench.replay_report import attainment, common_window  # noqa: E402
 from tests.integration.harness import (  # noqa: E402
     ControlPlane,
     create_nodes,
@@ -442,6 +442,9 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
     gpu_price = {n: f.hourly_cost / f.gpu_count for n, f in facts.items() if f.gpu_count}
     stranded_usd = [sum(free * gpu_price.get(n, 0.0) for n, free in x.stranded_by_node.items())
                     for x in r.samples]
+    # The same over trace time (virtual clock): dollars of list price the stranded GPUs idled.
+    by_node = (r.time_weighted or {}).get("stranded_gpu_hours_by_node", {})
+    stranded_usd_total = sum(h * gpu_price.get(n, 0.0) for n, h in by_node.items())
     return {
         "edges": len(all_edges),
         "colocated": _share([e["colocated"] for e in all_edges]),
@@ -456,6 +459,7 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
         "spent_by_stage": dict(spent),
         "spent_total": sum(spent.values()),
         "mean_stranded_usd_per_hour": statistics.mean(stranded_usd) if stranded_usd else 0.0,
+        "stranded_usd_total": stranded_usd_total,
         "interactive_pods": interactive,
         "interactive_off_target": len(off_target),
         "off_target_ms_per_token": sorted(round(x, 1) for x in off_target),
@@ -879,17 +883,18 @@ def mixed_gpu_gangs(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
 def _outcome_table(title: str, variants: dict[str, dict[str, Any]]) -> None:
     t = Table(title=title)
     for c in ("variant", "jobs done", "gangs run / all", "deadlocks", "idle-held GPU-h",
-              "queue p50 / p95 s", "job completion mean s", "dollars spent", "stranded $/h",
-              "whole free nodes", "mixed-GPU gangs"):
+              "queue p50 / p95 s", "job completion mean s", "dollars spent", "stranded $/h (common window)",
+              "stranded GPU-h beyond packing", "whole free nodes (common window)", "mixed-GPU gangs"):
         t.add_column(c)
+    common = common_window(variants)
     for v, s in variants.items():
-        tw = s.get("time_weighted") or {}
+        cw = common[v]
         t.add_row(v, f"{s['pipelines_done']}/{s['pipelines']}", f"{s['gangs_started']}/{s['gangs']}",
                   str(s["gang_deadlocks"]), f"{s['idle_held_gpu_h']:.1f}",
                   f"{s['queue_p50_s'] or 0:.0f} / {s['queue_p95_s'] or 0:.0f}",
                   f"{s['completion_mean_s'] or 0:,.0f}", f"{s['spent_total']:,.0f}",
-                  f"{s['mean_stranded_usd_per_hour']:.1f}", f"{tw.get('whole_free_8gpu_nodes', 0):.2f}",
-                  str(s["mixed_gpu_gangs"]))
+                  f"{cw['stranded_usd_per_hour']:.1f}", f"{cw['beyond_packing_gpu_h']:.1f}",
+                  f"{cw['whole_free_8gpu_nodes']:.2f}", str(s["mixed_gpu_gangs"]))
     console.print(t)
 
 

@@ -91,8 +91,27 @@ def outcome_rows(path: Path) -> list[str]:
 
 
 LLM_HEADER = ("| seed | load | variant | gangs run / deadlocks | GPU-h held idle | queueing p50 / p95, s | "
-              "job completion mean / p95, s | dollars spent | stranded $/h, time-weighted | "
-              "whole free 8-GPU nodes, time-weighted | gangs started across GPU models |")
+              "job completion mean / p95, s | dollars spent | stranded $/h, common window | "
+              "stranded GPU-h / beyond perfect packing | whole free 8-GPU nodes, own span / common window | "
+              "gangs started across GPU models |")
+
+
+def common_window(variants: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Stranded $/h and whole free 8-GPU nodes per variant over one window: the longest trace span
+    of the run. Each variant's own time average rewards finishing late (a long tail with a few jobs
+    left counts many free nodes); over a common window a variant that finished its work sooner has
+    its cluster back, empty, for the rest of it. Nothing is stranded on an empty cluster."""
+    spans = {v: (x.get("time_weighted") or {}).get("span_s", 0.0) for v, x in variants.items()}
+    window = max(spans.values(), default=0.0) or 1.0
+    out = {}
+    for v, x in variants.items():
+        tw = x.get("time_weighted") or {}
+        span = spans[v]
+        whole = tw.get("whole_free_8gpu_nodes", 0.0) * span + tw.get("nodes_8gpu", 0) * (window - span)
+        out[v] = {"window_s": window, "whole_free_8gpu_nodes": whole / window,
+                  "stranded_usd_per_hour": x.get("stranded_usd_total", 0.0) / (window / 3600.0),
+                  "beyond_packing_gpu_h": tw.get("stranded_beyond_packing_gpu_hours", float("nan"))}
+    return out
 
 
 def llm_rows(path: Path) -> list[str]:
@@ -100,15 +119,18 @@ def llm_rows(path: Path) -> list[str]:
     out = []
     for _key, doc in json.loads(path.read_text()).items():
         meta = doc["meta"]
+        common = common_window(doc["variants"])
         for variant, v in doc["variants"].items():
-            tw = v.get("time_weighted") or {}
+            tw, cw = v.get("time_weighted") or {}, common[variant]
             out.append(" | ".join([
                 "", str(meta["seed"]), f"{meta['load']:g}", variant,
                 f"{v['gangs_started']} / {v['gang_deadlocks']}", f"{v['idle_held_gpu_h']:.1f}",
                 f"{_s(v['queue_p50_s'])} / {_s(v['queue_p95_s'])}",
                 f"{_s(v['completion_mean_s'])} / {_s(v['completion_p95_s'])}",
-                f"{v['spent_total']:,.0f}", f"{v['mean_stranded_usd_per_hour']:.1f}",
-                f"{tw.get('whole_free_8gpu_nodes', 0.0):.2f}", str(v["mixed_gpu_gangs"]), "",
+                f"{v['spent_total']:,.0f}", f"{cw['stranded_usd_per_hour']:.1f}",
+                f"{tw.get('stranded_gpu_hours', 0.0):.1f} / {cw['beyond_packing_gpu_h']:.1f}",
+                f"{tw.get('whole_free_8gpu_nodes', 0.0):.2f} / {cw['whole_free_8gpu_nodes']:.2f}",
+                str(v["mixed_gpu_gangs"]), "",
             ]).strip())
     return out
 
@@ -117,7 +139,7 @@ def main(files: list[Path], outcomes: bool = False, llm: bool = False) -> None:
     """--outcomes: the virtual-clock outcome table (gangs, queueing, completion, dollars spent);
     --llm: the LLM-cluster mix table (files from ``bench/replay.py --llm-jobs``)."""
     header, align, make = (
-        (LLM_HEADER, "|" + "---|" * 3 + "---:|" * 8, llm_rows) if llm
+        (LLM_HEADER, "|" + "---|" * 3 + "---:|" * 9, llm_rows) if llm
         else (OUTCOME_HEADER, "|" + "---|" * 3 + "---:|" * 8, outcome_rows) if outcomes
         else (HEADER, "|" + "---|" * 3 + "---:|" * 10 + "---|", rows))
     print(header)

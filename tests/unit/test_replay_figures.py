@@ -1,8 +1,8 @@
-"""The pipeline replay's per-variant figures (bench/replay.py), on hand-made placements and samples.
+"""The replay's per-variant figures (bench/replay.py), on hand-made placements and samples.
 
-The replay judges every variant with the extender's own latency model, so a baseline that puts a 7B
-chat model on an L4 is counted as missing the interactive target, and prices the GPUs each sample
-left stranded.
+Interactive serving is judged by the serving corpus's measurements (never by the extender's own
+estimate), stranded GPUs are priced, and stranding is split into what the load forces and what a
+placement adds beyond perfect packing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import typer
 
 from app.objects import node_object, pod_object
-from tests.integration.harness.replay import ReplayPod, ReplayResult, Sample
+from tests.integration.harness.replay import ReplayPod, ReplayResult, Sample, _TimeWeighted, packing_bound
 
 ANN = "llm-placement.io/"
 REPO = Path(__file__).resolve().parents[2]
@@ -141,3 +141,49 @@ def test_the_llm_mix_has_the_kalos_shares_and_the_load_sets_the_span(bench_repla
     assert len(gangs) == jobs["pretrain"]
     assert all(int(p.manifest["metadata"]["annotations"]["llm-placement.io/gang-size"]) >= 2
                for p in pods if p.name.startswith("p"))
+
+
+def _report() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("replay_report_window", REPO / "bench" / "replay_report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_packing_bound_is_what_perfect_packing_of_the_same_work_would_strand() -> None:
+    kinds = {"a1": (8, "A100"), "a2": (8, "A100"), "h1": (8, "H100"), "l1": (4, "L4")}
+    # Three 1-GPU pods on each of two A100 nodes: on one node they would leave 2 free, not 10.
+    assert packing_bound({"a1": 5, "a2": 5}, kinds) == 2
+    # Work of different GPUs or sizes cannot be pooled: each kind keeps its own remainder.
+    assert packing_bound({"a1": 7, "h1": 7, "l1": 3}, kinds) == 7 + 7 + 3
+    # Partly used nodes whose work fills whole nodes exactly strand nothing when packed.
+    assert packing_bound({"a1": 4, "a2": 4}, kinds) == 0
+    assert packing_bound({}, kinds) == 0
+
+
+def test_time_weighting_keeps_stranded_hours_per_node_and_the_excess_over_packing() -> None:
+    w = _TimeWeighted({"a1": (8, "A100"), "a2": (8, "A100")})
+    w.add(Sample(1, 0.0, 0.0, 6, 10, 10, 0, 0, 0, 0, 0, {"a1": 5, "a2": 5}), 3600.0)  # bound 2
+    w.add(Sample(2, 0.0, 0.0, 1, 15, 7, 1, 1, 0, 0, 0, {"a1": 7}), 3600.0)  # already packed
+    f = w.figures()
+    assert f["stranded_gpu_hours"] == pytest.approx(17.0)
+    assert f["stranded_beyond_packing_gpu_hours"] == pytest.approx(8.0)
+    assert f["stranded_gpu_hours_by_node"] == {"a1": pytest.approx(12.0), "a2": pytest.approx(5.0)}
+    assert f["nodes_8gpu"] == 2
+
+
+def test_the_common_window_gives_a_variant_that_finished_sooner_its_empty_cluster_back() -> None:
+    report = _report()
+    soon = {"time_weighted": {"span_s": 1000.0, "whole_free_8gpu_nodes": 2.0, "nodes_8gpu": 4,
+                              "stranded_beyond_packing_gpu_hours": 0.5}, "stranded_usd_total": 30.0}
+    late = {"time_weighted": {"span_s": 3000.0, "whole_free_8gpu_nodes": 3.0, "nodes_8gpu": 4,
+                              "stranded_beyond_packing_gpu_hours": 0.0}, "stranded_usd_total": 45.0}
+    out = report.common_window({"soon": soon, "late": late})
+    # Own spans say 2 against 3 whole free nodes; over the 3,000 s both ran, the variant that was
+    # done at 1,000 s had all 4 nodes free for the last 2,000 s: (2 x 1000 + 4 x 2000) / 3000.
+    assert out["soon"]["whole_free_8gpu_nodes"] == pytest.approx(10000 / 3000)
+    assert out["late"]["whole_free_8gpu_nodes"] == pytest.approx(3.0)
+    assert out["soon"]["stranded_usd_per_hour"] == pytest.approx(30.0 / (3000 / 3600))
+    assert out["late"]["stranded_usd_per_hour"] == pytest.approx(45.0 / (3000 / 3600))
+    assert out["soon"]["beyond_packing_gpu_h"] == 0.5

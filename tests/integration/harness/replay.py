@@ -48,6 +48,7 @@ import heapq
 import random
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -405,6 +406,11 @@ class NodeCap:
     cpu_milli: int
 
 
+def node_product(node: dict[str, Any]) -> str:
+    """The node's GPU product label (GPU Feature Discovery), empty without one."""
+    return str((node["metadata"].get("labels") or {}).get("nvidia.com/gpu.product", ""))
+
+
 def node_caps(nodes: list[dict[str, Any]]) -> dict[str, NodeCap]:
     out = {}
     for n in nodes:
@@ -457,11 +463,27 @@ def _sample(created: int, vt: float, wall: float, caps: dict[str, NodeCap], pods
 CLOCKS = ("wall", "virtual")
 
 
+def packing_bound(stranded_by_node: dict[str, int], kinds: dict[str, tuple[int, str]]) -> int:
+    """The fewest GPUs the same partly used nodes would strand if their work were packed perfectly.
+
+    ``kinds``: node -> (GPUs, GPU product). Work on partly used nodes of one kind (same size and
+    GPU) could share as few of them as it fills; only the last one's remainder need stay free. What
+    a placement strands beyond this bound is its own doing; the bound itself follows from the load.
+    """
+    used: dict[tuple[int, str], int] = defaultdict(int)
+    for node, free in stranded_by_node.items():
+        cap = kinds[node][0]
+        used[kinds[node]] += cap - free
+    return sum((cap - u % cap) % cap for (cap, _gpu), u in used.items())
+
+
 class _TimeWeighted:
     """Integrals over trace time of the fragmentation figures (virtual clock)."""
 
-    def __init__(self) -> None:
-        self.span = self.allocated = self.stranded = self.free = self.whole8 = 0.0
+    def __init__(self, kinds: dict[str, tuple[int, str]] | None = None) -> None:
+        self.span = self.allocated = self.stranded = self.free = self.whole8 = self.excess = 0.0
+        self.kinds = kinds or {}
+        self.by_node: dict[str, float] = defaultdict(float)  # stranded GPU-seconds per node
 
     def add(self, smp: Sample, dt: float) -> None:
         self.span += dt
@@ -469,6 +491,10 @@ class _TimeWeighted:
         self.stranded += smp.gpus_stranded * dt
         self.free += smp.gpus_free * dt
         self.whole8 += smp.whole_free_8gpu_nodes * dt
+        for node, free in smp.stranded_by_node.items():
+            self.by_node[node] += free * dt
+        if self.kinds:
+            self.excess += (smp.gpus_stranded - packing_bound(smp.stranded_by_node, self.kinds)) * dt
 
     def figures(self) -> dict[str, float]:
         span = self.span or 1.0
@@ -479,6 +505,10 @@ class _TimeWeighted:
             "stranded_share": self.stranded / self.free if self.free else 0.0,
             "whole_free_8gpu_nodes": self.whole8 / span,
             "stranded_gpu_hours": self.stranded / 3600.0,
+            # Stranded beyond what perfect packing of the same partly used work would strand.
+            "stranded_beyond_packing_gpu_hours": self.excess / 3600.0,
+            "stranded_gpu_hours_by_node": {n: v / 3600.0 for n, v in sorted(self.by_node.items()) if v},
+            "nodes_8gpu": sum(1 for cap, _gpu in self.kinds.values() if cap == 8),
         }
 
 
@@ -568,7 +598,8 @@ def replay(
     ends: list[tuple[float, int, str]] = []
     finishing: set[str] = set()
     next_sample = every
-    weighted = _TimeWeighted()
+    weighted = _TimeWeighted({name: (cap.gpus, node_product(n)) for n in nodes
+                              if (cap := caps.get(name := n["metadata"]["name"])) and cap.gpus})
     vt = 0.0
     t0 = time.monotonic()
     last = t0
