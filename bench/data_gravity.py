@@ -152,7 +152,7 @@ def load_durations() -> Durations:
         for row in csv.DictReader(fh):
             if row.get("id") == "Kalos":
                 return Durations(float(row["avg_run_time_gpu"]), float(row["avg_run_time_cpu"]),
-                                 f"{ACME.resolve()} (Kalos)")
+                                 "AcmeTrace data/cluster_summary.csv, row Kalos")
     return Durations()
 
 

@@ -191,16 +191,29 @@ def openb_trace(
 
 
 # ----- pipelines ---------------------------------------------------------------------------------
-def gravity_workload(scenario: str, pipelines: int, seed: int) -> tuple[list[dict[str, Any]], list[ReplayPod],
-                                                                       dict[str, Any]]:
+def gravity_workload(scenario: str, pipelines: int, seed: int, load: float | None = None
+                     ) -> tuple[list[dict[str, Any]], list[ReplayPod], dict[str, Any]]:
+    """The pipeline mix on bench/data_gravity.py's 82-node cluster. ``load``: arrivals compressed or
+    spread (the same pipelines, models and durations) so that GPU demand at H100 speed is ``load``
+    times the cluster's GPUs over the arrival span; None keeps one arrival per 1,200 s on average."""
     from bench.data_gravity import cluster_spec, load_durations, make_pipelines
 
     d = load_durations()
     nodes = expand_cluster(cluster_spec())
     for n in nodes:
         n["metadata"]["labels"].update(kwok_node_labels())
+    arrival_s = 1200.0
+    capacity = sum(int(n["status"]["capacity"].get("nvidia.com/gpu", 0)) for n in nodes)
+    plans = make_pipelines(pipelines, seed, scenario, d, arrival_s)
+    gpu_s = sum(parse_workload(pl.manifest).gpus * pl.duration
+                for p in plans for stage in p.stages for pl in stage)
+    span = max(p.arrive for p in plans) if plans else 0.0
+    if load is not None and span > 0:
+        arrival_s *= gpu_s / (capacity * load * span)
+        plans = make_pipelines(pipelines, seed, scenario, d, arrival_s)
+        span = max(p.arrive for p in plans)
     pods: list[ReplayPod] = []
-    for p in make_pipelines(pipelines, seed, scenario, d, 1200.0):
+    for p in plans:
         prev: tuple[str, ...] = ()
         for stage in p.stages:
             names = []
@@ -210,7 +223,10 @@ def gravity_workload(scenario: str, pipelines: int, seed: int) -> tuple[list[dic
                 pods.append(ReplayPod(m, arrive=p.arrive, duration=plan.duration, after=prev))
                 names.append(plan.name)
             prev = tuple(names)
-    return nodes, pods, {"scenario": scenario, "pipelines": pipelines, "seed": seed, "durations": asdict(d)}
+    meta = {"scenario": scenario, "pipelines": pipelines, "seed": seed, "durations": asdict(d),
+            "mean_arrival_s": arrival_s, "gpus": capacity, "gpu_hours_at_trace_durations": gpu_s / 3600,
+            "load": gpu_s / (capacity * span) if span else None}
+    return nodes, pods, meta
 
 
 def gang_workload(gangs: int, seed: int) -> tuple[list[dict[str, Any]], list[ReplayPod], dict[str, Any]]:
@@ -731,9 +747,10 @@ def main(
     llm_jobs: int = typer.Option(0, help="also replay this many jobs of the LLM-cluster mix (AcmeTrace "
                                          "Kalos shares) on 8 H100 + 8 A100 nodes"),
     load: list[float] = typer.Option(
-        [], help="LLM-cluster mix: GPU demand / capacity (repeatable; default 1.0)"),
+        [], help="GPU demand / capacity over the arrival span (repeatable): LLM-cluster mix (default 1.0) "
+                 "and pipelines (default: one pipeline per 1,200 s)"),
     variants: list[str] = typer.Option(
-        [], help="variants to run (default: ours, default, mostalloc; pipelines add affinity)"),
+        [], help="variants to run (default: ours, default, mostalloc; pipelines add affinity and kueue)"),
     sharing: str = typer.Option("whole", help="GPU-sharing pods: whole (1 GPU each) or skip"),
     minutes: float = typer.Option(4.0, help="timed traces, wall clock: wall minutes the arrival span takes"),
     window: int = typer.Option(16, help="created pods allowed undecided before arrivals wait"),
@@ -833,13 +850,15 @@ def main(
             stem = f"replay-gravity-{name}" if name else "replay-gravity"
             figs: dict[str, dict[str, dict[str, Any]]] = {}
             report: dict[str, Any] = {}
-            for sc in gravity:
-                nodes, pods, meta = gravity_workload(sc, pipelines, seed)
+            levels: list[float | None] = list(load) or [None]
+            for sc, level in [(sc, level) for sc in gravity for level in levels]:
+                nodes, pods, meta = gravity_workload(sc, pipelines, seed, level)
+                sc = sc if level is None else f"{sc}-load-{level:g}"
                 bench.use_nodes(nodes)
                 figs[sc] = {}
                 report[sc] = {"meta": run_meta(meta, nodes, clock), "variants": {}}
                 runs: dict[str, ReplayResult] = {}
-                for v in variants or ("ours", "default", "mostalloc", "affinity"):
+                for v in variants or ("ours", "default", "mostalloc", "affinity", "kueue"):
                     vp = variant_pods(v, pods)
                     r = bench.run(f"gravity-{sc}", nodes, vp, v, gravity_speed, window, timeout, clock)
                     runs[v] = r
