@@ -129,7 +129,7 @@ from tests.integration.harness.replay import (  # noqa: E402
     variant_config,
     with_retry_backoff,
 )
-from tests.integration.harness.runtime import PodRuntime, ServingJudge, node_gpus  # noqa: E402
+from tests.integration.harness.runtime import Inputs, PodRuntime, ServingJudge, node_gpus  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023"
 RESULTS = REPO / "bench" / "results"
@@ -407,6 +407,9 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
     edges: dict[str, list[dict[str, Any]]] = defaultdict(list)
     feasibility = settings.policies().placement.feasibility
     judge, gpus = ServingJudge.load(), node_gpus(nodes, catalog)
+    inputs = Inputs(nodes, pods)
+    moved: dict[str, float] = defaultdict(float)  # GB read per tier (data path, bench/data/data_path.yaml)
+    read_s = 0.0
     interactive = 0
     off_target: list[float] = []  # measured ms/token of interactive pods placed off their target
     unjudged: list[str] = []  # interactive pods on a GPU, size and width the corpus has not measured
@@ -432,6 +435,9 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
                 target = spec.max_ms_per_token or feasibility.default_interactive_ms_per_token
                 if judged.ms_per_token > target:
                     off_target.append(judged.ms_per_token)
+        for tier, read in inputs.reads(p.manifest, node, r.placements).items():
+            moved[tier] += read.gb
+            read_s += read.seconds
         for producer in spec.depends_on:
             members = gangs.get(producer) or [producer]
             sites = [r.placements[m] for m in members if m in r.placements]
@@ -476,6 +482,8 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
         "spent_total": sum(spent.values()),
         "mean_stranded_usd_per_hour": statistics.mean(stranded_usd) if stranded_usd else 0.0,
         "stranded_usd_total": stranded_usd_total,
+        "moved_gb_by_tier": dict(moved),
+        "input_read_s": read_s,
         "interactive_pods": interactive,
         "interactive_off_target": len(off_target),
         "off_target_ms_per_token": sorted(round(x, 1) for x in off_target),
@@ -554,7 +562,7 @@ class Bench:
         columns = (TextColumn(f"{label} {variant}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("pods", total=len(pods))
-            runtime = PodRuntime(nodes) if clock == "virtual" else None
+            runtime = PodRuntime(nodes, pods) if clock == "virtual" else None
             try:
                 r = replay(self.cp, ns, nodes, pods, variant=variant, speed=speed, window=window,
                            timeout_s=timeout, clock=clock, runtime=runtime,

@@ -62,9 +62,11 @@ HEADER = ("| run | mix | variant | stranded / free GPUs, time-weighted | same, s
           "est. cost $ | co-located, all edges | over-commits | agreement (top or tied) |")
 
 
-OUTCOME_HEADER = ("| run | mix | variant | gangs run whole / all | gang deadlocks | GPU-h held idle by "
-                  "partial gangs | queueing p50 / p95, s | pipelines done | completion p50 / p95, s | "
-                  "dollars spent (hours really run) | dollars at trace durations |")
+OUTCOME_HEADER = ("| run | mix | variant | gangs run whole / deadlocks | queueing p50 / p95, s | "
+                  "pipelines done | completion mean / p95, s | dollars spent | interactive serving off "
+                  "target (measured) | stranded $/h, common window | stranded GPU-h beyond perfect packing | "
+                  "whole free 8-GPU nodes, common window | GB read off-node / input read h | "
+                  "co-located edges |")
 
 
 def _s(x: float | None) -> str:
@@ -72,20 +74,28 @@ def _s(x: float | None) -> str:
 
 
 def outcome_rows(path: Path) -> list[str]:
-    """Virtual-clock outcomes: what the work cost and how long it waited, per variant."""
+    """Virtual-clock outcomes per mix and variant: what the work cost, how long it waited and
+    took, whether serving met its measured target, what stranded, what data moved."""
     label = path.stem.removeprefix("replay-gravity-").removeprefix("replay-gravity")
     out = []
     for mix, doc in json.loads(path.read_text()).items():
+        common = common_window(doc["variants"])
         for variant, v in doc["variants"].items():
             if "gangs" not in v:
                 continue
+            cw = common[variant]
+            moved = v.get("moved_gb_by_tier") or {}
+            off_node = sum(gb for tier, gb in moved.items() if tier != "same-node")
             out.append(" | ".join([
-                "", label or "-", mix, variant, f"{v['gangs_started']} / {v['gangs']}",
-                str(v["gang_deadlocks"]),
-                f"{v['idle_held_gpu_h']:.2f}", f"{_s(v['queue_p50_s'])} / {_s(v['queue_p95_s'])}",
+                "", label or "-", mix, variant, f"{v['gangs_started']} / {v['gang_deadlocks']}",
+                f"{_s(v['queue_p50_s'])} / {_s(v['queue_p95_s'])}",
                 f"{v['pipelines_done']} / {v['pipelines']}",
-                f"{_s(v['completion_p50_s'])} / {_s(v['completion_p95_s'])}",
-                f"{v.get('spent_total', 0.0):,.0f}", f"{v['cost_total']:,.0f}", "",
+                f"{_s(v.get('completion_mean_s'))} / {_s(v['completion_p95_s'])}",
+                f"{v.get('spent_total', 0.0):,.0f}", attainment(v),
+                f"{cw['stranded_usd_per_hour']:.1f}", f"{cw['beyond_packing_gpu_h']:.1f}",
+                f"{cw['whole_free_8gpu_nodes']:.2f}",
+                f"{off_node:,.0f} / {v.get('input_read_s', 0.0) / 3600:.2f}",
+                f"{100 * v['colocated']:.1f} %", "",
             ]).strip())
     return out
 
@@ -140,7 +150,7 @@ def main(files: list[Path], outcomes: bool = False, llm: bool = False) -> None:
     --llm: the LLM-cluster mix table (files from ``bench/replay.py --llm-jobs``)."""
     header, align, make = (
         (LLM_HEADER, "|" + "---|" * 3 + "---:|" * 9, llm_rows) if llm
-        else (OUTCOME_HEADER, "|" + "---|" * 3 + "---:|" * 8, outcome_rows) if outcomes
+        else (OUTCOME_HEADER, "|" + "---|" * 3 + "---:|" * 11, outcome_rows) if outcomes
         else (HEADER, "|" + "---|" * 3 + "---:|" * 10 + "---|", rows))
     print(header)
     print(align)

@@ -8,7 +8,15 @@ import yaml
 from app.calibration.corpus import Measurement, load_file
 from app.core.workload import parse_workload
 from app.objects import node_object, pod_object
-from tests.integration.harness.runtime import Judged, ServingJudge, ServingSpeed, TrainingSpeed, node_gpus
+from tests.integration.harness.runtime import (
+    Inputs,
+    Judged,
+    PodRuntime,
+    ServingJudge,
+    ServingSpeed,
+    TrainingSpeed,
+    node_gpus,
+)
 
 SEVEN_B = "6.658859008B"  # the measured MPT-7B's parameter count (the rows' NumParams)
 
@@ -110,3 +118,42 @@ def test_interactive_serving_is_judged_by_the_measured_time_for_its_size() -> No
     assert judge.judge(spec, "H100-SXM-80GB") is None
     assert judge.judge(parse_workload(serve("7B", gpus=2)), "A100-SXM4-80GB") is None
     assert judge.judge(parse_workload(serve("7B", precision="bf16")), "A100-SXM4-80GB") is None
+
+
+# ----- inputs over the data path -----------------------------------------------------------------
+
+def _node(name: str, leaf: str, zone: str) -> dict[str, object]:
+    return node_object(name, gpus=8, product="NVIDIA-H100-80GB-HBM3", labels={
+        "fabric.topograph.run/tier-0": leaf, "topology.kubernetes.io/zone": zone})
+
+
+class _P:
+    def __init__(self, manifest: dict[str, object], duration: float = 100.0) -> None:
+        self.manifest, self.duration = manifest, duration
+
+
+def test_a_consumer_reads_its_input_over_the_path_to_where_its_producer_ran() -> None:
+    nodes = [_node("a", "l1", "z1"), _node("b", "l1", "z1"), _node("c", "l2", "z2")]
+    gang = [_P(pod_object(f"g-{i}", stage="pretraining", gpus=8, labels={"scheduling.x-k8s.io/pod-group": "g"}))
+            for i in range(2)]
+    sft = _P(pod_object("sft", stage="alignment", gpus=8, annotations={
+        "llm-placement.io/depends-on": "g", "llm-placement.io/input-data-gb": "100",
+        "llm-placement.io/model-params": SEVEN_B}))
+    inputs = Inputs(nodes, [*gang, sft])
+    path = inputs.path
+    local, leaf, cross = (path.seconds_per_gb(t) for t in ("same-node", "same-leaf", "cross-zone"))
+    # The gang's two members ran on a and b: half the data is local to a, half one leaf hop away.
+    where = {"g-0": "a", "g-1": "b"}
+    reads = inputs.reads(sft.manifest, "a", where)
+    assert {t: r.gb for t, r in reads.items()} == {"same-node": 50.0, "same-leaf": 50.0}
+    assert inputs.seconds(sft.manifest, "a", where) == pytest.approx(50 * local + 50 * leaf)  # leaf: hop + local read
+    # From another zone every share crosses zones: slower, by the stated bandwidths.
+    assert inputs.seconds(sft.manifest, "c", where) == pytest.approx(100 * cross)
+    assert inputs.seconds(sft.manifest, "c", where) > inputs.seconds(sft.manifest, "a", where)
+    # A producer never placed costs nothing; a pod without inputs reads nothing.
+    assert inputs.seconds(sft.manifest, "a", {}) == 0.0
+    assert inputs.reads(gang[0].manifest, "a", where) == {}
+    # The run time adds the read to the compute on the GPU the pod got.
+    runtime = PodRuntime(nodes, [*gang, sft])
+    assert runtime(sft, "c", where) == pytest.approx(100.0 + 100 * cross)
+    assert PodRuntime(nodes)(sft, "c", where) == pytest.approx(100.0)  # without the trace: compute only

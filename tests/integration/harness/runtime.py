@@ -43,7 +43,11 @@ from app.core.workload import (
     parse_workload,
 )
 
+from .datapath import HOSTNAME_LABEL, DataPath, TierRead
+
 DATA = Path(__file__).resolve().parents[3] / "bench" / "data" / "training_throughput.yaml"
+GANG_LABEL = "scheduling.x-k8s.io/pod-group"
+GANG_NAME_ANNOTATION = "llm-placement.io/gang-name"
 REFERENCE_GPU = "H100-SXM-80GB"
 DEFAULT_PARAMS = 7e9  # a training pod without model-params is taken as a 7B model
 
@@ -252,20 +256,24 @@ class PodRuntime:
     """A replayed pod's run time on the node it got (the replay driver's ``runtime`` callback).
 
     Training runs its work at the GPU's measured training speed, batch serving its tokens at the
-    GPU's measured per-token time; anything else runs its trace duration.
+    GPU's measured per-token time; anything else runs its trace duration. With the trace's pods
+    given, a pod first reads its inputs from where its producers ran (``Inputs``).
     """
 
-    def __init__(self, nodes: list[dict[str, Any]], training: TrainingSpeed | None = None,
-                 serving: ServingSpeed | None = None, catalog: GpuCatalog | None = None) -> None:
+    def __init__(self, nodes: list[dict[str, Any]], pods: Sequence[_Pod] = (),
+                 training: TrainingSpeed | None = None, serving: ServingSpeed | None = None,
+                 catalog: GpuCatalog | None = None) -> None:
         catalog = catalog or GpuCatalog.load()
         self.gpus = node_gpus(nodes, catalog)
         self.training = training or TrainingSpeed.load()
         self.serving = serving or ServingSpeed.load(catalog)
+        self.inputs = Inputs(nodes, pods) if pods else None
 
-    def __call__(self, pod: _Pod, node: str, _where: dict[str, str]) -> float:
+    def __call__(self, pod: _Pod, node: str, where: dict[str, str]) -> float:
         duration, gpu = pod.duration or 0.0, self.gpus.get(node)
         run = self.training.seconds(pod.manifest, duration, gpu)
-        return run if run != duration else self.serving.seconds(pod.manifest, duration, gpu)
+        run = run if run != duration else self.serving.seconds(pod.manifest, duration, gpu)
+        return run + (self.inputs.seconds(pod.manifest, node, where) if self.inputs else 0.0)
 
     def facts(self, params: float = DEFAULT_PARAMS) -> dict[str, Any]:
         """Per GPU in the cluster: its speed ratios to the reference and where they come from."""
@@ -284,3 +292,46 @@ class PodRuntime:
         if gpu in self.serving.scaled:
             return "datasheet memory bandwidth"
         return f"{self.serving.pairs[gpu]} measured pairs"
+
+
+class Inputs:
+    """Where a pod's inputs sit when it starts, and how long reading them takes (``DataPath``).
+
+    A pod's ``depends-on`` producers are pods or gangs of the trace; a gang's data sits in equal
+    shares on its members' nodes. The pod's ``input-data-gb`` is split equally among its producers
+    that were placed; a producer never placed costs nothing (its data is nowhere to be read).
+    """
+
+    def __init__(self, nodes: list[dict[str, Any]], pods: Sequence[_Pod], path: DataPath | None = None) -> None:
+        self.path = path or DataPath.load()
+        self.labels = {n["metadata"]["name"]: {**(n["metadata"].get("labels") or {}),
+                                               HOSTNAME_LABEL: n["metadata"]["name"]} for n in nodes}
+        self.members: dict[str, list[str]] = defaultdict(list)
+        for p in pods:
+            meta = p.manifest["metadata"]
+            group = (meta.get("labels") or {}).get(GANG_LABEL) or (meta.get("annotations") or {}).get(
+                GANG_NAME_ANNOTATION)
+            if group:
+                self.members[group].append(meta["name"])
+
+    def reads(self, manifest: dict[str, Any], node: str, where: dict[str, str]) -> dict[str, TierRead]:
+        """GB and seconds of the pod's input reads on ``node`` by tier, innermost first."""
+        try:
+            spec = parse_workload(manifest)
+        except WorkloadError:
+            return {}
+        placed = {producer: sites for producer in spec.depends_on
+                  if (sites := [where[m] for m in self.members.get(producer, [producer]) if m in where])}
+        if not placed or spec.input_data_gb <= 0 or node not in self.labels:
+            return {}
+        out: dict[str, TierRead] = {}
+        for sites in placed.values():
+            share = spec.input_data_gb / len(placed)
+            for tier_name, read in self.path.by_tier(share, self.labels[node],
+                                                     [self.labels[s] for s in sites]).items():
+                prev = out.get(tier_name)
+                out[tier_name] = read if prev is None else TierRead(prev.gb + read.gb, prev.seconds + read.seconds)
+        return out
+
+    def seconds(self, manifest: dict[str, Any], node: str, where: dict[str, str]) -> float:
+        return sum(r.seconds for r in self.reads(manifest, node, where).values())
