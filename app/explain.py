@@ -159,12 +159,18 @@ def _feasible_entry(service: ExtenderService, spec: WorkloadSpec, f: NodeFit, s:
     if s is not None and s.guarded_by:
         # Ranked just below a partly used node (docs/scoring.md, "The whole-node guard").
         out["whole_node_guard"] = _guard_note(service, f.node.name, s.guarded_by)
-    if s is not None and s.gravity_capped:
+    if s is not None and s.gravity_capped == "opens":
         # docs/data-gravity.md, "Never a whole node far bigger than the pod".
         out["gravity_not_counted"] = (
             f"the pod would open this whole {f.node.gpu_count}-GPU node for {spec.gpus} GPU(s): data "
             f"gravity opens no node of more than {GRAVITY_OPENS_AT_MOST}x the pod's GPUs while a "
             "partly used or smaller node fits; its pull is capped at theirs")
+    elif s is not None and s.gravity_capped == "outclassed":
+        # docs/data-gravity.md, "Never onto slower, dearer training hardware".
+        out["gravity_not_counted"] = (
+            f"another candidate's GPU trains at least as fast as this {f.node.gpu_product or 'GPU'} and "
+            "costs less per unit of work: reading inputs faster here never pays for hours of slower "
+            "training, so its pull is capped at the best pull among those candidates")
     return out
 
 

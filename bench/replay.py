@@ -428,11 +428,12 @@ def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: Repla
             interactive += 1
             # Judged by measurement (the serving corpus), never by the extender's estimate.
             judged = judge.judge(spec, gpus.get(node))
-            if judged is None:
+            target = spec.max_ms_per_token or feasibility.default_interactive_ms_per_token
+            # A bound from a larger measured model proves a target met, never one missed.
+            if judged is None or (judged.how == "bounded" and judged.ms_per_token > target):
                 unjudged.append(f"{spec.model_params or 0:.0e} x{spec.gpus} on {gpus.get(node)}")
             else:
                 judged_how[judged.how] += 1
-                target = spec.max_ms_per_token or feasibility.default_interactive_ms_per_token
                 if judged.ms_per_token > target:
                     off_target.append(judged.ms_per_token)
         for tier, read in inputs.reads(p.manifest, node, r.placements).items():

@@ -3,7 +3,7 @@ as columns, with a ``NodeScore`` built on demand for the node a bind or explain 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast, overload
 
@@ -27,9 +27,11 @@ class NodeScore:
     weights: dict[str, float] = field(default_factory=dict)
     # Set when the whole-node guard ranked this node below a partly used node of its shape.
     guarded_by: str | None = None
-    # Set when this node's gravity was capped: the pod would open it, it has more than
-    # GRAVITY_OPENS_AT_MOST times the pod's GPUs, and a partly used or smaller node fits the pod.
-    gravity_capped: bool = False
+    # Why this node's gravity pull was capped, when it was (scoring.GravityCap): "opens" (the pod
+    # would open a node of more than GRAVITY_OPENS_AT_MOST times its GPUs while a partly used or
+    # smaller node fits it) or "outclassed" (training, and another candidate's GPU is at least as
+    # fast and cheaper per unit of work).
+    gravity_capped: str | None = None
 
     def top_terms(self, n: int = 3) -> list[tuple[str, float]]:
         contrib = {t: self.terms[t] * self.weights.get(t, 0.0) for t in self.terms}
@@ -47,7 +49,7 @@ class ScoreList(Sequence[NodeScore]):
     def __init__(self, names: list[str], totals: Floats, bands: Ints, class_of: Ints,
                  class_terms: list[dict[str, float]], columns: dict[str, Floats],
                  weights: dict[str, float], guarded_by: dict[int, str],
-                 capped: frozenset[int] = frozenset()) -> None:
+                 capped: Mapping[int, str] | None = None) -> None:
         self.names = names
         self.totals = totals
         self.bands = bands
@@ -56,7 +58,7 @@ class ScoreList(Sequence[NodeScore]):
         self._columns = columns
         self._weights = weights
         self._guarded_by = guarded_by  # position -> the partly used node that outranked it
-        self._capped = capped  # positions whose gravity pull was capped
+        self._capped = capped or {}  # position -> why its gravity pull was capped
         self._pos: dict[str, int] | None = None
 
     @classmethod
@@ -81,7 +83,7 @@ class ScoreList(Sequence[NodeScore]):
         terms = {**self._class_terms[int(self._class_of[i])],
                  **{t: float(col[i]) for t, col in self._columns.items()}}
         return NodeScore(self.names[i], int(self.bands[i]), float(self.totals[i]), terms,
-                         self._weights, self._guarded_by.get(i), i in self._capped)
+                         self._weights, self._guarded_by.get(i), self._capped.get(i))
 
     def __iter__(self) -> Iterator[NodeScore]:
         return (self[i] for i in range(len(self)))
@@ -105,7 +107,7 @@ class ScoreList(Sequence[NodeScore]):
         pos = cast(list[int], found)
         idx = np.array(pos, dtype=np.int64)
         guarded = {k: self._guarded_by[i] for k, i in enumerate(pos) if i in self._guarded_by}
-        capped = frozenset(k for k, i in enumerate(pos) if i in self._capped)
+        capped = {k: self._capped[i] for k, i in enumerate(pos) if i in self._capped}
         return ScoreList(list(names), self.totals[idx], self.bands[idx], self._class_of[idx],
                          self._class_terms, {t: c[idx] for t, c in self._columns.items()},
                          self._weights, guarded, capped)
@@ -128,7 +130,7 @@ class ScoreList(Sequence[NodeScore]):
         class_of = pick(self._class_of, missing)
         pairs = [(k, i) for k, i in enumerate(found) if i is not None]
         guarded = {k: self._guarded_by[i] for k, i in pairs if i in self._guarded_by}
-        capped = frozenset(k for k, i in pairs if i in self._capped)
+        capped = {k: self._capped[i] for k, i in pairs if i in self._capped}
         return ScoreList(list(names), pick(self.totals, 0.0), pick(self.bands, 0), class_of,
                          [*self._class_terms, {}], {t: pick(c, 0.0) for t, c in self._columns.items()},
                          self._weights, guarded, capped)

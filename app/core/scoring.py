@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from app.core.feasibility import NodeFit
 from app.core.nodes import NodeClass
@@ -207,27 +208,58 @@ def _packing(spec: WorkloadSpec, cap_gpus: Ints, cap_cpu: Floats, usage: Usage) 
         return np.where(gpu_node, gpu_term, np.where(cap_cpu > 0, cpu_term, NEUTRAL))
 
 
-def _gravity(spec: WorkloadSpec, gravity: Floats | None, cap_gpus: Ints, usage: Usage
-             ) -> tuple[Floats, frozenset[int]]:
-    """The data-gravity column (NaN: no pull, neutral) and the positions whose pull was capped."""
+def _outclassed(spec: WorkloadSpec, class_fits: Sequence[NodeFit], present: list[int]) -> set[int]:
+    """Training: the classes whose GPU another candidate's beats on both counts, cheaper per unit
+    of work (``work_cost``) and at least as fast (dense BF16 peak)."""
+    if spec.stage not in TRAINING_STAGES or spec.gpus <= 0:
+        return set()
+    facts = {c: (work_cost(spec, class_fits[c], False), class_fits[c].node.gpu) for c in present}
+    out = set()
+    for c, (cost, gpu) in facts.items():
+        if gpu is None or gpu.bf16_tflops <= 0:
+            continue
+        if any(other is not None and other.bf16_tflops >= gpu.bf16_tflops and o_cost < cost * (1 - 1e-9)
+               for d, (o_cost, other) in facts.items() if d != c):
+            out.add(c)
+    return out
+
+
+def _gravity(spec: WorkloadSpec, gravity: Floats | None, cap_gpus: Ints, usage: Usage,
+             outclassed: npt.NDArray[np.bool_] | None = None) -> tuple[Floats, dict[int, str]]:
+    """The data-gravity column (NaN: no pull, neutral) and why each capped position's pull was capped.
+
+    ``outclassed``: a boolean column, True where training would run on a GPU another candidate beats
+    on price per unit of work and speed. Reading inputs a few seconds or minutes faster never pays
+    for a training job that runs for hours on the slower, dearer GPU (replayed through kube-scheduler
+    with run time from measured throughput, pretraining members followed their data-prep shards onto
+    A100 nodes, where MPT-7B trains 2.3x slower than on H100, and ours spent more than plain GPU
+    bin-packing): such a node's pull is capped at the best pull among the candidates that are not
+    outclassed. docs/data-gravity.md.
+    """
     n = len(cap_gpus)
     if gravity is None:
-        return np.full(n, NEUTRAL), frozenset()
+        return np.full(n, NEUTRAL), {}
     grav = np.where(np.isnan(gravity), NEUTRAL, gravity)
-    capped: set[int] = set()
+    capped: dict[int, str] = {}
+    if outclassed is not None and outclassed.any():
+        others = gravity[~outclassed & ~np.isnan(gravity)]
+        if others.size:
+            these = outclassed & (gravity > others.max())
+            capped.update(dict.fromkeys(np.flatnonzero(these).tolist(), "outclassed"))
+            grav = np.where(these, others.max(), grav)
     if spec.gpus > 0 and n and spec.serving_group is None:
         # GRAVITY_OPENS_AT_MOST: no pull toward opening a node far bigger than the pod beyond the
         # best pull of a candidate that fits it otherwise.
         oversized = (cap_gpus > GRAVITY_OPENS_AT_MOST * spec.gpus) & (usage.gpus == 0) & ~np.isnan(gravity)
         for size in np.unique(cap_gpus[oversized]).tolist():
             # Partly used nodes and smaller whole nodes fit the pod without opening this size.
-            others = gravity[((usage.gpus > 0) | (cap_gpus < size)) & ~np.isnan(gravity)]
+            others = grav[((usage.gpus > 0) | (cap_gpus < size)) & ~np.isnan(gravity)]
             if others.size:
                 cap = others.max()
-                these = oversized & (cap_gpus == size) & (gravity > cap)
-                capped.update(np.flatnonzero(these).tolist())
+                these = oversized & (cap_gpus == size) & (grav > cap)
+                capped.update(dict.fromkeys(np.flatnonzero(these).tolist(), "opens"))
                 grav = np.where(these, cap, grav)
-    return grav, frozenset(capped)
+    return grav, capped
 
 
 def score_batch(
@@ -255,7 +287,9 @@ def score_batch(
     shape = np.array([s for _, _, s in facts], dtype=np.int64)[class_of]
     separation = _separation(spec, usage)
     packing = _packing(spec, cap_gpus, cap_cpu, usage)
-    grav, capped = _gravity(spec, gravity, cap_gpus, usage)
+    dominated = _outclassed(spec, class_fits, present) if gravity is not None else set()
+    outclassed = np.isin(class_of, list(dominated)) if dominated else None
+    grav, capped = _gravity(spec, gravity, cap_gpus, usage, outclassed)
     columns = {"separation": separation, "packing": packing, "gravity": grav}
     # The weighted mean, term by term in TERMS order.
     acc = np.zeros(len(names))

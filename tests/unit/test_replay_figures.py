@@ -187,3 +187,15 @@ def test_the_common_window_gives_a_variant_that_finished_sooner_its_empty_cluste
     assert out["soon"]["stranded_usd_per_hour"] == pytest.approx(30.0 / (3000 / 3600))
     assert out["late"]["stranded_usd_per_hour"] == pytest.approx(45.0 / (3000 / 3600))
     assert out["soon"]["beyond_packing_gpu_h"] == 0.5
+
+
+def test_a_bound_from_a_larger_measured_model_never_counts_as_a_miss(bench_replay: ModuleType) -> None:
+    nodes = [node_object("l40s-0", gpus=4, product="NVIDIA-L40S", cpu="48", memory="192Gi")]
+    # On one L40S the corpus's smallest 8-bit model at one request is a 7B at about 12 ms/token:
+    # a 1B model is at most that, so a 50 ms target is met and a 5 ms target cannot be judged.
+    pods = [_chat("met", "1B"), _chat("unknown", "1B", "5")]
+    r = ReplayResult("x")
+    r.placements = {"met": "l40s-0", "unknown": "l40s-0"}
+    f = bench_replay.gravity_figures(nodes, pods, r)
+    assert f["interactive_off_target"] == 0
+    assert f["interactive_judged_how"] == {"bounded": 1} and f["interactive_unjudged"] == 1
