@@ -16,7 +16,7 @@ from app.core.feasibility import NodeFit, evaluate
 from app.core.nodes import NodeFacts
 from app.core.policy import GangPolicy
 from app.core.snapshot import ClusterSnapshot, NodeUsage
-from app.core.workload import WorkloadSpec
+from app.core.workload import TRAINING_STAGES, WorkloadSpec
 from app.gang.problem import Assignment, Candidate, Problem, Shape, fits_on
 
 # Nodes holding what a member reads (its producers' output): app.core.gravity.GravityModel.data_nodes.
@@ -85,7 +85,10 @@ def build(
     for key, specs in pending.items():
         allowed[key] = {n for n in _pool(snapshot, offered, specs[0], key == own_shape, excluded, by_label)
                         if n in snapshot.nodes and eligible(key, specs[0], n)}
-    prices = sorted({_price(f) for f in snapshot.nodes.values() if f.has_gpus})
+    # Training is priced per unit of work, as the scorer prices it (docs/scoring.md, "Cost"): an
+    # hour of a GPU three times slower is not a third of the price of the work.
+    per_work = first.stage in TRAINING_STAGES and first.gpus > 0
+    prices = sorted({_price(f, per_work) for f in snapshot.nodes.values() if f.has_gpus})
     rank = {p: i for i, p in enumerate(prices)}
     wanted_gpus = any(s.gpus for s in shapes) or not shapes
     inputs: dict[str, frozenset[str]] = {}
@@ -95,6 +98,8 @@ def build(
                 if m.depends_on or m.serving_group:
                     inputs[m.uid or m.key] = frozenset(n for n in data_sites(m) if n in snapshot.nodes)
     near = near_rank(snapshot, frozenset().union(*inputs.values()))
+    if per_work and inputs:
+        near = _not_onto_outclassed(snapshot, set().union(*allowed.values()), near)
     nodes: list[Candidate] = []
     for name, facts in snapshot.nodes.items():
         usable = {k for k, names in allowed.items() if name in names}
@@ -110,7 +115,7 @@ def build(
             free_memory=free_memory,
             gpu_model=facts.gpu.name if facts.gpu else (facts.gpu_product or ""),
             rdma=facts.rdma,
-            cost_rank=rank.get(_price(facts), 0),
+            cost_rank=rank.get(_price(facts, per_work), 0),
             pref_rank=_pref_rank(first, facts),
             near_rank=near(facts),
             shapes=frozenset(usable),
@@ -242,8 +247,39 @@ def _free(snapshot: ClusterSnapshot, name: str, facts: NodeFacts, reserved: Call
     )
 
 
-def _price(f: NodeFacts) -> float:
-    return round(f.hourly_cost / f.gpu_count, 2) if f.gpu_count else 0.0
+def _price(f: NodeFacts, per_work: bool = False) -> float:
+    """Per GPU-hour, or (training) per GPU-hour over the GPU's dense BF16 peak, rounded so GPUs
+    priced alike share a rank."""
+    if not f.gpu_count:
+        return 0.0
+    hourly = f.hourly_cost / f.gpu_count
+    if per_work and f.gpu is not None and f.gpu.bf16_tflops > 0:
+        return round(1000 * hourly / f.gpu.bf16_tflops, 4)
+    return round(hourly, 2)
+
+
+def _not_onto_outclassed(snapshot: ClusterSnapshot, candidates: set[str],
+                         near: Callable[[NodeFacts], int]) -> Callable[[NodeFacts], int]:
+    """Nearness to the data as the scorer counts it for training (docs/data-gravity.md, "Never onto
+    slower, dearer training hardware"): a node whose GPU another candidate's beats on price per unit
+    of work and on speed is no nearer than the nearest candidate not beaten so."""
+    gpus = {f.gpu.name: f for n in candidates
+            if (f := snapshot.nodes.get(n)) is not None and f.gpu is not None and f.gpu.bf16_tflops > 0}
+    beaten = {g for g, f in gpus.items()
+              if any(o.gpu is not None and f.gpu is not None and o.gpu.bf16_tflops >= f.gpu.bf16_tflops
+                     and _price(o, True) < _price(f, True) for h, o in gpus.items() if h != g)}
+    if not beaten:
+        return near
+    floor = min((near(f) for n in candidates if (f := snapshot.nodes.get(n)) is not None
+                 and (f.gpu is None or f.gpu.name not in beaten)), default=None)
+    if floor is None:
+        return near
+
+    def rank(facts: NodeFacts) -> int:
+        r = near(facts)
+        return max(r, floor) if facts.gpu is not None and facts.gpu.name in beaten else r
+
+    return rank
 
 
 def _pref_rank(spec: WorkloadSpec, facts: NodeFacts) -> int:

@@ -16,6 +16,7 @@ from tests.unit.test_gang_coordinator import Cluster
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 H100 = "NVIDIA-H100-80GB-HBM3"
+L40S = "NVIDIA-L40S"
 
 
 def produced_on(c: Cluster, name: str, node: str, ns: str = "ml") -> None:
@@ -80,13 +81,15 @@ def test_topology_comes_before_gravity() -> None:
     assert got["train-0"] == "a-2" or got["train-1"] == "b-1"  # inside that leaf, one reads locally
 
 
-def two_leaves(c: Cluster) -> list[str]:
-    """leaf-1: three H100 nodes, the first busy; leaf-2: three cheaper A100 nodes, the first busy
-    (both leaves equally full, so only the GPU price and the data tell them apart)."""
+def two_leaves(c: Cluster, product: str = L40S) -> list[str]:
+    """leaf-1: three H100 nodes, the first busy; leaf-2: three 8-GPU nodes of ``product``, the first
+    busy (both leaves equally full, so only the GPU, its price and the data tell them apart). An L40S
+    trains slower than an H100 but costs less per unit of work (price over dense BF16 peak): neither
+    beats the other on both, so the data decides between them."""
     names = c.nodes("h", 3, "leaf-1")
     for i in range(3):
         name = f"a-{i}"
-        c.service.absorb_node(node_object(name, gpus=8, product=A100, rdma=True, labels={
+        c.service.absorb_node(node_object(name, gpus=8, product=product, rdma=True, labels={
             "fabric.topograph.run/tier-0": "leaf-2", "fabric.topograph.run/tier-1": "spine-1"}))
         names.append(name)
     c.occupy("a-0", 8)
@@ -102,13 +105,41 @@ def test_a_busy_producer_node_still_pulls_to_its_leaf_over_a_cheaper_leaf() -> N
     assert c.place(pods[0], names) in {"h-1", "h-2"}
 
 
-def test_without_input_data_the_gang_takes_the_cheaper_gpu() -> None:
-    """The control for the test above: the same cluster without data goes to the A100s."""
+def test_without_input_data_the_gang_takes_the_gpu_cheaper_per_unit_of_work() -> None:
+    """The control for the test above: the same cluster without data goes to the L40S nodes."""
     c = Cluster()
     names = two_leaves(c)
     c.occupy("h-0", 8)
     pods = c.gang("train", 1)
     assert c.place(pods[0], names) in {"a-1", "a-2"}
+
+
+def test_training_prices_per_unit_of_work_not_per_hour() -> None:
+    """An A100 hour is half an H100 hour, but the A100's dense BF16 peak is under a third: per unit
+    of work (how the scorer prices training, docs/scoring.md) the H100 is cheaper, and faster."""
+    c = Cluster()
+    names = two_leaves(c, A100)
+    c.occupy("h-0", 8)
+    pods = c.gang("train", 1)
+    assert c.place(pods[0], names) in {"h-1", "h-2"}
+
+
+def test_data_does_not_pull_training_onto_a_slower_dearer_gpu() -> None:
+    """Its input on an A100 node, a free H100 leaf beside: the A100 loses on speed and on price per
+    unit of work, so its nearness does not count (docs/data-gravity.md); an L40S leaf, cheaper per
+    unit of work though slower, still wins the pull (test_a_busy_producer_node_...)."""
+    c = Cluster()
+    names = two_leaves(c, A100)
+    c.occupy("h-0", 8)
+    produced_on(c, "prep-0", "a-1")
+    pods = reader_gang(c, "train", ["prep-0"])
+    assert c.place(pods[0], names) in {"h-1", "h-2"}
+    c = Cluster()
+    names = two_leaves(c)
+    c.occupy("h-0", 8)
+    produced_on(c, "prep-0", "a-1")
+    pods = reader_gang(c, "train", ["prep-0"])
+    assert c.place(pods[0], names) == "a-1"
 
 
 def test_near_rank_ladder_and_matching() -> None:
