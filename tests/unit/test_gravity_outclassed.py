@@ -3,18 +3,16 @@ work and on speed (docs/data-gravity.md, "Never onto slower, dearer training har
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog
-from app.core.snapshot import placed_from_spec
 from app.core.workload import parse_workload
 from app.explain import explain_spec
 from app.objects import node_object, pod_object
 from app.service import ExtenderService
 from app.wiring import build_core
+from tests.unit.test_whole_node_guard import _best, _run
 
 ANN = "llm-placement.io/"
 
@@ -23,27 +21,11 @@ def _service(catalog: GpuCatalog) -> ExtenderService:
     return build_core(Settings(cluster_source="none", metrics_port=0), catalog)
 
 
-def _finished(service: ExtenderService, pod: dict[str, Any], node: str) -> None:
-    spec = parse_workload(pod)
-    service.snapshot.track_spec(spec)
-    service.snapshot.place(placed_from_spec(spec, node))
-    service.snapshot.untrack_spec(spec.uid)
-    service.snapshot.finish(spec.uid, now=time.time())
-
-
-def _best(service: ExtenderService, pod: dict[str, Any], names: list[str]) -> set[str]:
-    body = json.dumps({"Pod": pod, "NodeNames": names}).encode()
-    service.filter(body)
-    prio = {e["Host"]: e["Score"] for e in json.loads(service.prioritize(body))}
-    top = max(prio.values())
-    return {n for n, s in prio.items() if s == top}
-
-
 def _case(service: ExtenderService, consumer_stage: str, gb: str = "400") -> tuple[dict[str, Any], list[str]]:
     """A data-prep shard ran on a100-0; its consumer may run on a100-0 (its data) or h100-0."""
     service.absorb_node(node_object("a100-0", gpus=8, product="NVIDIA-A100-SXM4-80GB", cpu="128", memory="1Ti"))
     service.absorb_node(node_object("h100-0", gpus=8, product="NVIDIA-H100-80GB-HBM3", cpu="128", memory="1Ti"))
-    _finished(service, pod_object("prep", stage="data-prep", gpus=8, uid="u-prep"), "a100-0")
+    _run(service, pod_object("prep", stage="data-prep", gpus=8, uid="u-prep"), "a100-0", finished=True)
     consumer = pod_object("train", stage=consumer_stage, gpus=8, uid="u-train", annotations={
         ANN + "model-params": "7B", ANN + "depends-on": "prep", ANN + "input-data-gb": gb})
     return consumer, ["a100-0", "h100-0"]
@@ -68,7 +50,7 @@ def test_without_the_cap_the_same_pull_wins(catalog: GpuCatalog) -> None:
     # The trade the cap removes, shown on the score itself: the A100's uncapped pull is the full
     # term, and it outweighs the cost and bandwidth the H100 wins (gravity weighs 3 for training).
     service = _service(catalog)
-    consumer, names = _case(service, "pretraining")
+    consumer, _names = _case(service, "pretraining")
     out = {e["node"]: e for e in explain_spec(service, parse_workload(consumer))["nodes"]}
     terms, weights = out["a100-0"]["terms"], out["a100-0"]["weights"]
     uncapped = 1.0  # the nearest node's pull (docs/data-gravity.md, "Score term")
