@@ -2,6 +2,7 @@
 
     python bench/replay_report.py bench/results/replay-gravity-seed1.json ...-seed2.json ...
     python bench/replay_report.py --llm bench/results/replay-llm-seed1.json ...
+    python bench/replay_report.py --llm --plot bench/results/replay-llm-bars.png <files>
 
 One row per (file, mix, variant): time-weighted and sampled stranded share, whole free 8-GPU nodes,
 list price of the stranded GPUs, training beside interactive serving, interactive serving off its
@@ -145,9 +146,65 @@ def llm_rows(path: Path) -> list[str]:
     return out
 
 
-def main(files: list[Path], outcomes: bool = False, llm: bool = False) -> None:
+BAR_METRICS = (  # (figure, title); each relative to MostAllocated in its own run
+    ("spent_total", "dollars spent"),
+    ("completion_mean_s", "mean job / pipeline completion"),
+    ("queue_p95_s", "queueing delay p95"),
+    ("stranded_usd_per_hour", "stranded $/h (common window)"),
+)
+
+
+def bars(files: list[Path], out: Path, baseline: str = "mostalloc") -> Path:
+    """Ours against the baselines, run by run: each outcome as a ratio to ``baseline``'s in the
+    same run (below 1: better than it), one group of bars per run (file, mix or load)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs: list[tuple[str, dict[str, dict]]] = []
+    for f in files:
+        for key, doc in json.loads(f.read_text()).items():
+            label = f.stem.removeprefix("replay-").removeprefix("gravity-").removeprefix("llm-")
+            runs.append((f"{label} {key}", doc["variants"]))
+    variants = sorted({v for _, vs in runs for v in vs if v != baseline}, key=lambda v: (v != "ours", v))
+    fig, axes = plt.subplots(len(BAR_METRICS), 1, figsize=(max(8, 1.2 * len(runs)), 3 * len(BAR_METRICS)),
+                             squeeze=False)
+    width = 0.8 / max(1, len(variants))
+    for ax, (metric, title) in zip(axes[:, 0], BAR_METRICS, strict=True):
+        for i, v in enumerate(variants):
+            ys = []
+            for _, vs in runs:
+                base, this = _metric(vs, baseline, metric), _metric(vs, v, metric)
+                ys.append(this / base if base and this is not None else float("nan"))
+            ax.bar([k + i * width for k in range(len(runs))], ys, width, label=v)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_title(f"{title}, relative to {baseline} (below 1 is better)")
+        ax.set_xticks([k + width * (len(variants) - 1) / 2 for k in range(len(runs))])
+        ax.set_xticklabels([r for r, _ in runs], rotation=30, ha="right", fontsize=8)
+    axes[0, 0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def _metric(variants: dict[str, dict], variant: str, metric: str) -> float | None:
+    v = variants.get(variant)
+    if v is None:
+        return None
+    if metric == "stranded_usd_per_hour":
+        return common_window(variants)[variant][metric]
+    x = v.get(metric)
+    return float(x) if x is not None else None
+
+
+def main(files: list[Path], outcomes: bool = False, llm: bool = False,
+         plot: Path | None = typer.Option(None, help="also draw ours-vs-baseline bars to this PNG")) -> None:
     """--outcomes: the virtual-clock outcome table (gangs, queueing, completion, dollars spent);
     --llm: the LLM-cluster mix table (files from ``bench/replay.py --llm-jobs``)."""
+    if plot is not None:
+        print(f"wrote {bars(files, plot)}")
     header, align, make = (
         (LLM_HEADER, "|" + "---|" * 3 + "---:|" * 9, llm_rows) if llm
         else (OUTCOME_HEADER, "|" + "---|" * 3 + "---:|" * 11, outcome_rows) if outcomes

@@ -199,3 +199,18 @@ def test_a_bound_from_a_larger_measured_model_never_counts_as_a_miss(bench_repla
     f = bench_replay.gravity_figures(nodes, pods, r)
     assert f["interactive_off_target"] == 0
     assert f["interactive_judged_how"] == {"bounded": 1} and f["interactive_unjudged"] == 1
+
+
+def test_the_outcome_bars_are_drawn_relative_to_mostallocated(tmp_path: Path) -> None:
+    report = _report()
+    tw = {"span_s": 3600.0, "whole_free_8gpu_nodes": 1.0, "nodes_8gpu": 2, "stranded_beyond_packing_gpu_hours": 0}
+    run = {"ours": {"spent_total": 80.0, "completion_mean_s": 50.0, "queue_p95_s": 0.0, "time_weighted": tw,
+                    "stranded_usd_total": 5.0},
+           "mostalloc": {"spent_total": 100.0, "completion_mean_s": 100.0, "queue_p95_s": 10.0,
+                         "time_weighted": tw, "stranded_usd_total": 10.0}}
+    path = tmp_path / "replay-llm-x.json"
+    path.write_text(json.dumps({"load-1": {"meta": {}, "variants": run}}))
+    assert report._metric(run, "ours", "stranded_usd_per_hour") == pytest.approx(5.0)
+    assert report._metric(run, "kueue", "spent_total") is None
+    out = report.bars([path], tmp_path / "bars.png")
+    assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
