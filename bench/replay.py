@@ -2,7 +2,7 @@
 kube-scheduler (+ our extender) onto kwok-managed nodes, ours vs the baselines an operator would run.
 
     python bench/replay.py --trace multigpu50 --trace default           # openb traces, ~minutes each
-    python bench/replay.py --gravity cpu --gravity gpu --gravity gpu-small  # pipeline mixes
+    python bench/replay.py --gravity cpu --gravity gpu --gravity gpu-small --load 1.0  # pipeline mixes
     python bench/replay.py --synthetic 200                              # a generated smoke trace
     python bench/replay.py --gangs 40 --variants ours                   # gangs queueing for GPUs
     python bench/replay.py --llm-jobs 240 --load 1.0 --load 1.3         # LLM-cluster mix vs Kueue
@@ -66,12 +66,26 @@ gangs wait for others to end. For ``ours`` the replay also reads the extender's 
 (``llm_placement_solver_runs_total``) and CPU time before and after: solver runs per gang that had
 to wait is what docs/gangs.md ("Cannot place") bounds.
 
+Run time (virtual clock, tests/integration/harness/runtime.py and datapath.py; never the
+extender's own estimates): a training pod's trace duration is its run on an H100 and it runs its
+work at the measured training throughput of the GPU it got (bench/data/training_throughput.yaml); a
+batch serving pod runs its tokens at the GPU's measured per-token time relative to the H100's
+(median over serving-corpus points measured alike on both GPUs); a GPU without measurements is
+scaled by its datasheet peak or bandwidth and named in the result's ``meta.runtime``. A pod with
+``depends-on`` first reads its ``input-data-gb`` from where its producers ran, over the tier the
+two nodes share, at the single-stream bandwidth bench/data/data_path.yaml states with its source.
+Interactive serving is judged by the serving corpus's measured per-token time for its model size,
+precision and GPU count on the GPU it got; where the corpus cannot judge it, it is counted as such.
+
 Measured, per variant: GPUs allocated and stranded (free GPUs on partly used GPU nodes) and whole
 free nodes, sampled at every 1 % of created pods and (virtual clock) averaged over trace time
-between events, each state weighted by how long it lasted; pods placed / failed; over-commits (must be none);
-for pipelines, co-location of each consumer with its producer (same node or NVLink domain), data
-read across nodes, and compute cost per stage (the pod's share of its node's list price from
-app/core/catalog.py x its run time); for ``ours``, the extender's agreement counter
+between events, each state weighted by how long it lasted; stranded GPU-hours per node, priced, and
+the part beyond what perfect packing of the same partly used work would strand; pods placed /
+failed; over-commits (must be none); gangs run whole, deadlocks, GPU-hours held idle by partial
+gangs; queueing delay and job / pipeline completion; dollars spent (each pod's share of its node's
+list price from app/core/catalog.py x the hours it really ran); GB read per data-path tier; for
+pipelines, co-location of each consumer with its producer (same node or NVLink domain); for
+``ours``, the extender's agreement counter
 (``llm_placement_scheduler_agreement_total``) when it exports one. Figures go to
 ``bench/results/replay-*.json`` and PNG plots next to them.
 """
