@@ -399,9 +399,52 @@ def variant_pods(variant: str, pods: list[ReplayPod]) -> list[ReplayPod]:
     return pods
 
 
-def run_meta(meta: dict[str, Any], nodes: list[dict[str, Any]], clock: str) -> dict[str, Any]:
-    """A run's description, with (virtual clock) each GPU's run-time ratios and where they come from."""
-    return {**meta, "clock": clock, **({"runtime": PodRuntime(nodes).facts()} if clock == "virtual" else {})}
+def run_meta(meta: dict[str, Any], nodes: list[dict[str, Any]], pods: list[ReplayPod], clock: str
+             ) -> dict[str, Any]:
+    """A run's description, with (virtual clock) each GPU's run-time ratios and where they come
+    from, and the fewest dollars any placement could spend on the trace."""
+    if clock != "virtual":
+        return {**meta, "clock": clock}
+    runtime = PodRuntime(nodes)
+    return {**meta, "clock": clock, "runtime": runtime.facts(),
+            "dollars_floor": dollars_floor(nodes, pods, runtime)}
+
+
+def dollars_floor(nodes: list[dict[str, Any]], pods: list[ReplayPod], runtime: PodRuntime) -> float:
+    """A lower bound on the dollars any placement spends on ``pods``: each pod (a gang: all its
+    members, on one node shape, at its slowest member's run time) on the node shape where it costs
+    least, as if that shape were always free, and no input read. What a variant spends above it is
+    what its placements (or waiting for room) cost; how far the baselines sit above it bounds what
+    any scheduler could save against them."""
+    settings = Settings(cluster_source="none", metrics_port=0)
+    catalog = GpuCatalog.load()
+    shapes: dict[tuple[Any, ...], tuple[str, Any]] = {}
+    for n in nodes:
+        f = node_facts(n, catalog, settings.labels, settings.default_cpu_hourly_cost)
+        shapes.setdefault((f.gpu_product, f.gpu_count, f.cpu_millis, f.memory_bytes, f.hourly_cost),
+                          (n["metadata"]["name"], f))
+    groups: dict[str, list[ReplayPod]] = defaultdict(list)
+    for p in pods:
+        gang = pod_gang(p.manifest)
+        groups[gang[0] if gang else p.name].append(p)
+    total = 0.0
+    for members in groups.values():
+        # Per member, (run time, $/h) on each shape it fits. A gang runs as long as its slowest
+        # member: for each run time one of them could set, every member takes its cheapest shape
+        # that is no slower; the cheapest of those is the gang's floor.
+        options = []
+        for m in members:
+            spec = parse_workload(m.manifest)
+            options.append([(runtime(m, name, {}), pod_hourly_cost(spec, f)) for name, f in shapes.values()
+                            if spec.gpus <= f.gpu_count and spec.cpu_millis <= f.cpu_millis])
+        best = None
+        for span in sorted({t for opts in options for t, _ in opts}):
+            prices = [min((h for t, h in opts if t <= span), default=None) for opts in options]
+            if all(h is not None for h in prices):
+                cost = span * sum(h for h in prices if h is not None) / 3600
+                best = cost if best is None else min(best, cost)
+        total += best or 0.0
+    return total
 
 
 def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: ReplayResult) -> dict[str, Any]:
@@ -822,7 +865,7 @@ def main(
         if gangs:
             nodes, pods, meta = gang_workload(gangs, seed)
             bench.use_nodes(nodes)
-            doc: dict[str, Any] = {"meta": run_meta(meta, nodes, clock), "variants": {}}
+            doc: dict[str, Any] = {"meta": run_meta(meta, nodes, pods, clock), "variants": {}}
             for v in variants or ("ours",):
                 before = solver_counters(bench) if v == "ours" else {}
                 r = bench.run("gangs", nodes, variant_pods(v, pods), v, 1.0, window, timeout, clock)
@@ -846,7 +889,7 @@ def main(
                 nodes, pods, meta = llm_cluster_workload(llm_jobs, seed, level)
                 bench.use_nodes(nodes)
                 key = f"load-{level:g}"
-                llm_doc[key] = {"meta": run_meta(meta, nodes, clock), "variants": {}}
+                llm_doc[key] = {"meta": run_meta(meta, nodes, pods, clock), "variants": {}}
                 for v in variants or ("ours", "mostalloc", "kueue", "kueue-tas"):
                     vp = variant_pods(v, pods)
                     r = bench.run(f"llm-{key}", nodes, vp, v, 1.0, window, timeout, clock)
@@ -879,7 +922,7 @@ def main(
                 sc = sc if level is None else f"{sc}-load-{level:g}"
                 bench.use_nodes(nodes)
                 figs[sc] = {}
-                report[sc] = {"meta": run_meta(meta, nodes, clock), "variants": {}}
+                report[sc] = {"meta": run_meta(meta, nodes, pods, clock), "variants": {}}
                 runs: dict[str, ReplayResult] = {}
                 for v in variants or ("ours", "default", "mostalloc", "affinity", "kueue"):
                     vp = variant_pods(v, pods)

@@ -74,6 +74,13 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
+def _spent(v: dict, meta: dict) -> str:
+    """Dollars spent, and how far above the fewest any placement could spend (bench/replay.py
+    ``dollars_floor``) when the run recorded it."""
+    spent, floor = v.get("spent_total", 0.0), meta.get("dollars_floor")
+    return f"{spent:,.0f}" + (f" (floor +{100 * (spent / floor - 1):.0f} %)" if floor else "")
+
+
 def outcome_rows(path: Path) -> list[str]:
     """Virtual-clock outcomes per mix and variant: what the work cost, how long it waited and
     took, whether serving met its measured target, what stranded, what data moved."""
@@ -92,7 +99,7 @@ def outcome_rows(path: Path) -> list[str]:
                 f"{_s(v['queue_p50_s'])} / {_s(v['queue_p95_s'])}",
                 f"{v['pipelines_done']} / {v['pipelines']}",
                 f"{_s(v.get('completion_mean_s'))} / {_s(v['completion_p95_s'])}",
-                f"{v.get('spent_total', 0.0):,.0f}", attainment(v),
+                _spent(v, doc.get("meta") or {}), attainment(v),
                 f"{cw['stranded_usd_per_hour']:.1f}", f"{cw['beyond_packing_gpu_h']:.1f}",
                 f"{cw['whole_free_8gpu_nodes']:.2f}",
                 f"{off_node:,.0f} / {v.get('input_read_s', 0.0) / 3600:.2f}",
@@ -138,7 +145,7 @@ def llm_rows(path: Path) -> list[str]:
                 f"{v['gangs_started']} / {v['gang_deadlocks']}", f"{v['idle_held_gpu_h']:.1f}",
                 f"{_s(v['queue_p50_s'])} / {_s(v['queue_p95_s'])}",
                 f"{_s(v['completion_mean_s'])} / {_s(v['completion_p95_s'])}",
-                f"{v['spent_total']:,.0f}", f"{cw['stranded_usd_per_hour']:.1f}",
+                _spent(v, meta), f"{cw['stranded_usd_per_hour']:.1f}",
                 f"{tw.get('stranded_gpu_hours', 0.0):.1f} / {cw['beyond_packing_gpu_h']:.1f}",
                 f"{tw.get('whole_free_8gpu_nodes', 0.0):.2f} / {cw['whole_free_8gpu_nodes']:.2f}",
                 str(v["mixed_gpu_gangs"]), "",

@@ -214,3 +214,26 @@ def test_the_outcome_bars_are_drawn_relative_to_mostallocated(tmp_path: Path) ->
     assert report._metric(run, "kueue", "spent_total") is None
     out = report.bars([path], tmp_path / "bars.png")
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_dollars_floor_lets_each_gang_member_take_its_cheapest_gpu_no_slower_than_the_gang(
+        bench_replay: ModuleType) -> None:
+    from tests.integration.harness.runtime import PodRuntime
+
+    nodes = [node_object("h", gpus=8, product="NVIDIA-H100-80GB-HBM3", cpu="96", memory="1Ti"),
+             node_object("a", gpus=8, product="NVIDIA-A100-SXM4-80GB", cpu="96", memory="1Ti")]
+    gang = {"llm-placement.io/gang-name": "g", "llm-placement.io/gang-size": "2",
+            "llm-placement.io/model-params": "6.658859008B"}
+    long = ReplayPod(pod_object("g-0", stage="pretraining", gpus=8, annotations=gang), duration=3600.0)
+    short = ReplayPod(pod_object("g-1", stage="pretraining", gpus=8, annotations=gang), duration=600.0)
+    runtime = PodRuntime(nodes)
+    floor = bench_replay.dollars_floor(nodes, [long, short], runtime)
+    # The gang runs an hour on H100 (its long member); the short member fits that hour on the
+    # cheaper A100 (600 s x 10,643 / 4,641 tokens/s), so the floor is one hour of each node.
+    h, a = 6.88 * 8, 3.43 * 8
+    assert floor == pytest.approx(h + a, rel=1e-3)
+    # A pod on its own takes the cheapest node for its work: the H100 (the A100's hour is half the
+    # price but its work takes 2.29x as long).
+    alone = ReplayPod(pod_object("s", stage="pretraining", gpus=8, annotations={
+        "llm-placement.io/model-params": "6.658859008B"}), duration=3600.0)
+    assert bench_replay.dollars_floor(nodes, [alone], runtime) == pytest.approx(h, rel=1e-3)
