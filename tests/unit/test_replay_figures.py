@@ -237,3 +237,15 @@ def test_the_dollars_floor_lets_each_gang_member_take_its_cheapest_gpu_no_slower
     alone = ReplayPod(pod_object("s", stage="pretraining", gpus=8, annotations={
         "llm-placement.io/model-params": "6.658859008B"}), duration=3600.0)
     assert bench_replay.dollars_floor(nodes, [alone], runtime) == pytest.approx(h, rel=1e-3)
+
+
+def test_a_pipeline_load_compresses_the_same_pipelines_arrivals(bench_replay: ModuleType) -> None:
+    _nodes, base, meta = bench_replay.gravity_workload("gpu", 12, 1)
+    _nodes, heavy, heavy_meta = bench_replay.gravity_workload("gpu", 12, 1, 1.0)
+    _nodes, light, light_meta = bench_replay.gravity_workload("gpu", 12, 1, 0.25)
+    # The same pods, models and durations; only when they arrive changes.
+    assert [(p.name, p.duration) for p in heavy] == [(p.name, p.duration) for p in base]
+    assert heavy_meta["load"] == pytest.approx(1.0) and light_meta["load"] == pytest.approx(0.25)
+    assert heavy_meta["gpus"] == 392 and meta["mean_arrival_s"] == 1200.0
+    last = {name: max(p.arrive for p in pods) for name, pods in (("heavy", heavy), ("light", light))}
+    assert last["light"] == pytest.approx(4 * last["heavy"])
