@@ -9,7 +9,7 @@ states here, barriers in :mod:`app.gang.barrier`, regroups in :mod:`app.gang.reg
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -32,6 +32,10 @@ class Verdict:
     why: Rejection
     stamp: tuple[object, ...]
     until: float
+    # The nodes kube-scheduler offered the member whose solve said "no": a member offered a node
+    # outside them (another member's view, or the same member once a taint no longer keeps it off
+    # a node) may be placed where that solve could not look.
+    offered: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -114,14 +118,17 @@ class GangBook:
                 tuple((m.uid or m.key, member_node(snap, m), m) for m in members))
 
     def standing(self, key: str, state: GangState, members: Sequence[WorkloadSpec], size: int,
-                 now: float) -> Rejection | None:
+                 now: float, offered: Iterable[str] | None = None) -> Rejection | None:
         """Why the gang cannot be placed, if its last solve said so and nothing that could change
         the answer has changed since: kube-scheduler retries each member on every cluster event,
-        and solving again on the same facts would give the same "no" (docs/gangs.md)."""
+        and solving again on the same facts would give the same "no" (docs/gangs.md). ``offered``:
+        the nodes kube-scheduler offers the member asking now; one the solve was not offered voids
+        the "no"."""
         v = state.verdict
         if v is None:
             return None
-        if now < v.until and v.stamp == self.stamp(key, members, size):
+        wider = offered is not None and not v.offered.issuperset(offered)
+        if now < v.until and not wider and v.stamp == self.stamp(key, members, size):
             return v.why
         state.verdict = None
         return None

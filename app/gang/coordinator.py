@@ -222,7 +222,8 @@ class GangCoordinator:
                     if mp is not None:
                         state.excluded.add(mp.node)  # the planned node no longer takes this member
                     current.stale = True
-            if node is None and (standing := book.standing(key, state, members, size, now)) is not None:
+            if node is None and (standing := book.standing(key, state, members, size, now,
+                                                          node_names)) is not None:
                 self.requeue.when_void(key)
                 return _reject_gang(fits, rejections, standing)  # nothing changed: no new solve
             if node is None and self.background:

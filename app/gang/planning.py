@@ -68,6 +68,7 @@ class Brief:
     roster: frozenset[tuple[str, str]]
     prefer: frozenset[str]
     stamp: tuple[object, ...]  # taken with the problem: a change during the solve voids a "no"
+    offered: frozenset[str] = frozenset()  # the nodes kube-scheduler offered the member filtered
 
 
 class Planner:
@@ -222,7 +223,7 @@ class Planner:
             return reject(ReasonCode.GANG, "every gang member is already bound")
         prefer = frozenset(previous.nodes()) if previous else frozenset()
         stamp = self.book.stamp(key, members, self.book.size(key, spec) or len(members))
-        return Brief(key, spec, inst, self.book.roster(members), prefer, stamp)
+        return Brief(key, spec, inst, self.book.roster(members), prefer, stamp, frozenset(offered))
 
     def _solve_unlocked(self, brief: Brief) -> tuple[PlanResult, Index]:
         problem, prefer = brief.inst.problem, set(brief.prefer)
@@ -254,7 +255,7 @@ class Planner:
         diag = diagnose.why_not(index, others)
         self.reporter.unplaceable(key, brief.spec, diag, now)
         why = reject(diag.code, "gang cannot be placed: " + diag.short)
-        state.verdict = Verdict(why, brief.stamp, now + VERDICT_SECONDS)
+        state.verdict = Verdict(why, brief.stamp, now + VERDICT_SECONDS, brief.offered)
         return why
 
     def _commit(self, brief: Brief, result: PlanResult, index: Index, state: GangState,

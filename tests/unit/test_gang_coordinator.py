@@ -482,6 +482,27 @@ def test_a_gang_that_cannot_fit_is_solved_again_only_after_a_change_that_could_m
     assert c.gangs.states["ml/g"].verdict is None
 
 
+def test_a_no_reached_on_fewer_nodes_than_a_member_is_offered_does_not_stand() -> None:
+    """A member kube-scheduler offers only some nodes (a taint it does not tolerate, its own node
+    affinity) gets a "cannot be placed" from the nodes it saw; another member, or the same one once
+    the taint no longer keeps it off, offered nodes that solve never looked at, is solved again."""
+    c = Cluster()
+    c.nodes("a", 1, "leaf-1")
+    c.nodes("b", 2, "leaf-2")
+    pods = c.gang("g", 2)  # 16 GPUs in one leaf: only leaf-2 holds them
+
+    def solves() -> float:
+        return c.metric("llm_placement_solver_runs_total", status="infeasible")
+
+    narrow = c.filter(pods[1], ["a-0"])
+    assert narrow.passed == [] and "gang cannot be placed" in next(iter(narrow.unresolvable.values()))
+    assert solves() == 1
+    assert c.filter(pods[1], ["a-0"]).passed == [] and solves() == 1  # the same view: the "no" stands
+    wide = c.filter(pods[0], ["a-0", "b-0", "b-1"])
+    assert wide.passed and wide.passed[0].startswith("b-") and solves() == 1
+    assert c.gangs.states["ml/g"].verdict is None
+
+
 def test_members_told_cannot_be_placed_on_facts_already_gone_are_requeued() -> None:
     """kube-scheduler retries a waiting gang as soon as its own watch sees room freed, often before
     the extender's watch has: the "no" is given on facts already gone, and without a nudge the
