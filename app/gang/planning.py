@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from app.core.catalog import GpuSpec
 from app.core.feasibility import NodeFit
 from app.core.policy import GangPolicy
 from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject, shown
@@ -43,6 +44,7 @@ from app.gang.instance import (
     unfit_nodes,
 )
 from app.gang.ledger import GangPlan, MemberPlan
+from app.gang.lockstep import waits_for_one_model
 from app.gang.persist import PlanStore
 from app.gang.problem import Index, Problem
 from app.gang.report import Reporter
@@ -125,6 +127,9 @@ class Planner:
                 now = max(now, self.clock())
                 if result.assignment is None:
                     return self._unplaceable(brief, index, state, now)
+                mixed = waits_for_one_model(brief.inst, brief.spec, result.assignment, self._gpus())
+                if mixed is not None:
+                    return self._wait(brief, state, now, reject(ReasonCode.GANG, mixed))
                 if self.book.roster(self.book.members(key, spec)) != brief.roster:
                     return CHANGED  # a member came, went or was bound: the caller looks again
                 unfit = unfit_nodes(self.book.snapshot, brief.inst.problem, result.assignment,
@@ -255,6 +260,21 @@ class Planner:
         diag = diagnose.why_not(index, others)
         self.reporter.unplaceable(key, brief.spec, diag, now)
         why = reject(diag.code, "gang cannot be placed: " + diag.short)
+        state.verdict = Verdict(why, brief.stamp, now + VERDICT_SECONDS, brief.offered)
+        return why
+
+    def _gpus(self) -> dict[str, GpuSpec]:
+        """The GPU of every node (lock held)."""
+        return {n: f.gpu for n, f in self.book.snapshot.nodes.items() if f.gpu is not None}
+
+    def _wait(self, brief: Brief, state: GangState, now: float, why: Rejection) -> Rejection:
+        """Not now, for a reason a solve cannot see (waits_for_one_model): like a gang that cannot
+        be placed, the answer stands until the cluster changes."""
+        previous = self.book.ledger.get(brief.key)
+        if previous is not None:
+            self.release(previous, "waiting for one GPU model")
+        if state.waiting_since is None:
+            state.waiting_since = now
         state.verdict = Verdict(why, brief.stamp, now + VERDICT_SECONDS, brief.offered)
         return why
 
