@@ -206,10 +206,42 @@ def _metric(variants: dict[str, dict], variant: str, metric: str) -> float | Non
     return float(x) if x is not None else None
 
 
+# Meta fields that say which workload a run replayed: runs merged into one file must agree on them.
+WORKLOAD_KEYS = ("jobs", "seed", "load", "scenario", "pipelines", "gangs", "nodes", "gpus", "span_s",
+                 "mean_arrival_s", "dollars_floor")
+
+
+def merge(files: list[Path], out: Path) -> Path:
+    """One result file from runs of the same workloads in separate invocations (baselines once,
+    ours again after a change): per workload key, the variants of every file, a later file's
+    replacing an earlier one's. Refuses runs whose workloads differ."""
+    merged: dict[str, dict] = {}
+    for f in files:
+        for key, doc in json.loads(f.read_text()).items():
+            if key not in merged:
+                merged[key] = {"meta": doc["meta"], "variants": dict(doc["variants"]),
+                               "merged_from": [f.name]}
+                continue
+            have = merged[key]["meta"]
+            for k in WORKLOAD_KEYS:
+                if k in have and k in doc["meta"] and have[k] != doc["meta"][k]:
+                    raise typer.BadParameter(f"{f.name} {key}: {k} is {doc['meta'][k]!r}, not {have[k]!r}")
+            merged[key]["meta"] = {**doc["meta"], **have}
+            merged[key]["variants"].update(doc["variants"])
+            merged[key]["merged_from"].append(f.name)
+    out.write_text(json.dumps(merged, indent=2))
+    return out
+
+
 def main(files: list[Path], outcomes: bool = False, llm: bool = False,
-         plot: Path | None = typer.Option(None, help="also draw ours-vs-baseline bars to this PNG")) -> None:
+         plot: Path | None = typer.Option(None, help="also draw ours-vs-baseline bars to this PNG"),
+         merge_to: Path | None = typer.Option(None, "--merge", help="merge the files' runs into this file")
+         ) -> None:
     """--outcomes: the virtual-clock outcome table (gangs, queueing, completion, dollars spent);
     --llm: the LLM-cluster mix table (files from ``bench/replay.py --llm-jobs``)."""
+    if merge_to is not None:
+        files = [merge(files, merge_to)]
+        print(f"wrote {merge_to}")
     if plot is not None:
         print(f"wrote {bars(files, plot)}")
     header, align, make = (

@@ -249,3 +249,21 @@ def test_a_pipeline_load_compresses_the_same_pipelines_arrivals(bench_replay: Mo
     assert heavy_meta["gpus"] == 392 and meta["mean_arrival_s"] == 1200.0
     last = {name: max(p.arrive for p in pods) for name, pods in (("heavy", heavy), ("light", light))}
     assert last["light"] == pytest.approx(4 * last["heavy"])
+
+
+def test_runs_of_the_same_workload_merge_and_different_workloads_are_refused(tmp_path: Path) -> None:
+    report = _report()
+    meta = {"jobs": 10, "seed": 1, "load": 1.0}
+    first = tmp_path / "a.json"
+    first.write_text(json.dumps({"load-1": {"meta": meta, "variants": {"ours": {"x": 1}, "mostalloc": {"x": 2}}}}))
+    again = tmp_path / "b.json"
+    again.write_text(json.dumps({"load-1": {"meta": {**meta, "dollars_floor": 5.0},
+                                            "variants": {"ours": {"x": 3}}}}))
+    out = report.merge([first, again], tmp_path / "m.json")
+    doc = json.loads(out.read_text())["load-1"]
+    assert doc["variants"] == {"ours": {"x": 3}, "mostalloc": {"x": 2}}
+    assert doc["meta"]["dollars_floor"] == 5.0 and doc["merged_from"] == ["a.json", "b.json"]
+    other = tmp_path / "c.json"
+    other.write_text(json.dumps({"load-1": {"meta": {**meta, "seed": 2}, "variants": {"ours": {}}}}))
+    with pytest.raises(typer.BadParameter, match="seed is 2, not 1"):
+        report.merge([first, other], tmp_path / "n.json")
