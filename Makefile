@@ -87,10 +87,14 @@ bench: $(STAMP) controlplane etcd kwok kueue
 	  $(BIN)/python bench/trace_sim.py && \
 	  $(BIN)/python bench/replay.py --trace multigpu50 --trace default --sharing skip; \
 	else echo "bench: ../shared/data/alibaba-gpu-v2023 not found: openb trace replays skipped"; fi
-	$(BIN)/python bench/replay.py --gravity gpu --gravity cpu --gravity gpu-small --pipelines 12
-	@# Three seeds, ours against GPU bin-packing with and without the separation rule (BENCHMARKS.md 4).
-	for s in 1 2 3; do $(BIN)/python bench/replay.py --gravity gpu --gravity cpu --gravity gpu-small \
-	  --pipelines 12 --seed $$s --variants ours --variants mostalloc --variants mostalloc-sep --name seed$$s || exit 1; done
+	@# Outcomes against MostAllocated and real Kueue (BENCHMARKS.md section 4): the LLM-cluster mix at
+	@# light, heavy and overload, and the pipeline mixes at heavy and overload.
+	$(BIN)/python bench/replay.py --llm-jobs 240 --load 0.5 --load 1.0 --load 1.3 --seed 1 --name s1
+	for s in 2 3; do $(BIN)/python bench/replay.py --llm-jobs 240 --load 1.0 --seed $$s --name s$$s || exit 1; done
+	$(BIN)/python bench/replay.py --gravity gpu --gravity cpu --gravity gpu-small --pipelines 48 \
+	  --load 1.0 --load 1.3 --variants ours --variants mostalloc --variants kueue --variants affinity --name loads
+	$(BIN)/python bench/replay.py --gangs 40 --variants ours --variants mostalloc --variants kueue \
+	  --variants kueue-tas --name kueue
 
 ## Soak with faults: ~3,000 pods of every stage on kwok nodes while the extender, kube-scheduler,
 ## kube-apiserver and etcd are killed (-9) and restarted; invariants checked throughout
