@@ -212,19 +212,22 @@ def test_virtual_clock_runs_every_pod_for_exactly_its_duration(
 
 
 def test_time_weighted_figures_weigh_each_state_by_how_long_it_lasted() -> None:
-    def state(alloc: int, stranded: int, free: int, whole8: int) -> Any:
-        return type("S", (), {"gpus_allocated": alloc, "gpus_stranded": stranded, "gpus_free": free,
-                              "whole_free_8gpu_nodes": whole8})()
+    def state(alloc: int, stranded: dict[str, int], free: int, whole8: int) -> Any:
+        return type("S", (), {"gpus_allocated": alloc, "gpus_stranded": sum(stranded.values()), "gpus_free": free,
+                              "whole_free_8gpu_nodes": whole8, "stranded_by_node": stranded})()
 
-    tw = _TimeWeighted()
-    tw.add(state(8, 0, 8, 1), 3600.0)  # an hour with one node full, one whole
-    tw.add(state(1, 7, 15, 1), 10800.0)  # three hours with one GPU used: 7 stranded
+    tw = _TimeWeighted({"a": (8, "H100"), "b": (8, "H100")})
+    tw.add(state(8, {}, 8, 1), 3600.0)  # an hour with one node full, one whole
+    tw.add(state(1, {"b": 7}, 15, 1), 10800.0)  # three hours with one GPU used: 7 stranded
     f = tw.figures()
     assert f["span_s"] == 14400.0
     assert f["gpus_allocated"] == pytest.approx((8 * 1 + 1 * 3) / 4)
     assert f["gpus_stranded"] == pytest.approx(7 * 3 / 4)
     assert f["stranded_share"] == pytest.approx(7 * 3 / (8 * 1 + 15 * 3))
     assert f["stranded_gpu_hours"] == pytest.approx(21.0)
+    assert f["stranded_gpu_hours_by_node"] == {"b": pytest.approx(21.0)}
+    # One GPU used on one node is as packed as it gets: nothing stranded beyond perfect packing.
+    assert f["stranded_beyond_packing_gpu_hours"] == pytest.approx(0.0)
 
 
 def test_a_clock_the_driver_does_not_know_is_refused(control_plane: ControlPlane) -> None:
