@@ -45,7 +45,7 @@ def waits_for_one_model(inst: GangInstance, spec: WorkloadSpec, assignment: Assi
         nodes = [c for c in inst.problem.nodes if (g := gpus.get(c.name)) is not None and g.name == model]
         shapes = [s for s in inst.problem.shapes if s.gpus > 0]
         if all(sum(c.total_gpus // s.gpus for c in nodes) >= s.count for s in shapes):
-            return (f"waiting for one GPU model: the plan free now mixes {fast.name} and {slow.name}, and a "
+            return (f"waiting for one GPU model: the only plan now mixes {fast.name} and {slow.name}, and a "
                     f"lockstep gang runs every member at the slower one's speed ({ratio:.1f}x by dense "
                     f"BF16 peak); {model} nodes hold the whole gang once free")
     return None
