@@ -411,11 +411,10 @@ def run_meta(meta: dict[str, Any], nodes: list[dict[str, Any]], pods: list[Repla
 
 
 def dollars_floor(nodes: list[dict[str, Any]], pods: list[ReplayPod], runtime: PodRuntime) -> float:
-    """A lower bound on the dollars any placement spends on ``pods``: each pod (a gang: all its
-    members, on one node shape, at its slowest member's run time) on the node shape where it costs
-    least, as if that shape were always free, and no input read. What a variant spends above it is
-    what its placements (or waiting for room) cost; how far the baselines sit above it bounds what
-    any scheduler could save against them."""
+    """What the trace costs if every pod, and every gang on one node shape, runs where its work
+    costs least, as if that shape were always free and inputs were already local: what a variant
+    spends above it is what its placements (or waiting for room) cost. (Spreading one gang over
+    shapes by its members' run times could come in lower; a placement cannot know them.)"""
     settings = Settings(cluster_source="none", metrics_port=0)
     catalog = GpuCatalog.load()
     shapes: dict[tuple[Any, ...], tuple[str, Any]] = {}
@@ -429,21 +428,11 @@ def dollars_floor(nodes: list[dict[str, Any]], pods: list[ReplayPod], runtime: P
         groups[gang[0] if gang else p.name].append(p)
     total = 0.0
     for members in groups.values():
-        # Per member, (run time, $/h) on each shape it fits. A gang runs as long as its slowest
-        # member: for each run time one of them could set, every member takes its cheapest shape
-        # that is no slower; the cheapest of those is the gang's floor.
-        options = []
-        for m in members:
-            spec = parse_workload(m.manifest)
-            options.append([(runtime(m, name, {}), pod_hourly_cost(spec, f)) for name, f in shapes.values()
-                            if spec.gpus <= f.gpu_count and spec.cpu_millis <= f.cpu_millis])
-        best = None
-        for span in sorted({t for opts in options for t, _ in opts}):
-            prices = [min((h for t, h in opts if t <= span), default=None) for opts in options]
-            if all(h is not None for h in prices):
-                cost = span * sum(h for h in prices if h is not None) / 3600
-                best = cost if best is None else min(best, cost)
-        total += best or 0.0
+        specs = [parse_workload(m.manifest) for m in members]
+        costs = [sum(pod_hourly_cost(s, f) for s in specs) * max(runtime(m, name, {}) for m in members) / 3600
+                 for name, f in shapes.values()
+                 if all(s.gpus <= f.gpu_count and s.cpu_millis <= f.cpu_millis for s in specs)]
+        total += min(costs, default=0.0)
     return total
 
 

@@ -216,7 +216,7 @@ def test_the_outcome_bars_are_drawn_relative_to_mostallocated(tmp_path: Path) ->
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_the_dollars_floor_lets_each_gang_member_take_its_cheapest_gpu_no_slower_than_the_gang(
+def test_the_dollars_floor_runs_each_pod_and_each_gang_where_its_work_costs_least(
         bench_replay: ModuleType) -> None:
     from tests.integration.harness.runtime import PodRuntime
 
@@ -227,16 +227,16 @@ def test_the_dollars_floor_lets_each_gang_member_take_its_cheapest_gpu_no_slower
     long = ReplayPod(pod_object("g-0", stage="pretraining", gpus=8, annotations=gang), duration=3600.0)
     short = ReplayPod(pod_object("g-1", stage="pretraining", gpus=8, annotations=gang), duration=600.0)
     runtime = PodRuntime(nodes)
-    floor = bench_replay.dollars_floor(nodes, [long, short], runtime)
-    # The gang runs an hour on H100 (its long member); the short member fits that hour on the
-    # cheaper A100 (600 s x 10,643 / 4,641 tokens/s), so the floor is one hour of each node.
-    h, a = 6.88 * 8, 3.43 * 8
-    assert floor == pytest.approx(h + a, rel=1e-3)
-    # A pod on its own takes the cheapest node for its work: the H100 (the A100's hour is half the
-    # price but its work takes 2.29x as long).
-    alone = ReplayPod(pod_object("s", stage="pretraining", gpus=8, annotations={
-        "llm-placement.io/model-params": "6.658859008B"}), duration=3600.0)
-    assert bench_replay.dollars_floor(nodes, [alone], runtime) == pytest.approx(h, rel=1e-3)
+    h = 6.88 * 8
+    # Lockstep: both members run the long one's hour. On H100 that is two node-hours; on A100 the
+    # hour's work takes 10,643 / 4,641 as long at half the price, which costs more.
+    assert bench_replay.dollars_floor(nodes, [long, short], runtime) == pytest.approx(2 * h, rel=1e-3)
+    # A batch serving pod alone takes the cheapest node for its tokens: the A100 (1.65x as long
+    # as on the H100, per the serving corpus, at half the hourly price).
+    serve = ReplayPod(pod_object("s", stage="serving", gpus=1, annotations={
+        "llm-placement.io/latency-class": "batch", "llm-placement.io/model-params": "7B"}), duration=3600.0)
+    ratio = runtime.serving.ratio("A100-SXM4-80GB")
+    assert bench_replay.dollars_floor(nodes, [serve], runtime) == pytest.approx(3.43 * ratio, rel=1e-3)
 
 
 def test_a_pipeline_load_compresses_the_same_pipelines_arrivals(bench_replay: ModuleType) -> None:
