@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -26,14 +27,26 @@ from app.core.score_list import Floats, Ints, NodeScore, ScoreList
 from app.core.snapshot import NodeUsage
 from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
 
-__all__ = ["GRAVITY_OPENS_AT_MOST", "TERMS", "GravityFn", "NodeScore", "ScoreList", "Usage",
-           "consolidates", "score_batch", "score_nodes", "work_cost"]
+__all__ = [
+    "GRAVITY_OPENS_AT_MOST",
+    "TERMS",
+    "GravityFn",
+    "NodeScore",
+    "ScoreList",
+    "Usage",
+    "consolidates",
+    "outclassed",
+    "score_batch",
+    "score_nodes",
+    "work_cost",
+]
 
 TERMS = (
     "memory_fit", "bandwidth", "cost", "separation", "packing",
     "preference", "node_class", "gravity", "precision",
 )
 NEUTRAL = 0.5
+K = TypeVar("K")
 
 # A term function for data gravity, supplied by the caller: node name -> value in [0, 1] or None.
 GravityFn = Callable[[str], float | None]
@@ -208,20 +221,22 @@ def _packing(spec: WorkloadSpec, cap_gpus: Ints, cap_cpu: Floats, usage: Usage) 
         return np.where(gpu_node, gpu_term, np.where(cap_cpu > 0, cpu_term, NEUTRAL))
 
 
+def outclassed(options: Mapping[K, tuple[float, float]]) -> set[K]:
+    """Of ``options`` (key -> (cost per unit of work, speed)), those another option beats on both
+    counts: cheaper per unit of work and at least as fast. The scorer and the gang planner both keep
+    data gravity from pulling training onto them (docs/data-gravity.md)."""
+    return {k for k, (cost, speed) in options.items() if speed > 0 and any(
+        o_speed >= speed and o_cost < cost * (1 - 1e-9)
+        for j, (o_cost, o_speed) in options.items() if j != k)}
+
+
 def _outclassed(spec: WorkloadSpec, class_fits: Sequence[NodeFit], present: list[int]) -> set[int]:
-    """Training: the classes whose GPU another candidate's beats on both counts, cheaper per unit
-    of work (``work_cost``) and at least as fast (dense BF16 peak)."""
+    """Training: the classes whose GPU another candidate's beats on price per unit of work
+    (``work_cost``) and speed (dense BF16 peak)."""
     if spec.stage not in TRAINING_STAGES or spec.gpus <= 0:
         return set()
-    facts = {c: (work_cost(spec, class_fits[c], False), class_fits[c].node.gpu) for c in present}
-    out = set()
-    for c, (cost, gpu) in facts.items():
-        if gpu is None or gpu.bf16_tflops <= 0:
-            continue
-        if any(other is not None and other.bf16_tflops >= gpu.bf16_tflops and o_cost < cost * (1 - 1e-9)
-               for d, (o_cost, other) in facts.items() if d != c):
-            out.add(c)
-    return out
+    speed = {c: g.bf16_tflops if (g := class_fits[c].node.gpu) else 0.0 for c in present}
+    return outclassed({c: (work_cost(spec, class_fits[c], False), speed[c]) for c in present})
 
 
 def _gravity(spec: WorkloadSpec, gravity: Floats | None, cap_gpus: Ints, usage: Usage,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from app.core.feasibility import NodeFit, evaluate
 from app.core.nodes import NodeFacts
 from app.core.policy import GangPolicy
+from app.core.scoring import outclassed
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import TRAINING_STAGES, WorkloadSpec
 from app.gang.problem import Assignment, Candidate, Problem, Shape, fits_on
@@ -263,11 +264,8 @@ def _not_onto_outclassed(snapshot: ClusterSnapshot, candidates: set[str],
     """Nearness to the data as the scorer counts it for training (docs/data-gravity.md, "Never onto
     slower, dearer training hardware"): a node whose GPU another candidate's beats on price per unit
     of work and on speed is no nearer than the nearest candidate not beaten so."""
-    gpus = {f.gpu.name: f for n in candidates
-            if (f := snapshot.nodes.get(n)) is not None and f.gpu is not None and f.gpu.bf16_tflops > 0}
-    beaten = {g for g, f in gpus.items()
-              if any(o.gpu is not None and f.gpu is not None and o.gpu.bf16_tflops >= f.gpu.bf16_tflops
-                     and _price(o, True) < _price(f, True) for h, o in gpus.items() if h != g)}
+    beaten = outclassed({f.gpu.name: (_price(f, True), f.gpu.bf16_tflops) for n in candidates
+                         if (f := snapshot.nodes.get(n)) is not None and f.gpu is not None})
     if not beaten:
         return near
     floor = min((near(f) for n in candidates if (f := snapshot.nodes.get(n)) is not None

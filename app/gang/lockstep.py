@@ -41,9 +41,9 @@ def waits_for_one_model(inst: GangInstance, spec: WorkloadSpec, assignment: Assi
     # Every node of a model counts, busy or not (the instance keeps GPU nodes kube-scheduler did not
     # offer as context): the question is whether waiting can ever end on one model.
     ratio = fast.bf16_tflops / slow.bf16_tflops
+    shapes = [s for s in inst.problem.shapes if s.gpus > 0]
     for model in sorted(used, key=lambda m: -used[m].bf16_tflops):
         nodes = [c for c in inst.problem.nodes if (g := gpus.get(c.name)) is not None and g.name == model]
-        shapes = [s for s in inst.problem.shapes if s.gpus > 0]
         if all(sum(c.total_gpus // s.gpus for c in nodes) >= s.count for s in shapes):
             return (f"waiting for one GPU model: the only plan now mixes {fast.name} and {slow.name}, and a "
                     f"lockstep gang runs every member at the slower one's speed ({ratio:.1f}x by dense "
