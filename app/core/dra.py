@@ -250,6 +250,14 @@ class DraIndex:
     def is_allocated(self, key: str) -> bool:
         return self.claim_book.is_allocated(key)
 
+    def claim_node(self, key: str) -> str | None:
+        """The node whose devices of the driver an allocated claim holds (None: not allocated to
+        devices of ours, or spread over nodes). kube-scheduler offers a pod with such a claim that
+        node only, until the allocation is given back (docs/gangs.md, "Gangs with DRA claims")."""
+        pools = {pool for pool, _ in self.claim_book.claim_devices.get(key, ())}
+        nodes = {self.slice_store.pool_node.get(pool) for pool in pools}
+        return nodes.pop() if len(nodes) == 1 else None
+
     def demand(self, claim_spec: dict[str, Any], status: dict[str, Any] | None = None) -> ClaimDemand:
         """Full GPUs and MIG slices of our driver a claim holds (allocated) or asks for (not yet)."""
         return self.reader.demand(claim_spec, status)

@@ -34,6 +34,7 @@ class GangInstance:
     pending: dict[str, list[WorkloadSpec]]  # shape key -> members to place (sorted by name)
     bound: dict[str, str]  # uid -> node of members already bound
     inputs: dict[str, frozenset[str]] = field(default_factory=dict)  # pending uid -> its data's nodes
+    own_held: dict[str, int] = field(default_factory=dict)  # node -> GPUs pending members' claims hold
 
 
 def shape_key(spec: WorkloadSpec) -> str:
@@ -81,11 +82,24 @@ def build(
                    for k, v in pending.items())
     first = next(iter(pending.values()), list(members))[0]
     offered = set(candidates) - set(excluded)
+    pinned: dict[str, str] = {}
+    for key, specs in pending.items():
+        if (at := claim_node(snapshot, specs[0])) is not None:
+            pinned[key] = at
+    # GPUs a pending member's allocated claims hold count as busy on their node (docs/dra.md), and
+    # the plan charges the member its GPUs there again: they are the gang's own.
+    own_held: dict[str, int] = defaultdict(int)
+    for key, at in pinned.items():
+        own_held[at] += sum(s.held_gpus for s in pending[key])
+    # The offered nodes stand for every member alike only when nothing of the filtered member's
+    # own narrowed them: a member whose claims are allocated is offered their node alone.
+    alike = offered if own_shape not in pinned else None
     allowed: dict[str, set[str]] = {}
     by_label: dict[str, dict[str, set[str]]] = {}
     for key, specs in pending.items():
-        allowed[key] = {n for n in _pool(snapshot, offered, specs[0], key == own_shape, excluded, by_label)
-                        if n in snapshot.nodes and eligible(key, specs[0], n)}
+        pool = ({pinned[key]} - set(excluded) if key in pinned
+                else _pool(snapshot, offered, alike, specs[0], key == own_shape, excluded, by_label))
+        allowed[key] = {n for n in pool if n in snapshot.nodes and eligible(key, specs[0], n)}
     # Training is priced per unit of work, as the scorer prices it (docs/scoring.md, "Cost"): an
     # hour of a GPU three times slower is not a third of the price of the work.
     per_work = first.stage in TRAINING_STAGES and first.gpus > 0
@@ -110,7 +124,7 @@ def build(
         nodes.append(Candidate(
             name=name,
             path=(facts.nvlink_domain, *facts.fabric),
-            free_gpus=free_gpus,
+            free_gpus=free_gpus + own_held.get(name, 0),
             total_gpus=facts.gpu_count,
             free_cpu=free_cpu,
             free_memory=free_memory,
@@ -126,7 +140,7 @@ def build(
         ))
     problem = Problem(gang, shapes, tuple(nodes), policy.tier_names,
                       first.topology_required, first.topology_preferred)
-    return GangInstance(problem, dict(pending), bound, inputs)
+    return GangInstance(problem, dict(pending), bound, inputs, dict(own_held))
 
 
 def near_rank(snapshot: ClusterSnapshot, data: frozenset[str]) -> Callable[[NodeFacts], int]:
@@ -217,11 +231,13 @@ def match_inputs(snapshot: ClusterSnapshot, members: Sequence[WorkloadSpec], slo
 
 def unfit_nodes(
     snapshot: ClusterSnapshot, problem: Problem, assignment: Assignment, reserved: Callable[[str], int],
+    own_held: Mapping[str, int] | None = None,
 ) -> list[str]:
     """Nodes of ``assignment`` that can no longer take what it puts there (by today's snapshot).
 
     A plan solved without the lock is checked with this before it is installed: pods bound or
-    gangs planned during the solve may have used the room it counted on.
+    gangs planned during the solve may have used the room it counted on. ``own_held``: GPUs the
+    gang's pending members' allocated claims hold, per node (:attr:`GangInstance.own_held`).
     """
     shapes = {s.key: s for s in problem.shapes}
     out = []
@@ -231,6 +247,7 @@ def unfit_nodes(
             out.append(name)
             continue
         gpus, cpu, memory = _free(snapshot, name, facts, reserved)
+        gpus += (own_held or {}).get(name, 0)
         now = Candidate(name, (), gpus, facts.gpu_count, cpu, memory)
         if not fits_on(now, placed, shapes):
             out.append(name)
@@ -293,17 +310,31 @@ def _pref_rank(spec: WorkloadSpec, facts: NodeFacts) -> int:
     return len(spec.gpu_preference)
 
 
-def _pool(snapshot: ClusterSnapshot, offered: set[str], spec: WorkloadSpec, own: bool,
-          excluded: set[str] | frozenset[str], by_label: dict[str, dict[str, set[str]]]) -> Iterable[str]:
+def claim_node(snapshot: ClusterSnapshot, spec: WorkloadSpec) -> str | None:
+    """The node a pending member's allocated claims tie it to (a bind that failed after
+    kube-scheduler's PreBind keeps the allocation: docs/gangs.md, "Gangs with DRA claims")."""
+    if not spec.held_gpus:
+        return None
+    return next((node for claim, _ in spec.claim_gpus if snapshot.dra.is_allocated(claim)
+                 and (node := snapshot.dra.claim_node(claim))), None)
+
+
+def _pool(snapshot: ClusterSnapshot, offered: set[str], alike: set[str] | None, spec: WorkloadSpec,
+          own: bool, excluded: set[str] | frozenset[str], by_label: dict[str, dict[str, set[str]]]
+          ) -> Iterable[str]:
     """Nodes a pending shape may be planned on. kube-scheduler offers the nodes that passed its
-    filters for the member it is filtering; members alike would be offered the same, so they share
-    that set. A member with a nodeSelector of its own (each member of a Kueue TAS gang is pinned to
-    its node) would be offered other nodes: its own selector decides, over the whole cluster.
+    filters for the member it is filtering; members alike would be offered the same (``alike``),
+    so they share that set. A member with a nodeSelector of its own (each member of a Kueue TAS
+    gang is pinned to its node) would be offered other nodes: its own selector decides, over the
+    whole cluster; so does the lack of one when the offered nodes stand for the filtered member
+    alone (``alike`` None).
 
     ``by_label`` (label key -> value -> nodes) is filled once per key a selector names, so a gang
     of hundreds of members pinned one per node costs one pass over the nodes, not one per member."""
-    if own or not spec.node_selector:
+    if own:
         return offered
+    if not spec.node_selector:
+        return alike if alike is not None else set(snapshot.nodes) - set(excluded)
     sets = []
     for k, v in spec.node_selector:
         if k not in by_label:

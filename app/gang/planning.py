@@ -133,7 +133,7 @@ class Planner:
                 if self.book.roster(self.book.members(key, spec)) != brief.roster:
                     return CHANGED  # a member came, went or was bound: the caller looks again
                 unfit = unfit_nodes(self.book.snapshot, brief.inst.problem, result.assignment,
-                                    lambda n: self.book.ledger.reserved_gpus(n, key))
+                                    lambda n: self.book.ledger.reserved_gpus(n, key), brief.inst.own_held)
                 if not unfit:
                     return self._commit(brief, result, index, state, now)
                 log.info("gang %s: node %s lost its room while planning (attempt %d); planning again",

@@ -45,6 +45,7 @@ from .harness import (
     wait_until,
 )
 from .harness.objects import bare_node
+from .harness.slowwrite import slow_status_writes
 
 pytestmark = pytest.mark.integration
 
@@ -458,33 +459,47 @@ def test_dra_gang_is_placed_whole(clean: Dra, unique: Callable[[str], str]) -> N
 
 def test_dra_gang_members_reaching_bind_apart_keep_their_claims_reserved(
         clean: Dra, unique: Callable[[str], str]) -> None:
-    """The last member reaches bind seconds after the others, longer than the bind barrier waits with
-    no new member: the barrier gives up, nobody is bound, the gang regroups, and once the last member
-    comes every member is bound with its claims reserved for it again (docs/gangs.md, "Gangs with DRA
-    claims"). What the kubelet checks at admission: every claim of the pod allocated on the pod's
-    node and reserved for it. (The other late path, a member answered "place held" while others keep
-    arriving, is covered by tests/unit/test_gang_barrier.py: forcing its timing through a real
-    kube-scheduler would make the test depend on retry backoff races.)"""
+    """One member reaches bind 8 s after the others, longer than the bind barrier waits with no new
+    member (gang_bind_timeout_seconds, 3 s): kube-scheduler's PreBind write of its claim's
+    allocation is held by a slow API server (an admission webhook that waits). The gang was
+    gathered (every member passed kube-scheduler's filters on its planned node), so the members
+    already at bind are bound inside their open calls and the late one on arrival; nobody's call
+    is answered with an error, so nobody's claim loses its reservation (docs/gangs.md, "Gangs with
+    DRA claims"). What the kubelet checks at admission: every claim of the pod allocated on the
+    pod's node and reserved for it. (The other late path, a member answered "place held" while
+    others keep arriving, is covered by tests/unit/test_gang_barrier.py.)"""
     dra, cluster = clean, clean.cluster
+    assert cluster.cp.pki is not None
     n = cluster.node_name
     dra.template("gang-x4", 4)
     group = unique("late")
-    members: dict[str, str] = {}
-    for i in range(3):
-        pod = dra_pod(f"{group}-{i}", "gang", template="gang-x4", stage="pretraining", model_params="1B",
-                      annotations={"llm-placement.io/gang-size": "3", "llm-placement.io/topology-required-placement":
-                                   TIER0}, labels={"scheduling.x-k8s.io/pod-group": group})
-        if i == 2:
-            # The last member is held back (a quota controller, a slow image pull of an init step):
-            # the first two are planned and reach bind long before it can.
-            pod["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
-        name, claim = _templated(dra, pod, "gang-x4")
-        members[name] = claim
     late = f"{group}-2"
-    # Longer than the barrier waits (gang_bind_timeout_seconds, 3 s) and than one retry backoff.
-    time.sleep(8)
-    cluster.core.patch_namespaced_pod(late, dra.ns, {"spec": {"schedulingGates": None}})
-    placed = {x: wait_for_node_name(cluster.core, dra.ns, x, timeout=120) for x in members}
+    members: dict[str, str] = {}
+    with slow_status_writes(cluster.core.api_client, cluster.cp.pki, dra.ns, "resourceclaims",
+                            {f"{late}-gpus"}, delay=8.0) as held:
+        # The apiserver picks up webhook configurations from its own watch.
+        time.sleep(2)
+        for i in range(3):
+            pod = dra_pod(f"{group}-{i}", "gang", template="gang-x4", stage="pretraining", model_params="1B",
+                          annotations={"llm-placement.io/gang-size": "3",
+                                       "llm-placement.io/topology-required-placement": TIER0},
+                          labels={"scheduling.x-k8s.io/pod-group": group})
+            name, claim = _templated(dra, pod, "gang-x4")
+            members[name] = claim
+        bound_at: dict[str, float] = {}
+
+        def all_bound() -> bool:
+            for name in members:
+                if name not in bound_at and get_pod(cluster.core, dra.ns, name)["spec"].get("nodeName"):
+                    bound_at[name] = time.monotonic()
+            return len(bound_at) == len(members)
+
+        wait_until(all_bound, 120, "every member of the gang bound", interval=0.2)
+    assert [name for name, _ in held] == [f"{late}-gpus"], held
+    early = max(t for name, t in bound_at.items() if name != late)
+    # The others were bound while the late member's PreBind was still held, not 8 s later with it.
+    assert bound_at[late] - early >= 4.0, bound_at
+    placed = {x: get_pod(cluster.core, dra.ns, x)["spec"]["nodeName"] for x in members}
     assert Counter(placed.values()) == Counter({n("gang-1"): 2, n("gang-2"): 1}), placed
     for pod_name, claim_name in members.items():
         pod = get_pod(cluster.core, dra.ns, pod_name)

@@ -1,0 +1,102 @@
+"""Slow down chosen writes through the real API server: a validating admission webhook that waits.
+
+kube-scheduler's DynamicResources plugin writes a claim's ``status.allocation`` and
+``status.reservedFor`` in PreBind, before it calls the extender's bind; a slow API server or etcd
+makes that write, and so the pod's arrival at bind, late. Tests need that lateness on one chosen
+pod, deterministically: this webhook answers every request at once and allows it, except updates
+of the named objects' status subresource that set an allocation, which it holds for ``delay``
+seconds first. Nothing is refused, so the objects written are exactly what kube-scheduler wrote.
+
+The apiserver calls webhooks over TLS only; the harness's apiserver serving certificate names
+127.0.0.1, and the CA that signed it is the one the apiserver already trusts.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from kubernetes.client import AdmissionregistrationV1Api
+from kubernetes.client.rest import ApiException
+
+from .pki import PKI
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        review = json.loads(body or b"{}")
+        req = review.get("request") or {}
+        obj = req.get("object") or {}
+        if (req.get("subResource") == "status" and req.get("name") in self.server.names
+                and (obj.get("status") or {}).get("allocation")):
+            self.server.held.append((req.get("name"), time.monotonic()))
+            time.sleep(self.server.delay)
+        out = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                          "response": {"uid": req.get("uid", ""), "allowed": True}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, names: set[str], delay: float) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.names = names
+        self.delay = delay
+        self.held: list[tuple[str, float]] = []  # (name, when) of each write held
+
+
+@contextmanager
+def slow_status_writes(api_client: Any, pki: PKI, namespace: str, resource: str, names: set[str],
+                       delay: float) -> Iterator[list[tuple[str, float]]]:
+    """While inside: status updates that allocate the named ``resource`` objects (resource.k8s.io)
+    in ``namespace`` take ``delay`` seconds longer. Yields the list of writes held so far."""
+    server = _Server(names, delay)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(pki.apiserver.cert), str(pki.apiserver.key))
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, name="slow-writes", daemon=True)
+    thread.start()
+    api = AdmissionregistrationV1Api(api_client)
+    name = f"slow-{namespace}-{resource}"
+    ca = base64.b64encode(pki.ca.cert.read_bytes()).decode()
+    api.create_validating_webhook_configuration({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "slow.llm-placement.io",
+            "clientConfig": {"url": f"https://127.0.0.1:{server.server_address[1]}/", "caBundle": ca},
+            "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"], "operations": ["UPDATE"],
+                       "resources": [f"{resource}/status"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "sideEffects": "None", "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": min(30, int(delay) + 10), "failurePolicy": "Ignore",
+        }],
+    })
+    try:
+        yield server.held
+    finally:
+        try:
+            api.delete_validating_webhook_configuration(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        server.shutdown()
+        server.server_close()
