@@ -85,6 +85,8 @@ class ClusterSnapshot:
         # ns/serving-group -> live member uids: prefill and decode pods kept close (data gravity).
         self.serving_groups: dict[str, set[str]] = {}
         self.podgroup_min_member: dict[str, int] = {}  # ns/name -> PodGroup.spec.minMember
+        # ns/name -> Volcano PodGroup (scheduling.volcano.sh) spec.minMember (docs/gangs.md).
+        self.volcano_min_member: dict[str, int] = {}
         # ns/name -> native PodGroup (scheduling.k8s.io/v1alpha2) gang minCount, None for the basic
         # policy (not a gang); absent: not seen (docs/gangs.md, native Workload API).
         self.native_min_count: dict[str, int | None] = {}

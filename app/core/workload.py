@@ -31,6 +31,7 @@ PREFIX = "llm-placement.io/"
 # every member exists, so an incomplete gang never enters kube-scheduler's queue (docs/gangs.md).
 GANG_GATE = PREFIX + "gang-incomplete"
 NATIVE_GANG_SOURCE = "spec.schedulingGroup"  # GangRef.source of the native Workload API
+VOLCANO_GANG_SOURCE = "scheduling.k8s.io/group-name"  # GangRef.source of Volcano's annotation
 # Keys under the prefix that the extender itself writes on pods (not typos when a pod carries them).
 WRITTEN_KEYS: tuple[str, ...] = ("assigned-precision", "gang-plan", "gang-members", "gang-gathered",
                                   "gang-retry")
@@ -124,6 +125,12 @@ class GangRef(BaseModel):
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def volcano(self) -> bool:
+        """Named by Volcano's group-name annotation: without ``gang-size``, the size is the
+        ``minMember`` of Volcano's PodGroup of that name (``scheduling.volcano.sh``)."""
+        return self.source == VOLCANO_GANG_SOURCE
 
     @property
     def native(self) -> bool:
@@ -432,9 +439,10 @@ def gang_of(
     if name := labels.get("scheduling.x-k8s.io/pod-group"):
         return GangRef(namespace=namespace, name=name, size=size("gang-size", own_size),
                        source="scheduling.x-k8s.io/pod-group")
-    if name := annotations.get("scheduling.k8s.io/group-name"):
+    if name := (annotations.get(VOLCANO_GANG_SOURCE) or annotations.get("scheduling.volcano.sh/group-name")):
+        # Volcano's two names for a pod's PodGroup (volcano.sh/apis, scheduling/v1beta1 labels.go).
         return GangRef(namespace=namespace, name=name, size=size("gang-size", own_size),
-                       source="scheduling.k8s.io/group-name")
+                       source=VOLCANO_GANG_SOURCE)
     if name := labels.get("kueue.x-k8s.io/pod-group-name"):
         raw = annotations.get("kueue.x-k8s.io/pod-group-total-count", own_size)
         return GangRef(namespace=namespace, name=name, size=size("pod-group-total-count", raw),

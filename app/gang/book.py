@@ -94,7 +94,11 @@ class GangBook:
             # Only the native PodGroup's minCount: the count kube-scheduler's gang Permit waits
             # for, so the two barriers agree on when the gang is whole (docs/gangs.md).
             return self.snapshot.native_min_count.get(key)
-        return (gang.size if gang is not None else None) or self.snapshot.podgroup_min_member.get(key)
+        if gang is not None and gang.size:
+            return gang.size
+        if gang is not None and gang.volcano:
+            return self.snapshot.volcano_min_member.get(key)
+        return self.snapshot.podgroup_min_member.get(key)
 
     def not_a_gang(self, spec: WorkloadSpec) -> bool:
         """A pod of a native PodGroup with the basic policy: scheduled one by one, like any pod."""

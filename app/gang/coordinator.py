@@ -169,7 +169,8 @@ class GangCoordinator:
             if size is None:
                 return reject(ReasonCode.GANG,
                               f"gang {shown(key)} has no size: set {PREFIX}gang-size or create PodGroup "
-                              f"{shown(gang.name)} with minMember")
+                              f"{shown(gang.name)} with minMember"
+                              + (" (scheduling.volcano.sh)" if gang.volcano else " (scheduling.x-k8s.io)"))
             members = book.count_members(key, spec)
             if members < size:
                 self.requeue.when_complete(key, size)

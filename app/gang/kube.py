@@ -28,6 +28,7 @@ GROUP, VERSION, PLURAL = "scheduling.x-k8s.io", "v1alpha1", "podgroups"
 # The native PodGroup of the Workload API (Kubernetes 1.36, feature gate GenericWorkload); pods name
 # it in spec.schedulingGroup.podGroupName (docs/gangs.md, native Workload API).
 NATIVE_GROUP, NATIVE_VERSION = "scheduling.k8s.io", "v1alpha2"
+VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
 # Call an API method and return the raw response body (the API adapter's connection-pool-safe
 # helper, handed in so this module does not depend on the cluster package).
 Raw = Callable[..., bytes]
@@ -92,14 +93,18 @@ class WatchedKind:
 COSCHEDULING = WatchedKind(GROUP, VERSION, "podgroups", min_members, lambda s: s.podgroup_min_member)
 NATIVE = WatchedKind(NATIVE_GROUP, NATIVE_VERSION, "native podgroups", native_min_counts,
                      lambda s: s.native_min_count)
+# Volcano's PodGroup (volcano.sh/apis, pkg/apis/scheduling/v1beta1 types.go): spec.minMember, as
+# coscheduling's; pods name it by annotation (workload.VOLCANO_GANG_SOURCE).
+VOLCANO = WatchedKind(VOLCANO_GROUP, VOLCANO_VERSION, "volcano podgroups", min_members,
+                      lambda s: s.volcano_min_member)
 
 
 class PodGroupWatcher:
     """Keeps the snapshot's gang sizes in step with PodGroups of each kind whose API is served:
-    coscheduling ``minMember`` and native ``minCount`` (one thread each)."""
+    coscheduling and Volcano ``minMember``, native ``minCount`` (one thread each)."""
 
     def __init__(self, custom: client.CustomObjectsApi, raw: Raw, snapshot: ClusterSnapshot,
-                 lock: threading.RLock, kinds: tuple[WatchedKind, ...] = (COSCHEDULING, NATIVE),
+                 lock: threading.RLock, kinds: tuple[WatchedKind, ...] = (COSCHEDULING, NATIVE, VOLCANO),
                  synced: threading.Event | None = None, notify: Callable[[], None] | None = None) -> None:
         self.custom = custom
         self.raw = raw

@@ -58,6 +58,8 @@ EXTENDER_USES = [
     ("", "events", "create", "app/cluster/binder.py event: Placed, Gang*, UnknownAnnotation"),
     ("scheduling.x-k8s.io", "podgroups", "list", "app/gang/kube.py: coscheduling minMember"),
     ("scheduling.x-k8s.io", "podgroups", "watch", "app/gang/kube.py"),
+    ("scheduling.volcano.sh", "podgroups", "list", "app/gang/kube.py: Volcano minMember"),
+    ("scheduling.volcano.sh", "podgroups", "watch", "app/gang/kube.py"),
     ("scheduling.k8s.io", "podgroups", "list", "app/gang/kube.py: native Workload API minCount"),
     ("scheduling.k8s.io", "podgroups", "watch", "app/gang/kube.py"),
     ("authentication.k8s.io", "tokenreviews", "create", "app/api/access.py: explain's caller"),
