@@ -44,6 +44,7 @@ from .harness import (
     wait_for_node_name,
     wait_until,
 )
+from .harness.claims import admission_problems
 from .harness.objects import bare_node
 from .harness.slowwrite import slow_status_writes
 
@@ -191,7 +192,9 @@ class Dra:
         return got
 
     def clean(self) -> None:
-        """Delete the namespace's pods and claims (no controller deallocates them here)."""
+        """Delete the namespace's pods and claims (no controller deallocates them here), having
+        checked first that a kubelet would have admitted every bound pod (harness/claims.py)."""
+        refused = admission_problems(self.cluster.core, self.api, self.ns)
         delete_all_pods(self.cluster.core, self.ns)
         for plural in ("resourceclaims", "resourceclaimtemplates"):
             for obj in self.api.list_namespaced_custom_object(GROUP, VERSION, self.ns, plural)["items"]:
@@ -209,6 +212,7 @@ class Dra:
             return not self.claims()
 
         wait_until(gone, 30, "claims deleted")
+        assert not refused, f"a kubelet would refuse these pods: {refused}"
 
     def teardown(self) -> None:
         for name in list(self.published):

@@ -32,6 +32,7 @@ from .harness import (
     wait_for_node_name,
     wait_until,
 )
+from .harness.claims import admission_problems
 from .harness.objects import bare_node
 
 pytestmark = pytest.mark.integration
@@ -109,6 +110,7 @@ class Mig:
         return out
 
     def clean(self) -> None:
+        refused = admission_problems(self.cluster.core, self.api, self.ns)  # harness/claims.py
         delete_all_pods(self.cluster.core, self.ns)
         for c in self.api.list_namespaced_custom_object(GROUP, VERSION, self.ns, "resourceclaims")["items"]:
             name = c["metadata"]["name"]
@@ -119,6 +121,7 @@ class Mig:
         for name in self.slices:
             self._delete("resourceslices", name)
         self._delete("deviceclasses", MIG_CLASS)
+        assert not refused, f"a kubelet would refuse these pods: {refused}"
 
     def _delete(self, plural: str, name: str) -> None:
         try:
