@@ -106,10 +106,10 @@ def find_binaries(build: bool = True) -> Binaries:
 
 
 def extender_command() -> list[str]:
-    """How the extender is started: the installed console script, else ``python -m app.cli``."""
-    script = Path(sys.executable).parent / "llm-placement"
-    if script.is_file():
-        return [str(script), "serve"]
+    """How the extender is started: ``python -m app.cli`` from this tree (cwd and PYTHONPATH are
+    the tree's, :meth:`ControlPlane.extender_env`). Not the venv's console script: that imports
+    whatever ``app`` the venv's editable install points at, so a benchmark run from a git worktree
+    of another commit would time this checkout's extender, not its own."""
     return [sys.executable, "-m", "app.cli", "serve"]
 
 
@@ -430,6 +430,7 @@ class ControlPlane:
                 "LLMP_METRICS_PORT": str(self.ports.extender_metrics),
                 "LLMP_SCHEDULER_NAME": SCHEDULER_NAME,
                 "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
             }
         )
         env.update(self.extender_extra_env)
