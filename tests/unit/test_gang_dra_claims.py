@@ -51,19 +51,25 @@ def _filter(svc: ExtenderService, pod: dict[str, Any], nodes: list[str]) -> dict
     return out
 
 
-def test_a_member_whose_claim_stayed_allocated_is_planned_on_its_node_with_its_own_gpus() -> None:
+def _first_claim_allocated_on(node: str, count: int) -> tuple[ExtenderService, list[dict[str, Any]]]:
+    """The cluster, with g-0's claim allocated on ``node`` (``count`` GPUs, reserved for nobody:
+    its bind failed after PreBind) and the other two members' claims not allocated yet."""
     svc = _cluster()
     dra = svc.snapshot.dra
-    # g-0's bind failed after PreBind: its claim holds 4 GPUs of gang-1, reserved for nobody.
-    dra.put_claim(claim("c-0", request(count=4), namespace="ml", node="gang-1",
-                        results=[result("gang-1", f"gpu-{i}") for i in range(4)]))
+    dra.put_claim(claim("c-0", request(count=4), namespace="ml", node=node,
+                        results=[result(node, f"gpu-{i}") for i in range(count)]))
     for i in (1, 2):
         dra.put_claim(claim(f"c-{i}", request(count=4), namespace="ml"))
     svc.snapshot.refresh_dra(nodes=LAYOUT, claims=[f"ml/c-{i}" for i in range(3)])
-    assert svc.snapshot.free_gpus("gang-1") == 4  # the claim counts as busy on its node
     pods = [_member(i) for i in range(3)]
     for p in pods:
         svc.snapshot.track_spec(parse_workload(p, claims=svc.snapshot.claim_reader()))
+    return svc, pods
+
+
+def test_a_member_whose_claim_stayed_allocated_is_planned_on_its_node_with_its_own_gpus() -> None:
+    svc, pods = _first_claim_allocated_on("gang-1", 4)
+    assert svc.snapshot.free_gpus("gang-1") == 4  # the claim counts as busy on its node
     # kube-scheduler offers g-0 the node its claim is allocated on, and nothing else.
     first = _filter(svc, pods[0], ["gang-1"])
     assert first["NodeNames"] == ["gang-1"], first
@@ -74,17 +80,8 @@ def test_a_member_whose_claim_stayed_allocated_is_planned_on_its_node_with_its_o
 
 
 def test_siblings_are_not_confined_to_the_node_a_claim_pins_the_filtered_member_to() -> None:
-    svc = _cluster()
-    dra = svc.snapshot.dra
-    # g-0's claim is allocated on gang-2 (4 GPUs, the whole node); the others are not allocated.
-    dra.put_claim(claim("c-0", request(count=4), namespace="ml", node="gang-2",
-                        results=[result("gang-2", f"gpu-{i}") for i in range(4)]))
-    for i in (1, 2):
-        dra.put_claim(claim(f"c-{i}", request(count=4), namespace="ml"))
-    svc.snapshot.refresh_dra(nodes=LAYOUT, claims=[f"ml/c-{i}" for i in range(3)])
-    pods = [_member(i) for i in range(3)]
-    for p in pods:
-        svc.snapshot.track_spec(parse_workload(p, claims=svc.snapshot.claim_reader()))
+    # g-0's claim holds the whole of gang-2 (4 GPUs).
+    svc, pods = _first_claim_allocated_on("gang-2", 4)
     first = _filter(svc, pods[0], ["gang-2"])
     assert first["NodeNames"] == ["gang-2"], first
     rest = [_filter(svc, p, sorted(LAYOUT))["NodeNames"] for p in pods[1:]]

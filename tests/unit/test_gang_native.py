@@ -12,7 +12,7 @@ import pytest
 
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import parse_workload
-from app.gang.kube import NATIVE, PodGroupWatcher, native_min_counts
+from app.gang.kube import NATIVE, PodGroupWatcher, WatchedKind, native_min_counts
 from app.objects import pod_object
 from tests.unit.test_gang_coordinator import Cluster
 
@@ -66,13 +66,11 @@ def test_native_min_counts(items: list[dict[str, Any]], want: dict[str, int | No
     assert native_min_counts(items) == want
 
 
-def test_watcher_lists_and_follows_native_pod_groups() -> None:
-    """The API call names scheduling.k8s.io/v1alpha2 podgroups, and events keep the sizes current."""
+def follow_once(kind: WatchedKind, items: list[dict[str, Any]], events: list[dict[str, Any]]
+                ) -> tuple[ClusterSnapshot, list[tuple[Any, ...]]]:
+    """One list of ``items`` then one watch delivering ``events`` through a PodGroupWatcher of
+    ``kind`` (the watch ends after them); the snapshot it filled and the API calls it made."""
     calls: list[tuple[Any, ...]] = []
-    events = [
-        {"type": "ADDED", "object": pod_group("late", {"gang": {"minCount": 4}})},
-        {"type": "DELETED", "object": pod_group("g", {"gang": {"minCount": 3}})},
-    ]
     snapshot = ClusterSnapshot()
 
     class Resp:
@@ -89,16 +87,23 @@ def test_watcher_lists_and_follows_native_pod_groups() -> None:
         def list_cluster_custom_object(self, *args: Any, watch: bool = False, **_: Any) -> Any:
             calls.append(args)
             if not watch:
-                return json.dumps({"metadata": {"resourceVersion": "7"},
-                                   "items": [pod_group("g", {"gang": {"minCount": 3}}),
-                                             pod_group("b", {"basic": {}})]}).encode()
+                return json.dumps({"metadata": {"resourceVersion": "7"}, "items": items}).encode()
             return Resp([json.dumps(e).encode() for e in events])
 
     def raw(fn: Any, *args: Any, **kw: Any) -> bytes:
         return bytes(fn(*args, **kw))
 
-    watcher = PodGroupWatcher(Custom(), raw, snapshot, threading.RLock(), kinds=(NATIVE,))  # type: ignore[arg-type]
-    watcher._run(NATIVE)
+    watcher = PodGroupWatcher(Custom(), raw, snapshot, threading.RLock(), kinds=(kind,))  # type: ignore[arg-type]
+    watcher._run(kind)
+    return snapshot, calls
+
+
+def test_watcher_lists_and_follows_native_pod_groups() -> None:
+    """The API call names scheduling.k8s.io/v1alpha2 podgroups, and events keep the sizes current."""
+    snapshot, calls = follow_once(
+        NATIVE, [pod_group("g", {"gang": {"minCount": 3}}), pod_group("b", {"basic": {}})],
+        [{"type": "ADDED", "object": pod_group("late", {"gang": {"minCount": 4}})},
+         {"type": "DELETED", "object": pod_group("g", {"gang": {"minCount": 3}})}])
     assert calls[0][:3] == ("scheduling.k8s.io", "v1alpha2", "podgroups")
     assert snapshot.native_min_count == {"ml/b": None, "ml/late": 4}
     assert snapshot.podgroup_min_member == {}  # the coscheduling sizes are another map

@@ -3,17 +3,15 @@ PodGroup ``spec.minMember`` (``scheduling.volcano.sh/v1beta1``) unless ``gang-si
 
 from __future__ import annotations
 
-import json
-import threading
 from typing import Any
 
 import pytest
 
-from app.core.snapshot import ClusterSnapshot
 from app.core.workload import parse_workload
-from app.gang.kube import VOLCANO, PodGroupWatcher
+from app.gang.kube import VOLCANO
 from app.objects import pod_object
 from tests.unit.test_gang_coordinator import Cluster
+from tests.unit.test_gang_native import follow_once
 
 ANN = "llm-placement.io/"
 
@@ -61,34 +59,9 @@ def test_gang_size_annotation_comes_before_the_pod_group() -> None:
 
 
 def test_watcher_lists_and_follows_volcano_pod_groups() -> None:
-    calls: list[tuple[Any, ...]] = []
-    events = [{"type": "ADDED", "object": pod_group("late", 4)},
-              {"type": "DELETED", "object": pod_group("g", 3)}]
-    snapshot = ClusterSnapshot()
-
-    class Resp:
-        def __init__(self, lines: list[bytes]) -> None:
-            self.lines = lines
-
-        def stream(self, *a: Any, **kw: Any) -> Any:
-            yield b"\n".join(self.lines) + b"\n"
-
-        def release_conn(self) -> None:
-            watcher.stop()
-
-    class Custom:
-        def list_cluster_custom_object(self, *args: Any, watch: bool = False, **kw: Any) -> Any:
-            calls.append(args)
-            if not watch:
-                return json.dumps({"metadata": {"resourceVersion": "7"},
-                                   "items": [pod_group("g", 3), pod_group("bad", "3")]}).encode()
-            return Resp([json.dumps(e).encode() for e in events])
-
-    def raw(fn: Any, *args: Any, **kw: Any) -> bytes:
-        return bytes(fn(*args, **kw))
-
-    watcher = PodGroupWatcher(Custom(), raw, snapshot, threading.RLock(), kinds=(VOLCANO,))  # type: ignore[arg-type]
-    watcher._run(VOLCANO)
+    snapshot, calls = follow_once(VOLCANO, [pod_group("g", 3), pod_group("bad", "3")],
+                                  [{"type": "ADDED", "object": pod_group("late", 4)},
+                                   {"type": "DELETED", "object": pod_group("g", 3)}])
     assert calls[0][:3] == ("scheduling.volcano.sh", "v1beta1", "podgroups")
     assert snapshot.volcano_min_member == {"ml/late": 4}
     assert snapshot.podgroup_min_member == {}
