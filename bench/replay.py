@@ -674,7 +674,8 @@ def outcomes(r: ReplayResult) -> dict[str, Any]:
     (first creation to last end of the pods sharing a name prefix ``p<i>-``)."""
     if r.clock != "virtual":
         return {}
-    waits = [r.started_at[n] - r.created_at[n] for n in r.started_at if n in r.created_at]
+    wait_of = {n: r.started_at[n] - r.created_at[n] for n in sorted(r.started_at) if n in r.created_at}
+    waits = list(wait_of.values())
     pipes: dict[str, list[str]] = defaultdict(list)
     for n in r.created_at:
         pipes[n.split("-", 1)[0]].append(n)
@@ -687,6 +688,8 @@ def outcomes(r: ReplayResult) -> dict[str, Any]:
         "pipelines_done": len(done), "pipelines": len(pipes),
         "completion_p50_s": _pct(done, 0.5), "completion_p95_s": _pct(done, 0.95),
         "completion_mean_s": statistics.mean(done) if done else None,
+        # For reading a run afterwards: which pods queued, and how long (creation to start).
+        "queue_s_by_pod": {n: round(w, 1) for n, w in wait_of.items()},
     }
 
 
