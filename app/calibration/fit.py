@@ -29,8 +29,7 @@ _BOUNDS = {
     "allreduce_latency_us": (0.1, 2000.0),
     "interleave": (0.01, 5.0),
     "ttft_floor_ms": (0.1, 2000.0),
-    "ttft_queue": (0.01, 10.0),
-    "ttft_steps": (0.01, 200.0),
+    "prefill_token_budget": (512.0, 131072.0),
 }
 PRIOR_WEIGHT = 0.1  # log-units of residual per log-unit away from the default
 LOSS_SCALE = 0.25  # soft-L1 knee, in log ratio: rows off by more than ~1.3x count linearly

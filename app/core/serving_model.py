@@ -15,9 +15,11 @@ docs/stage-policy.md ("The serving model") states the model and its cross-valida
   sequence waits ``(b - 1) / output tokens`` prompts per token on average.
 * First-token time is the prompt's matrix and attention work at the precision's tensor throughput
   (fp8 on GPUs with FP8 tensor cores runs faster than bf16; weight-only int4 computes in 16 bits),
-  never less than one pass over the weights, plus a fixed floor, the tensor-parallel all-reduces of
-  the prompt, the wait for prompts of other requests already queued, and a fitted number of decode
-  steps a new request of a running batch waits before its prompt is computed.
+  never less than one pass over the weights per prefill step, plus a fixed floor and the
+  tensor-parallel all-reduces of the prompt. Under load it also waits for other clients' prompts:
+  ``b`` clients of like requests finish together and send their next prompts together, which the
+  engine computes a token budget per step, so a request's first token comes after the prompts of
+  its own step and of the steps before it (``prompts_before_first_token``).
 
 The free parameters (efficiencies, floors, latencies) live in ``ServingCalibration``; the shipped
 values are produced by ``llm-placement calibrate`` from the measurement corpus in
@@ -38,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.core.catalog import GpuSpec
 from app.core.model_registry import ModelArch
 from app.core.sizing import ACTIVATION_BYTES, allreduce_us, gpu_link, shape
-from app.core.workload import Precision, ServingRole, WorkloadSpec
+from app.core.workload import Precision, WorkloadSpec
 
 PACKAGE = "app.data"
 RESOURCE = "serving_calibration.yaml"
@@ -80,10 +82,9 @@ class ServingCalibration(BaseModel):
         default_factory=lambda: {"nvlink": 10.0, "pcie": 40.0})
     interleave: NonNegative = 1.0
     ttft_floor_ms: NonNegative = 10.0
-    ttft_queue: NonNegative = 0.7
-    # Decode steps a new request of a running batch waits before its prompt is computed (the
-    # engine finishes the steps in flight and batches prompts by a token budget).
-    ttft_steps: NonNegative = 1.0
+    # Prompt tokens the engine computes in one prefill step: prompts that arrive together are
+    # taken this many tokens at a time (a starting value; the fit moves it).
+    prefill_token_budget: Positive = 8192.0
     # Per metric ("tpot", "ttft") and corpus group: the factor an estimate is multiplied by before it
     # is compared with a pod's target, so that no published measurement of the group would miss a
     # target the filter accepts by more than MISS (docs/stage-policy.md, "Target margin"). Written by
@@ -100,7 +101,7 @@ class ServingCalibration(BaseModel):
             for kind, value in getattr(self, key).items():
                 out[f"{key}.{kind}"] = value
         for key in ("kv_bandwidth_efficiency", "decode_compute_efficiency", "step_floor_ms",
-                    "layer_overhead_us", "interleave", "ttft_floor_ms", "ttft_queue", "ttft_steps"):
+                    "layer_overhead_us", "interleave", "ttft_floor_ms", "prefill_token_budget"):
             out[key] = getattr(self, key)
         return out
 
@@ -191,7 +192,6 @@ class Case:
     bandwidth_tbs: float | None = None  # the node's measured bandwidth, else the catalog's
     kv_bytes_per_value: float = 2.0
     static: bool = False  # a fixed batch, all prompts first (benchmarks), not continuous batching
-    decodes: bool = True  # False: a prefill-only pod (disaggregated serving) runs no decode steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,17 +215,35 @@ def _tp_ms(case: Case, tokens: int, cal: ServingCalibration) -> float:
     return 2 * case.shape.layers * (cal.allreduce_latency_us[link.kind] + transfer) / 1e3
 
 
-def _prefill_compute_ms(case: Case, cal: ServingCalibration) -> float:
+def _prefill_compute_ms(case: Case, cal: ServingCalibration, prompts: float = 1.0,
+                        steps: float = 1.0) -> float:
+    """``prompts`` of the case's prompt length computed in ``steps`` prefill steps."""
     s = case.shape
     tokens = max(case.input_tokens, 1)
     # Linear layers 2 FLOPs per active parameter per token; causal attention 2 x 2 x layers x
-    # tokens^2 x hidden / 2 (scores and weighted sum, half the matrix).
-    flops = 2 * s.active_params * tokens + 2 * s.layers * tokens * tokens * s.hidden
+    # tokens^2 x hidden / 2 (scores and weighted sum, half the matrix), per prompt.
+    flops = (2 * s.active_params * tokens + 2 * s.layers * tokens * tokens * s.hidden) * prompts
     tflops = case.gpu.bf16_tflops * cal.prefill_efficiency[weight_kind(case.precision, case.gpu)]
     compute = flops / (case.gpus * tflops * 1e12) * 1e3
     bw = case.bandwidth_tbs or case.gpu.hbm_bandwidth_tbs
     one_pass = s.active_params * case.precision.bytes_per_param / (case.gpus * bw * 1e12) * 1e3
-    return max(compute, one_pass)
+    return max(compute, one_pass * steps)
+
+
+def prompts_before_first_token(clients: int, prompt_tokens: int, budget: float) -> float:
+    """Mean number of prompts computed up to and including a request's own, when ``clients``
+    prompts arrive together and the engine takes them ``budget`` tokens per prefill step.
+
+    Why together: in a closed loop of like requests (what a concurrency level means, and how
+    engines are benchmarked) the requests of one batch finish in the same step and their clients
+    send the next prompts at once. Within one step every prompt gets its first token when the step
+    ends; over several, prompt ``j`` waits for the steps up to its own: on average ``(clients +
+    per step) / 2`` prompts.
+    """
+    per_step = max(1.0, budget / max(prompt_tokens, 1))
+    if clients <= per_step:
+        return float(max(clients, 1))
+    return (clients + per_step) / 2
 
 
 def estimate(case: Case, cal: ServingCalibration) -> Estimate:
@@ -248,19 +266,17 @@ def estimate(case: Case, cal: ServingCalibration) -> Estimate:
     step = max(memory_ms, compute_ms) + floor_ms + tp_decode
     per_token = step + interleave
     tp_prefill = _tp_ms(case, max(case.input_tokens, 1), cal)
-    first = prefill + tp_prefill + cal.ttft_floor_ms
     parts = (("weights read", memory_ms), ("matrix work", compute_ms), ("step floor", floor_ms),
              ("all-reduce", tp_decode), ("other prompts", interleave))
     if case.static:
-        # A fixed batch computes every prompt before the first token of any: b prompts of work.
-        return Estimate(per_token, prefill * batch + tp_prefill + cal.ttft_floor_ms, parts, tp_decode,
-                        tp_prefill)
-    # Closed loop of ``batch`` clients: the share of time spent on other prompts, as a queue.
-    busy = min(0.9, (batch - 1) * first / (first + case.output_tokens * per_token))
-    queue = first * cal.ttft_queue * busy / (1 - busy)
-    if case.decodes:
-        queue += cal.ttft_steps * step * (batch - 1) / batch
-    return Estimate(per_token, first + queue, parts, tp_decode, tp_prefill)
+        # A fixed batch computes every prompt, in one pass, before the first token of any.
+        ahead, steps = float(batch), 1.0
+    else:
+        ahead = prompts_before_first_token(batch, case.input_tokens, cal.prefill_token_budget)
+        steps = max(1.0, ahead * max(case.input_tokens, 1) / cal.prefill_token_budget)
+    first = (_prefill_compute_ms(case, cal, ahead, steps)
+             + _tp_ms(case, max(round(case.input_tokens * ahead), 1), cal) + cal.ttft_floor_ms)
+    return Estimate(per_token, first, parts, tp_decode, tp_prefill)
 
 
 class ServingDefaults(Protocol):
@@ -297,7 +313,7 @@ def serving_estimate(spec: WorkloadSpec, precision: Precision, gpu: GpuSpec, ban
     prompt, output = serving_lengths(spec, defaults)
     case = Case(Shape.of(params, spec.active_params, arch), precision, gpu, max(spec.gpus, 1),
                 spec.concurrency or defaults.default_concurrency, prompt, output,
-                bandwidth_tbs=bandwidth_tbs or None, decodes=spec.serving_role is not ServingRole.PREFILL)
+                bandwidth_tbs=bandwidth_tbs or None)
     return estimate(case, defaults.serving)
 
 

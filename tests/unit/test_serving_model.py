@@ -9,7 +9,14 @@ import pytest
 
 from app.core.catalog import default_catalog
 from app.core.model_registry import ModelArch, Moe
-from app.core.serving_model import Case, ServingCalibration, Shape, estimate, weight_kind
+from app.core.serving_model import (
+    Case,
+    ServingCalibration,
+    Shape,
+    estimate,
+    prompts_before_first_token,
+    weight_kind,
+)
 from app.core.workload import Precision
 
 CAT = default_catalog()
@@ -116,16 +123,39 @@ def test_first_token_is_precision_aware_and_has_a_floor():
     assert tiny >= CAL.ttft_floor_ms
 
 
-def test_a_new_request_waits_decode_steps_of_a_running_batch_but_a_prefill_pod_does_not():
+def test_prompts_arriving_together_are_computed_a_token_budget_at_a_time():
+    # Within one prefill step every prompt gets its first token when the step ends.
+    assert prompts_before_first_token(10, 200, 8192) == 10
+    assert prompts_before_first_token(1, 200, 8192) == 1
+    # Over several steps a prompt waits for the steps up to its own: (clients + per step) / 2.
+    assert prompts_before_first_token(50, 2000, 8000) == pytest.approx((50 + 4) / 2)
+    # A prompt longer than the budget still takes one step of its own.
+    assert prompts_before_first_token(9, 20000, 8192) == pytest.approx((9 + 1) / 2)
+
+
+def test_first_token_waits_for_the_prompts_of_the_other_clients():
+    cal = CAL.model_copy(update={"prefill_token_budget": 8192.0, "ttft_floor_ms": 0.0})
+    alone = estimate(case(concurrency=1, prompt=2000), cal).ttft_ms
+    # 4 prompts of 2,000 tokens fit one step: all four computed before any first token.
+    four = estimate(case(concurrency=4, prompt=2000), cal).ttft_ms
+    assert four == pytest.approx(4 * alone, rel=0.02)
+    # 40 clients: about (40 + 4) / 2 = 22 prompts' work before the mean first token.
+    forty = estimate(case(concurrency=40, prompt=2000), cal).ttft_ms
+    assert forty == pytest.approx(22 * alone, rel=0.02)
+    # A larger budget batches more prompts per step, so the first of them waits longer.
+    wide = estimate(case(concurrency=40, prompt=2000), cal.model_copy(
+        update={"prefill_token_budget": 80000.0})).ttft_ms
+    assert wide == pytest.approx(40 * alone, rel=0.02)
+    # A fixed batch (benchmarks' static batches) computes all its prompts first.
     from dataclasses import replace
 
-    cal = CAL.model_copy(update={"ttft_steps": 10.0, "ttft_queue": 0.0})
-    alone = estimate(case(concurrency=1), cal)
-    busy = estimate(case(concurrency=8), cal)
-    quiet = estimate(replace(case(concurrency=8), decodes=False), cal)
-    without = estimate(case(concurrency=8), cal.model_copy(update={"ttft_steps": 0.0}))
-    step = busy.ms_per_token - dict(busy.parts)["other prompts"]
-    assert busy.ttft_ms - without.ttft_ms == pytest.approx(10.0 * step * 7 / 8)
-    assert quiet.ttft_ms == pytest.approx(without.ttft_ms)  # no decode steps to wait behind
-    assert alone.ttft_ms == pytest.approx(estimate(case(concurrency=1), cal.model_copy(
-        update={"ttft_steps": 0.0})).ttft_ms)
+    assert estimate(replace(case(concurrency=40, prompt=2000), static=True), cal).ttft_ms == \
+        pytest.approx(40 * alone, rel=0.02)
+
+
+def test_short_prompts_batched_in_one_step_read_the_weights_once():
+    # 10 prompts of 20 tokens: one pass over the weights bounds the step, not 10 of them.
+    cal = CAL.model_copy(update={"ttft_floor_ms": 0.0})
+    alone = estimate(case(concurrency=1, prompt=20), cal).ttft_ms
+    ten = estimate(case(concurrency=10, prompt=20), cal).ttft_ms
+    assert ten < 2 * alone
