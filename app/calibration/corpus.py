@@ -17,10 +17,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.core.catalog import GpuCatalog, GpuSpec, default_catalog
-from app.core.datafile import problems
+from app.core.datafile import ParamCount, parse_yaml, problems
 from app.core.model_registry import ModelArch, ModelRegistry, default_registry
 from app.core.serving_model import Case, Shape
-from app.core.units import parse_param_count
 from app.core.workload import Precision
 
 PACKAGE = "app.data"
@@ -54,8 +53,8 @@ class Point(BaseModel):
     engine: str = Field(min_length=1)
     engine_version: str = "unstated"
     model: str = Field(min_length=1)
-    model_params: float | None = None
-    active_params: float | None = None
+    model_params: ParamCount | None = None
+    active_params: ParamCount | None = None
     precision: Precision
     kv_precision: Literal["fp8", "bf16", "fp16", "fp32", "int8"] | None = None
     gpu: str = Field(min_length=1)
@@ -76,11 +75,6 @@ class Point(BaseModel):
     ttft_ms: PositiveFloat | None = None
     throughput_tok_s: PositiveFloat | None = None
     notes: str | None = ""
-
-    @field_validator("model_params", "active_params", mode="before")
-    @classmethod
-    def _count(cls, value: object) -> object:
-        return parse_param_count(value) if isinstance(value, str) else value
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -141,13 +135,10 @@ def load_file(path: Path | str, *, text: str | None = None, catalog: GpuCatalog 
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise CorpusError(f"{origin}: cannot read: {exc}") from exc
-    try:
-        # Aliases could expand a small file without bound; a table never needs them.
-        if _has_alias(text):
-            raise CorpusError(f"{origin}: YAML aliases are not accepted in measurement files")
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CorpusError(f"{origin}: not valid YAML: {exc}") from exc
+    # Aliases could expand a small file without bound; a table never needs them.
+    if _has_alias(text):
+        raise CorpusError(f"{origin}: YAML aliases are not accepted in measurement files")
+    data = parse_yaml(text, origin, CorpusError)
     if not isinstance(data, dict) or not isinstance(data.get("points"), list):
         raise CorpusError(f"{origin}: expected a 'source' mapping and a 'points' list")
     try:

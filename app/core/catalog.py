@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
-from app.core.datafile import read_text
+from app.core.datafile import parse_yaml, read_text
 
 PACKAGE = "app.data"
 RESOURCE = "gpu_catalog.yaml"
@@ -145,13 +145,7 @@ class GpuCatalog:
     def load(cls, path: Path | None = None) -> GpuCatalog:
         """Read and validate a catalog file; the packaged ``app.data`` catalog when ``path`` is None."""
         text, origin = read_text(path, PACKAGE, RESOURCE, CatalogError)
-        try:
-            data = yaml.load(text, Loader=_UniqueKeyLoader)
-        except CatalogError as exc:
-            raise CatalogError(f"{origin}: {exc}") from None
-        except yaml.YAMLError as exc:
-            raise CatalogError(f"{origin}: not valid YAML: {exc}") from exc
-        return cls.from_data(data, origin)
+        return cls.from_data(parse_yaml(text, origin, CatalogError, _UniqueKeyLoader), origin)
 
     @classmethod
     def from_data(cls, data: object, origin: str = "<catalog>") -> GpuCatalog:

@@ -5,12 +5,22 @@ from __future__ import annotations
 
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
+
+from app.core.units import parse_param_count
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def _param_count(value: object) -> object:
+    return parse_param_count(value) if isinstance(value, str) else value
+
+
+# A parameter count in a data file: a number, or text such as "7B" or "1.5T".
+ParamCount = Annotated[float, BeforeValidator(_param_count)]
 
 
 def read_text(path: Path | str | None, package: str, resource: str, error: type[ValueError]
@@ -59,6 +69,18 @@ class _NoAliasLoader(yaml.SafeLoader):
                 None, None, f"aliases (*{event.anchor}) are not accepted; write the value out",
                 event.start_mark)
         return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str, origin: str, error: type[ValueError],
+               loader: type[yaml.SafeLoader] = yaml.SafeLoader) -> Any:
+    """The YAML document in ``text``; a syntax error (or ``error`` from a checking loader) names
+    ``origin``."""
+    try:
+        return yaml.load(text, Loader=loader)
+    except error as exc:
+        raise error(f"{origin}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{origin}: not valid YAML: {exc}") from exc
 
 
 def load_user_yaml(path: Path | str, error: type[ValueError], max_bytes: int) -> Any:

@@ -18,11 +18,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.core.datafile import entries, read_text
-from app.core.units import parse_param_count
+from app.core.datafile import ParamCount, entries, parse_yaml, read_text
 
 PACKAGE = "app.data"
 RESOURCE = "model_registry.yaml"
@@ -76,8 +74,8 @@ class ModelArch(BaseModel):
 
     name: str = Field(min_length=1)
     aliases: tuple[str, ...] = ()
-    params: float
-    active_params: float | None = None
+    params: ParamCount
+    active_params: ParamCount | None = None
     layers: PositiveInt
     hidden: PositiveInt
     heads: PositiveInt
@@ -91,11 +89,6 @@ class ModelArch(BaseModel):
     source: str = Field(min_length=1)
     params_source: str | None = None
     notes: str | tuple[str, ...] | None = None
-
-    @field_validator("params", "active_params", mode="before")
-    @classmethod
-    def _count(cls, value: object) -> object:
-        return parse_param_count(value) if isinstance(value, str) else value
 
     @field_validator("aliases", mode="before")
     @classmethod
@@ -181,11 +174,7 @@ class ModelRegistry:
     @classmethod
     def load(cls, path: Path | None = None) -> ModelRegistry:
         text, origin = read_text(path, PACKAGE, RESOURCE, RegistryError)
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise RegistryError(f"{origin}: not valid YAML: {exc}") from exc
-        return cls.from_data(data, origin)
+        return cls.from_data(parse_yaml(text, origin, RegistryError), origin)
 
     @classmethod
     def from_data(cls, data: Any, origin: str = "<registry>") -> ModelRegistry:

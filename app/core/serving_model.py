@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.core.catalog import GpuSpec
+from app.core.datafile import parse_yaml, problems, read_text
 from app.core.model_registry import ModelArch
 from app.core.sizing import ACTIVATION_BYTES, allreduce_us, gpu_link, shape
 from app.core.workload import Precision, WorkloadSpec
@@ -120,21 +119,12 @@ class ServingCalibration(BaseModel):
 
     @classmethod
     def load(cls, path: Path | None = None) -> ServingCalibration:
-        origin = str(path) if path is not None else f"{PACKAGE}/{RESOURCE}"
-        try:
-            text = (Path(path).read_text(encoding="utf-8") if path is not None
-                    else files(PACKAGE).joinpath(RESOURCE).read_text(encoding="utf-8"))
-            data = yaml.safe_load(text)
-        except OSError as exc:
-            raise ValueError(f"{origin}: cannot read: {exc}") from exc
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{origin}: not valid YAML: {exc}") from exc
+        text, origin = read_text(path, PACKAGE, RESOURCE, ValueError)
+        data = parse_yaml(text, origin, ValueError)
         try:
             return cls.model_validate(data or {})
         except ValidationError as exc:
-            problems = "; ".join(f"field {'.'.join(str(p) for p in e['loc'])!r}: {e['msg']}"
-                                 for e in exc.errors())
-            raise ValueError(f"{origin}: {problems}") from None
+            raise ValueError(f"{origin}: {problems(exc)}") from None
 
 
 @functools.cache

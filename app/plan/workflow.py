@@ -8,10 +8,18 @@ import re
 from collections import Counter
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from app.core.datafile import load_user_yaml
 from app.core.units import parse_param_count
@@ -60,6 +68,12 @@ def _count(value: str | float | int) -> float:
     return n
 
 
+# A duration ("90m", "2h", seconds) and a token count ("2T", 1e12) as a workflow file writes them.
+Duration = Annotated[float, BeforeValidator(lambda v: v if v is None else parse_duration(v))]
+TokenCount = Annotated[float, BeforeValidator(lambda v: v if v is None else _count(v))]
+NodeType = Annotated[str, BeforeValidator(str)]  # a YAML key such as 4090 reads as a number
+
+
 class Task(BaseModel):
     """One step of the workflow: becomes one pod."""
 
@@ -73,14 +87,14 @@ class Task(BaseModel):
     cpu: str = "4"
     memory: str = "16Gi"
     # The same on every node it may run on...
-    duration: float | None = None
+    duration: Duration | None = None
     # ...or the work, from which each node's duration is estimated (app.plan.estimate): training
     # tokens for pretraining/alignment, generated tokens for serving-class tasks (eval, serve).
-    tokens: float | None = None
+    tokens: TokenCount | None = None
     output_gb: float = Field(0.0, ge=0, le=1e6)
     # Measured durations per node type (a GPU's catalog name or alias, or "cpu" for nodes without
     # GPUs): they win over ``duration`` and ``tokens`` on nodes of that type (docs/planner.md).
-    durations: dict[str, float] = Field(default_factory=dict, max_length=64)
+    durations: dict[NodeType, Duration] = Field(default_factory=dict, max_length=64)
     # GB read from each producer, where it is not the producer's whole output_gb.
     reads: dict[str, float] = Field(default_factory=dict, max_length=256)
     after: tuple[str, ...] = ()
@@ -94,18 +108,6 @@ class Task(BaseModel):
             raise ValueError(f"{v!r} is not a DNS-1123 label (lower case, digits, '-')")
         return v
 
-    @field_validator("duration", mode="before")
-    @classmethod
-    def _duration(cls, v: Any) -> Any:
-        return None if v is None else parse_duration(v)
-
-    @field_validator("durations", mode="before")
-    @classmethod
-    def _durations(cls, v: Any) -> Any:
-        if not isinstance(v, dict):
-            return v
-        return {str(k): parse_duration(x) for k, x in v.items()}
-
     @field_validator("reads")
     @classmethod
     def _reads(cls, v: dict[str, float]) -> dict[str, float]:
@@ -113,11 +115,6 @@ class Task(BaseModel):
         if bad:
             raise ValueError(f"reads of {bad[:3]} must be between 0 and 1e6 GB")
         return v
-
-    @field_validator("tokens", mode="before")
-    @classmethod
-    def _tokens(cls, v: Any) -> Any:
-        return None if v is None else _count(v)
 
     @field_validator("model_params")
     @classmethod
