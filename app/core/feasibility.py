@@ -14,8 +14,15 @@ from app.core.nodes import CPU_MEMORY_BANDWIDTH_TBS, NodeFacts
 from app.core.policy import FeasibilityPolicy
 from app.core.profiles import Profile
 from app.core.reasons import ReasonCode, Rejection, reject
-from app.core.serving_model import Estimate, error_group, serving_estimate, serving_lengths, target_margin
-from app.core.sizing import Sizing, TensorParallel, decode_ms_per_token, gpu_link, size
+from app.core.serving_model import (
+    Estimate,
+    error_group,
+    serving_estimate,
+    serving_lengths,
+    target_margin,
+    tp_link,
+)
+from app.core.sizing import Sizing, TensorParallel, decode_ms_per_token, size
 from app.core.snapshot import NodeUsage
 from app.core.workload import (
     CPU_STAGES,
@@ -233,7 +240,8 @@ def _at_precision(spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, precisi
     if spec.stage is Stage.SERVING and spec.model_params is not None and spec.gpus > 0 and node.gpu:
         est = serving_estimate(spec, precision, node.gpu, node.gpu_bandwidth_tbs, policy)
         if spec.gpus > 1:
-            tp = TensorParallel(gpu_link(node.gpu), spec.gpus, est.tp_per_token_ms, est.tp_prefill_ms)
+            tp = TensorParallel(tp_link(node.gpu, policy.serving), spec.gpus, est.tp_per_token_ms,
+                                est.tp_prefill_ms)
     ms: float | None = None
     estimated_ms: float | None = None
     if spec.stage is Stage.SERVING and spec.model_params is not None:

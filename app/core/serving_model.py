@@ -10,7 +10,8 @@ docs/stage-policy.md ("The serving model") states the model and its cross-valida
 * Every step also pays a fixed cost (scheduling, sampling, kernel launches per layer) and, when
   the pod shards the model over several GPUs, two all-reduces per layer whose latency depends on
   the link (NVLink or PCIe) much more than on their size at decode. This floor is why decode does
-  not keep speeding up with GPU count.
+  not keep speeding up with GPU count. Over PCIe a ring all-reduce moves its bytes at the host's
+  share of the link, which long prompts feel.
 * Under continuous batching, each other request's prompt is computed between decode steps, so a
   sequence waits ``(b - 1) / output tokens`` prompts per token on average.
 * First-token time is the prompt's matrix and attention work at the precision's tensor throughput
@@ -28,6 +29,7 @@ values are produced by ``llm-placement calibrate`` from the measurement corpus i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.core.catalog import GpuSpec
 from app.core.datafile import parse_yaml, problems, read_text
 from app.core.model_registry import ModelArch
-from app.core.sizing import ACTIVATION_BYTES, allreduce_us, gpu_link, shape
+from app.core.sizing import ACTIVATION_BYTES, Link, allreduce_us, gpu_link, shape
 from app.core.workload import Precision, WorkloadSpec
 
 PACKAGE = "app.data"
@@ -79,6 +81,10 @@ class ServingCalibration(BaseModel):
     layer_overhead_us: NonNegative = 10.0
     allreduce_latency_us: dict[str, NonNegative] = Field(
         default_factory=lambda: {"nvlink": 10.0, "pcie": 40.0})
+    # Share of a PCIe x16 link's rate a ring all-reduce over PCIe reaches: the host's CPUs and
+    # memory carry it (starting value: NCCL all_reduce_perf on 8 PCIe GPUs of a dual Xeon 8480+
+    # host, bus bandwidth 28 GB/s of Gen5's 63, NVIDIA/nccl issue 1639; the fit moves it).
+    pcie_allreduce_share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.44
     interleave: NonNegative = 1.0
     ttft_floor_ms: NonNegative = 10.0
     # Prompt tokens the engine computes in one prefill step: prompts that arrive together are
@@ -100,7 +106,8 @@ class ServingCalibration(BaseModel):
             for kind, value in getattr(self, key).items():
                 out[f"{key}.{kind}"] = value
         for key in ("kv_bandwidth_efficiency", "decode_compute_efficiency", "step_floor_ms",
-                    "layer_overhead_us", "interleave", "ttft_floor_ms", "prefill_token_budget"):
+                    "layer_overhead_us", "interleave", "ttft_floor_ms", "prefill_token_budget",
+                    "pcie_allreduce_share"):
             out[key] = getattr(self, key)
         return out
 
@@ -195,11 +202,19 @@ class Estimate:
     tp_prefill_ms: float
 
 
+def tp_link(gpu: GpuSpec, cal: ServingCalibration) -> Link:
+    """The link tensor parallelism's all-reduces see: the catalog's, at the host's share over PCIe."""
+    link = gpu_link(gpu)
+    if link.kind == "pcie":
+        return dataclasses.replace(link, gb_per_s=link.gb_per_s * cal.pcie_allreduce_share)
+    return link
+
+
 def _tp_ms(case: Case, tokens: int, cal: ServingCalibration) -> float:
     """Two all-reduces per layer of ``tokens`` activations: link latency plus NCCL's transfer."""
     if case.gpus <= 1:
         return 0.0
-    link = gpu_link(case.gpu)
+    link = tp_link(case.gpu, cal)
     message = tokens * case.shape.hidden * ACTIVATION_BYTES
     transfer = allreduce_us(message, case.gpus, link)
     return 2 * case.shape.layers * (cal.allreduce_latency_us[link.kind] + transfer) / 1e3

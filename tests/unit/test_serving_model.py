@@ -159,3 +159,16 @@ def test_short_prompts_batched_in_one_step_read_the_weights_once():
     alone = estimate(case(concurrency=1, prompt=20), cal).ttft_ms
     ten = estimate(case(concurrency=10, prompt=20), cal).ttft_ms
     assert ten < 2 * alone
+
+
+def test_an_all_reduce_over_pcie_runs_at_the_hosts_share_of_the_link():
+    l40s = CAT.by_name("L40S")
+    assert l40s is not None
+    slow = CAL.model_copy(update={"pcie_allreduce_share": 0.25})
+    full = CAL.model_copy(update={"pcie_allreduce_share": 1.0})
+    # 4 PCIe GPUs, 2,048-token prompt: the prompt's all-reduces are bandwidth-bound.
+    pcie = case(gpu=l40s, gpus=4, prompt=2048)
+    assert estimate(pcie, slow).tp_prefill_ms > 2.5 * estimate(pcie, full).tp_prefill_ms
+    # NVLink boxes are not PCIe: the share leaves them alone.
+    nvlink = case(gpu=H100, gpus=4, prompt=2048)
+    assert estimate(nvlink, slow).tp_prefill_ms == estimate(nvlink, full).tp_prefill_ms

@@ -20,7 +20,7 @@ import pytest
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog, default_catalog
-from app.core.serving_model import default_calibration, target_margin
+from app.core.serving_model import default_calibration, target_margin, tp_link
 from app.core.sizing import allreduce_us, gpu_link, shape
 from app.core.workload import parse_workload
 from app.objects import node_object, pod_object
@@ -98,7 +98,7 @@ def test_per_token_cost_is_two_allreduces_per_layer_and_pcie_pays_more() -> None
     spec = spec_of(4, model_params="70B", precision="int8")
     layers, hidden = shape(70e9)
     pcie, nvl = _tp(spec, "L40S"), _tp(spec, "H100-SXM-80GB")
-    link = gpu_link(CATALOG.by_name("L40S"))  # type: ignore[arg-type]
+    link = tp_link(CATALOG.by_name("L40S"), cal)  # type: ignore[arg-type]
     # Two all-reduces per layer: the link's measured latency plus NCCL's transfer of the batch.
     one = cal.allreduce_latency_us["pcie"] + allreduce_us(8 * hidden * 2, 4, link)
     assert pcie.tp_per_token_ms == pytest.approx(2 * layers * one / 1e3)
