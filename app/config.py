@@ -198,6 +198,9 @@ class Settings(BaseSettings):
     # A filter after this long without one first adopts the gang plans persisted on pending members:
     # a standby replica taking over from a dead leader (docs/gangs.md, "Two replicas").
     gang_takeover_idle_seconds: float = Field(10.0, gt=0, le=86_400)
+    # The oldest gang that cannot be placed keeps whole nodes for itself as they free, so smaller
+    # jobs cannot keep it waiting; costs the held GPUs' idle time (docs/gangs.md).
+    gang_hold_for_oldest: bool = False
     # The solve runs beside filter calls; a minute is already far past any useful improvement.
     solver_time_limit_seconds: float = Field(0.5, gt=0, le=60)
     producer_memory_seconds: float = Field(3600.0, ge=0, le=30 * 86_400)
@@ -276,6 +279,7 @@ class Settings(BaseSettings):
                     reservation_ttl_seconds=self.gang_reservation_ttl_seconds,
                     bind_timeout_seconds=self.gang_bind_timeout_seconds,
                     solver_time_limit_seconds=self.solver_time_limit_seconds,
+                    hold_for_oldest=self.gang_hold_for_oldest,
                 ),
             )
         return self._policies

@@ -188,6 +188,8 @@ class GangPolicy:
     reservation_ttl_seconds: float
     bind_timeout_seconds: float
     solver_time_limit_seconds: float
+    # The oldest gang that cannot be placed holds whole nodes as they free (app.gang.hold).
+    hold_for_oldest: bool = False
 
 
 @dataclass(frozen=True, slots=True)

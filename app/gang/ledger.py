@@ -60,6 +60,9 @@ class Ledger:
     # Bumps when reserved GPUs go back to everyone (a plan dropped before all its members bound,
     # a member bound elsewhere than planned): part of what a gang's "cannot be placed" waits on.
     released: int = 0
+    # gang -> node -> GPUs: whole nodes the oldest gang that cannot be placed keeps for itself as
+    # they free (docs/gangs.md, "Holding nodes for the oldest gang"); counted like a plan's.
+    holds: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[GangPlan]:
         return iter(list(self.plans.values()))
@@ -85,8 +88,26 @@ class Ledger:
     def total_reserved(self) -> int:
         return sum(self._total.values())
 
+    def hold(self, gang: str, nodes: dict[str, int]) -> None:
+        """Keep ``nodes`` (node -> its GPUs) for ``gang``, replacing the gang's previous hold.
+        Only GPUs given back count as released (other gangs' "cannot be placed" may change)."""
+        old = self.holds.pop(gang, {})
+        if any(old.get(n, 0) > nodes.get(n, 0) for n in old):
+            self.released += 1
+        for node in set(old) | set(nodes):
+            self._add(node, gang, nodes.get(node, 0) - old.get(node, 0))
+        if nodes:
+            self.holds[gang] = dict(nodes)
+
+    def unhold(self, gang: str) -> bool:
+        if gang not in self.holds:
+            return False
+        self.hold(gang, {})
+        return True
+
     def put(self, plan: GangPlan) -> GangPlan | None:
         """Install ``plan`` (replacing and releasing the gang's previous one, which is returned)."""
+        self.unhold(plan.gang)
         old = self.drop(plan.gang)
         self.plans[plan.gang] = plan
         for m in plan.unbound:

@@ -88,6 +88,7 @@ class Lifecycle:
                           if k not in snap.gang_index and k not in ledger.plans and not self.book.planning(k)]
             for forgotten in gone_gangs:
                 del self.book.states[forgotten]  # every member gone: forget the gang
+                self.book.ledger.unhold(forgotten)
                 self._forget(forgotten)
         self.book.refresh_expiry()
         self.update_gauge()

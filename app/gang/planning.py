@@ -27,12 +27,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from app.core.catalog import GpuSpec
-from app.core.feasibility import NodeFit
+from app.core.feasibility import NodeFit, evaluate
 from app.core.policy import GangPolicy
 from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject, shown
-from app.core.workload import WorkloadSpec
+from app.core.snapshot import NodeUsage
+from app.core.workload import Stage, WorkloadSpec
 from app.gang import diagnose
 from app.gang.book import VERDICT_SECONDS, GangBook, GangState, Verdict
+from app.gang.hold import nodes_to_hold
 from app.gang.instance import (
     DataSites,
     GangInstance,
@@ -260,6 +262,7 @@ class Planner:
         diag = diagnose.why_not(index, others)
         self.reporter.unplaceable(key, brief.spec, diag, now)
         why = reject(diag.code, "gang cannot be placed: " + diag.short)
+        self._hold_if_oldest(brief, state)
         state.verdict = Verdict(why, brief.stamp, now + VERDICT_SECONDS, brief.offered)
         return why
 
@@ -275,8 +278,47 @@ class Planner:
             self.release(previous, "waiting for one GPU model")
         if state.waiting_since is None:
             state.waiting_since = now
+        self._hold_if_oldest(brief, state)
         state.verdict = Verdict(why, brief.stamp, now + VERDICT_SECONDS, brief.offered)
         return why
+
+    def _hold_if_oldest(self, brief: Brief, state: GangState) -> None:
+        """The oldest waiting gang holds whole nodes as they free (docs/gangs.md, "Holding nodes
+        for the oldest gang"); off unless ``gang_hold_for_oldest``. Lock held."""
+        ledger, states = self.book.ledger, self.book.states
+        if not self.policy.hold_for_oldest or state.waiting_since is None:
+            return
+        rank = (-state.priority, state.waiting_since, brief.key)
+        older = any((-s.priority, s.waiting_since, k) < rank for k, s in states.items()
+                    if s.waiting_since is not None and k != brief.key and k not in ledger.plans)
+        if older:
+            if ledger.unhold(brief.key):
+                self.book.refresh_expiry()
+            return
+        snap = self.book.snapshot
+        serving = {p.node for uid, p in snap.pods.items()
+                   if (s := snap.specs.get(uid)) is not None and s.stage is Stage.SERVING}
+        first = next((m for ms in brief.inst.pending.values() for m in ms), None)
+        if first is None:
+            return
+
+        def fits_when_free(node: str) -> bool:
+            facts = snap.nodes.get(node)
+            return (facts is not None and not facts.unschedulable and isinstance(
+                evaluate(first, facts, NodeUsage(), facts.gpu_count, self.policy.feasibility), NodeFit))
+
+        held = nodes_to_hold(brief.inst, self._gpus(), serving, fits_when_free)
+        if held == ledger.holds.get(brief.key, {}):
+            return
+        ledger.hold(brief.key, held)
+        where = ", ".join(sorted(held))
+        log.info("gang %s: oldest waiting gang, holds %s", brief.key, where or "nothing")
+        if not held:
+            return
+        note = (MESSAGE_PREFIX + f"gang {shown(brief.key)} is the oldest waiting gang: no other GPU "
+                f"pod is placed on {where} until it is")
+        for m in (m for ms in brief.inst.pending.values() for m in ms):
+            self.reporter.event(m.key, m.uid or m.key, "GangHoldsNodes", note)
 
     def _commit(self, brief: Brief, result: PlanResult, index: Index, state: GangState,
                 now: float) -> GangPlan:

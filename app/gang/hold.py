@@ -1,0 +1,60 @@
+"""Which nodes the oldest gang that cannot be placed keeps for itself as they free.
+
+Without it, a gang needing several whole nodes at once waits while smaller jobs keep taking each
+node that frees (measured in BENCHMARKS.md, section 4: 4-node pretraining gangs waited 13x longer
+than under Kueue's in-order admission). With ``gang_hold_for_oldest`` the oldest such gang holds
+whole nodes of one GPU model, enough for all its members: no other GPU pod is placed there, the
+pods already running finish, and the gang is planned on them. The extender cannot tell whether a
+small job would finish before the held nodes free (pods carry no run time), so the held GPUs idle
+meanwhile: the policy trades GPU-hours for the largest gangs' wait (docs/gangs.md, "Holding nodes
+for the oldest gang"). Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Set
+
+from app.core.catalog import GpuSpec
+from app.gang.instance import GangInstance
+from app.gang.problem import Candidate
+
+
+def nodes_to_hold(inst: GangInstance, gpus: Mapping[str, GpuSpec], long_running: Set[str],
+                  fits_when_free: Callable[[str], bool]) -> dict[str, int]:
+    """Node -> its GPUs: whole nodes of one GPU model that hold every pending member once free,
+    the fastest model that can and, within it, the nodes closest to free first. Nodes running
+    pods that do not end on their own (``long_running``: serving) are never held, nor are nodes a
+    member could not use even empty (``fits_when_free``). Empty when no model can hold the gang,
+    when the nodes it would hold are free already, or when it has members bound."""
+    shapes = sorted((s for s in inst.problem.shapes if s.gpus > 0), key=lambda s: -s.gpus)
+    if not shapes or inst.bound:
+        return {}
+    # One GPU model (a lockstep gang runs at its slowest member's speed) and one domain of the
+    # gang's required topology, when it has one.
+    groups: dict[tuple[str, str], list[Candidate]] = {}
+    for c in inst.problem.nodes:
+        gpu = gpus.get(c.name)
+        if gpu is None or c.total_gpus <= 0 or c.name in long_running:
+            continue
+        if not (c.shapes is None or c.shapes or c.fixed) and not fits_when_free(c.name):
+            continue
+        groups.setdefault((gpu.name, c.required or ""), []).append(c)
+    speed = {g: max(gpus[c.name].bf16_tflops for c in cs) for g, cs in groups.items()}
+    for group in sorted(groups, key=lambda g: (-speed[g], g)):
+        need = {s.key: s.count for s in shapes}
+        chosen: list[Candidate] = []
+        for c in sorted(groups[group], key=lambda c: (-c.free_gpus, c.name)):
+            room = c.total_gpus
+            for s in shapes:
+                take = min(need[s.key], room // s.gpus)
+                need[s.key] -= take
+                room -= take * s.gpus
+            if room < c.total_gpus:
+                chosen.append(c)
+            if not any(need.values()):
+                # Free already and still no plan: something else keeps the gang out; holding
+                # would only idle the nodes.
+                if all(c.pristine for c in chosen):
+                    return {}
+                return {c.name: c.total_gpus for c in chosen}
+    return {}
