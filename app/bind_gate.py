@@ -8,6 +8,7 @@ extender filtered for that node and that still fit.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from app.binding import BinderLike
 from app.core.placer import Placer
@@ -17,22 +18,14 @@ from app.decisions import DecisionMemory
 from app.wire import BindingArgs
 
 
+@dataclass(eq=False)
 class BindGate:
-    def __init__(
-        self,
-        scheduler_name: str,
-        snapshot: ClusterSnapshot,
-        lock: threading.RLock,
-        memory: DecisionMemory,
-        placer: Placer,
-        binder: BinderLike | None,
-    ) -> None:
-        self.scheduler_name = scheduler_name
-        self.snapshot = snapshot
-        self.lock = lock
-        self.memory = memory
-        self.placer = placer
-        self.binder = binder
+    scheduler_name: str
+    snapshot: ClusterSnapshot
+    lock: threading.RLock
+    memory: DecisionMemory
+    placer: Placer
+    binder: BinderLike | None
 
     def spec_for(self, namespace: str, name: str, uid: str) -> WorkloadSpec | None:
         """The pod as the API server has it: the watch's copy, else a read (never a request body)."""

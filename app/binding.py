@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.core.feasibility import UNCHECKED, NodeFit, evaluate
@@ -40,24 +41,15 @@ class BinderLike(Protocol):
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
 
+@dataclass(eq=False)
 class PodBinding:
-    def __init__(
-        self,
-        binder: BinderLike | None,
-        snapshot: ClusterSnapshot,
-        lock: threading.RLock,
-        metrics: Metrics,
-        memory: DecisionMemory,
-        feasibility: FeasibilityPolicy,
-        gravity: GravityModel | None = None,
-    ) -> None:
-        self.binder = binder
-        self.snapshot = snapshot
-        self.lock = lock
-        self.metrics = metrics
-        self.memory = memory
-        self.feasibility = feasibility
-        self.gravity = gravity
+    binder: BinderLike | None
+    snapshot: ClusterSnapshot
+    lock: threading.RLock
+    metrics: Metrics
+    memory: DecisionMemory
+    feasibility: FeasibilityPolicy
+    gravity: GravityModel | None = None
 
     def bind_spec(self, spec: WorkloadSpec, node: str) -> str:
         """Bind a pod known by its spec (the gang barrier's one capability)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from app.core.reasons import MESSAGE_PREFIX, shown
 from app.gang.book import GangBook, GangState
@@ -19,29 +20,19 @@ from app.gang.report import Reporter
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class Lifecycle:
-    def __init__(
-        self,
-        book: GangBook,
-        lock: threading.RLock,
-        reporter: Reporter,
-        store: PlanStore,
-        clock: Callable[[], float],
-        fail_bind: Callable[[str, str], None],
-        forget: Callable[[str], None],
-        synced: Callable[[], bool],
-    ) -> None:
-        self.book = book
-        self.lock = lock
-        self.reporter = reporter
-        self.store = store
-        self.clock = clock
-        self.fail_bind = fail_bind  # fail the gang's bind barrier with this message
-        self.forget = forget  # drop other components' state of a gang that is gone
-        # Deletions are only trusted once the watch has listed everything (after a restart the
-        # snapshot starts empty and every restored member would look deleted).
-        self.synced = synced
-        self._swept: tuple[int, int] = (-1, -1)
+    book: GangBook
+    lock: threading.RLock
+    reporter: Reporter
+    store: PlanStore
+    clock: Callable[[], float]
+    fail_bind: Callable[[str, str], None]  # fail the gang's bind barrier with this message
+    forget: Callable[[str], None]  # drop other components' state of a gang that is gone
+    # Deletions are only trusted once the watch has listed everything (after a restart the
+    # snapshot starts empty and every restored member would look deleted).
+    synced: Callable[[], bool]
+    _swept: tuple[int, int] = field(init=False, default=(-1, -1))
 
     def maybe_sweep(self) -> None:
         """Two integer compares on the common path; the sweep runs only when something changed."""
