@@ -407,14 +407,12 @@ def run_meta(meta: dict[str, Any], nodes: list[dict[str, Any]], pods: list[Repla
         return {**meta, "clock": clock}
     runtime = PodRuntime(nodes)
     return {**meta, "clock": clock, "runtime": runtime.facts(),
-            "dollars_floor": dollars_floor(nodes, pods, runtime)}
+            "dollars_floor": dollars_floor(nodes, pods, runtime),
+            "completion_floor": completion_floor(nodes, pods, runtime)}
 
 
-def dollars_floor(nodes: list[dict[str, Any]], pods: list[ReplayPod], runtime: PodRuntime) -> float:
-    """What the trace costs if every pod, and every gang on one node shape, runs where its work
-    costs least, as if that shape were always free and inputs were already local: what a variant
-    spends above it is what its placements (or waiting for room) cost. (Spreading one gang over
-    shapes by its members' run times could come in lower; a placement cannot know them.)"""
+def _node_shapes(nodes: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """One (node name, facts) per distinct node shape (GPU, count, CPU, memory, price)."""
     settings = Settings(cluster_source="none", metrics_port=0)
     catalog = GpuCatalog.load()
     shapes: dict[tuple[Any, ...], tuple[str, Any]] = {}
@@ -422,18 +420,71 @@ def dollars_floor(nodes: list[dict[str, Any]], pods: list[ReplayPod], runtime: P
         f = node_facts(n, catalog, settings.labels, settings.default_cpu_hourly_cost)
         shapes.setdefault((f.gpu_product, f.gpu_count, f.cpu_millis, f.memory_bytes, f.hourly_cost),
                           (n["metadata"]["name"], f))
+    return list(shapes.values())
+
+
+def _groups(pods: list[ReplayPod]) -> list[list[ReplayPod]]:
+    """Each gang's members together, every other pod alone."""
     groups: dict[str, list[ReplayPod]] = defaultdict(list)
     for p in pods:
         gang = pod_gang(p.manifest)
         groups[gang[0] if gang else p.name].append(p)
+    return list(groups.values())
+
+
+def _fitting(shapes: list[tuple[str, Any]], members: list[ReplayPod]) -> list[tuple[str, Any]]:
+    specs = [parse_workload(m.manifest) for m in members]
+    return [(name, f) for name, f in shapes
+            if all(s.gpus <= f.gpu_count and s.cpu_millis <= f.cpu_millis for s in specs)]
+
+
+def dollars_floor(nodes: list[dict[str, Any]], pods: list[ReplayPod], runtime: PodRuntime) -> float:
+    """What the trace costs if every pod, and every gang on one node shape, runs where its work
+    costs least, as if that shape were always free and inputs were already local: what a variant
+    spends above it is what its placements (or waiting for room) cost. (Spreading one gang over
+    shapes by its members' run times could come in lower; a placement cannot know them.)"""
+    shapes = _node_shapes(nodes)
     total = 0.0
-    for members in groups.values():
+    for members in _groups(pods):
         specs = [parse_workload(m.manifest) for m in members]
         costs = [sum(pod_hourly_cost(s, f) for s in specs) * max(runtime(m, name, {}) for m in members) / 3600
-                 for name, f in shapes.values()
-                 if all(s.gpus <= f.gpu_count and s.cpu_millis <= f.cpu_millis for s in specs)]
+                 for name, f in _fitting(shapes, members)]
         total += min(costs, default=0.0)
     return total
+
+
+def completion_floor(nodes: list[dict[str, Any]], pods: list[ReplayPod], runtime: PodRuntime
+                     ) -> dict[str, float | None]:
+    """Pipeline completion (first arrival to last end of the pods sharing a name prefix ``p<i>-``,
+    as measured) if every pod, and every gang on one node shape, started the moment its inputs
+    were done, on the shape where it runs fastest, with its inputs already local: what a variant
+    takes above it is queueing, slower GPUs and reads. Mean, p50 and p95 over pipelines."""
+    shapes = _node_shapes(nodes)
+    fastest: dict[str, float] = {}
+    group_of: dict[str, list[ReplayPod]] = {}
+    for members in _groups(pods):
+        best = min((max(runtime(m, name, {}) for m in members) for name, _ in _fitting(shapes, members)),
+                   default=max(m.duration or 0.0 for m in members))
+        for m in members:
+            fastest[m.name], group_of[m.name] = best, members
+    by_name = {p.name: p for p in pods}
+    end: dict[str, float] = {}
+
+    def finish(name: str) -> float:
+        if name not in end:
+            start = max(max([by_name[m.name].arrive] + [finish(d) for d in by_name[m.name].after
+                                                        if d in by_name])
+                        for m in group_of[name])
+            for m in group_of[name]:
+                end[m.name] = start + fastest[name]
+        return end[name]
+
+    pipes: dict[str, list[str]] = defaultdict(list)
+    for p in pods:
+        pipes[p.name.split("-", 1)[0]].append(p.name)
+    done = [max(finish(n) for n in ns) - min(by_name[n].arrive for n in ns) for ns in pipes.values()]
+    return {"mean_s": statistics.mean(done) if done else None, "p50_s": _pct(done, 0.5),
+            "p95_s": _pct(done, 0.95)}
 
 
 def gravity_figures(nodes: list[dict[str, Any]], pods: list[ReplayPod], r: ReplayResult) -> dict[str, Any]:
@@ -688,8 +739,10 @@ def outcomes(r: ReplayResult) -> dict[str, Any]:
         "pipelines_done": len(done), "pipelines": len(pipes),
         "completion_p50_s": _pct(done, 0.5), "completion_p95_s": _pct(done, 0.95),
         "completion_mean_s": statistics.mean(done) if done else None,
-        # For reading a run afterwards: which pods queued, and how long (creation to start).
+        # For reading a run afterwards: which pods queued, and how long (creation to start), and
+        # how long each ran on the node it got (its reads included).
         "queue_s_by_pod": {n: round(w, 1) for n, w in wait_of.items()},
+        "ran_s_by_pod": {n: round(r.ran_s[n], 1) for n in sorted(r.ran_s)},
     }
 
 

@@ -239,6 +239,29 @@ def test_the_dollars_floor_runs_each_pod_and_each_gang_where_its_work_costs_leas
     assert bench_replay.dollars_floor(nodes, [serve], runtime) == pytest.approx(3.43 * ratio, rel=1e-3)
 
 
+def test_the_completion_floor_starts_each_stage_when_its_inputs_are_done_on_its_fastest_shape(
+        bench_replay: ModuleType) -> None:
+    from tests.integration.harness.runtime import PodRuntime
+
+    nodes = [node_object("h", gpus=8, product="NVIDIA-H100-80GB-HBM3", cpu="96", memory="1Ti"),
+             node_object("a", gpus=8, product="NVIDIA-A100-SXM4-80GB", cpu="96", memory="1Ti")]
+    params = {"llm-placement.io/model-params": "6.658859008B"}
+    gang = {**params, "llm-placement.io/gang-name": "g", "llm-placement.io/gang-size": "2"}
+    pods = [
+        # Pipeline 0: two stages one after the other, arriving at 100 s; the H100 is the fastest.
+        ReplayPod(pod_object("p0-a", stage="pretraining", gpus=8, annotations=params), arrive=100.0,
+                  duration=3600.0),
+        ReplayPod(pod_object("p0-b", stage="pretraining", gpus=8, annotations=params), arrive=100.0,
+                  duration=600.0, after=("p0-a",)),
+        # Pipeline 1: a gang runs in lockstep, its members the long one's hour.
+        ReplayPod(pod_object("p1-g0", stage="pretraining", gpus=8, annotations=gang), duration=3600.0),
+        ReplayPod(pod_object("p1-g1", stage="pretraining", gpus=8, annotations=gang), duration=600.0),
+    ]
+    floor = bench_replay.completion_floor(nodes, pods, PodRuntime(nodes))
+    assert floor["mean_s"] == pytest.approx((4200.0 + 3600.0) / 2)
+    assert floor["p95_s"] == pytest.approx(4200.0)
+
+
 def test_a_pipeline_load_compresses_the_same_pipelines_arrivals(bench_replay: ModuleType) -> None:
     _nodes, base, meta = bench_replay.gravity_workload("gpu", 12, 1)
     _nodes, heavy, heavy_meta = bench_replay.gravity_workload("gpu", 12, 1, 1.0)
