@@ -37,21 +37,8 @@ ANN = "llm-placement.io/"
 @pytest.fixture(scope="module")
 def holding(control_plane: ControlPlane) -> Iterator[None]:
     """Restart the extender with the setting on; back to the suite's settings afterwards."""
-    cp = control_plane
-
-    def restart(env: dict[str, str]) -> None:
-        cp.extender_extra_env = env
-        assert cp.extender is not None
-        cp.stop_extender()
-        cp.extender.env = cp.extender_env()
-        cp.start_extender()
-
-    before = dict(cp.extender_extra_env)
-    restart({**before, "LLMP_GANG_HOLD_FOR_OLDEST": "true"})
-    try:
+    with control_plane.extender_settings({"LLMP_GANG_HOLD_FOR_OLDEST": "true"}):
         yield
-    finally:
-        restart(before)
 
 
 @pytest.fixture(scope="module")

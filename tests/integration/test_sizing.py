@@ -104,21 +104,8 @@ def profiles(control_plane: ControlPlane, tmp_path: Path) -> Iterator[None]:
         "    precision: int8\n    ms_per_token: 41\n    max_concurrency: 8\n"
         "    source: integration test\n"
     )
-    cp = control_plane
-
-    def restart(env: dict[str, str]) -> None:
-        cp.extender_extra_env = env
-        assert cp.extender is not None
-        cp.stop_extender()
-        cp.extender.env = cp.extender_env()
-        cp.start_extender()
-
-    before = dict(cp.extender_extra_env)
-    restart({**before, "LLMP_PROFILES_FILE": str(path)})
-    try:
+    with control_plane.extender_settings({"LLMP_PROFILES_FILE": str(path)}):
         yield
-    finally:
-        restart(before)
 
 
 def test_without_a_profile_the_estimate_keeps_8b_int8_chat_off_the_l4(

@@ -16,6 +16,8 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -470,6 +472,23 @@ class ControlPlane:
     def restart_extender(self, crash: bool = False) -> None:
         self.stop_extender(crash=crash)
         self.start_extender()
+
+    @contextmanager
+    def extender_settings(self, env: dict[str, str]) -> Iterator[None]:
+        """Run the extender with ``env`` (LLMP_* settings) added, then as before."""
+        def restart(extra: dict[str, str]) -> None:
+            self.extender_extra_env = extra
+            assert self.extender is not None
+            self.stop_extender()
+            self.extender.env = self.extender_env()
+            self.start_extender()
+
+        before = dict(self.extender_extra_env)
+        restart({**before, **env})
+        try:
+            yield
+        finally:
+            restart(before)
 
     # ----- scheduler --------------------------------------------------------------------------
     def scheduler_config(
