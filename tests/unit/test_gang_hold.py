@@ -94,3 +94,15 @@ def test_a_gang_no_free_node_set_could_hold_holds_nothing() -> None:
     pods = c.gang("train", 2)  # needs both nodes; one runs serving
     assert c.filter(pods[0], free_names(c)).passed == []
     assert c.gangs.book.ledger.holds == {}
+
+
+def test_a_hold_goes_with_its_gang() -> None:
+    c = Cluster(settings=HOLD)
+    pods, _, _ = waiting_gang(c)
+    held = set(c.gangs.book.ledger.holds["ml/train"])
+    for p in pods:
+        c.delete(p)
+    job = small_job(c, "eval")
+    d = c.filter(job, gpu_nodes(c))  # the next filter sweeps the gone gang
+    assert c.gangs.book.ledger.holds == {}
+    assert set(d.passed) & held  # the free held box takes other pods again
