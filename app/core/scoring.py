@@ -239,6 +239,21 @@ def _outclassed(spec: WorkloadSpec, class_fits: Sequence[NodeFit], present: list
     return outclassed({c: (work_cost(spec, class_fits[c], False), speed[c]) for c in present})
 
 
+def _cap_right_sizing(class_terms: list[dict[str, float]], outclassed: set[int], present: list[int]) -> None:
+    """Right-sizing never sends training to a GPU another candidate beats on price per unit of work
+    and speed: an outclassed class's memory_fit is capped at the best among the others. Replayed
+    with run time from the GPUs' speed, alignment's right-sizing sent LoRA SFT to L4s that an L40S
+    beats on both (23 % cheaper per unit of work, 3x faster by dense BF16), and the pipelines
+    finished later for no dollar saved (BENCHMARKS.md, section 4)."""
+    others = [class_terms[c]["memory_fit"] for c in present if c not in outclassed]
+    if not outclassed or not others:
+        return
+    best = max(others)
+    for c in outclassed:
+        if class_terms[c]["memory_fit"] > best:
+            class_terms[c]["memory_fit"] = best
+
+
 def _gravity(spec: WorkloadSpec, gravity: Floats | None, cap_gpus: Ints, usage: Usage,
              outclassed: npt.NDArray[np.bool_] | None = None) -> tuple[Floats, dict[int, str]]:
     """The data-gravity column (NaN: no pull, neutral) and why each capped position's pull was capped.
@@ -295,6 +310,8 @@ def score_batch(
     w = _weights_for(spec, policy).model_dump()
     present = sorted(set(class_of.tolist()))
     class_terms = _class_terms(spec, class_fits, present, policy)
+    dominated = _outclassed(spec, class_fits, present)
+    _cap_right_sizing(class_terms, dominated, present)
     facts = [(f.node.gpu_count, f.node.cpu_millis, f.node.shape_id) if class_terms[c] else (0, 0.0, -1)
              for c, f in enumerate(class_fits)]
     cap_gpus = np.array([g for g, _, _ in facts], dtype=np.int64)[class_of]
@@ -302,8 +319,7 @@ def score_batch(
     shape = np.array([s for _, _, s in facts], dtype=np.int64)[class_of]
     separation = _separation(spec, usage)
     packing = _packing(spec, cap_gpus, cap_cpu, usage)
-    dominated = _outclassed(spec, class_fits, present) if gravity is not None else set()
-    outclassed = np.isin(class_of, list(dominated)) if dominated else None
+    outclassed = np.isin(class_of, list(dominated)) if dominated and gravity is not None else None
     grav, capped = _gravity(spec, gravity, cap_gpus, usage, outclassed)
     columns = {"separation": separation, "packing": packing, "gravity": grav}
     # The weighted mean, term by term in TERMS order.
