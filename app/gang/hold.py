@@ -25,7 +25,7 @@ def nodes_to_hold(inst: GangInstance, gpus: Mapping[str, GpuSpec], long_running:
     the fastest model that can and, within it, the nodes closest to free first. Nodes running
     pods that do not end on their own (``long_running``: serving) are never held, nor are nodes a
     member could not use even empty (``fits_when_free``). Empty when no model can hold the gang,
-    when the nodes it would hold are free already, or when it has members bound."""
+    when the nodes it would hold are free and offered already, or when it has members bound."""
     shapes = sorted((s for s in inst.problem.shapes if s.gpus > 0), key=lambda s: -s.gpus)
     if not shapes or inst.bound:
         return {}
@@ -52,9 +52,10 @@ def nodes_to_hold(inst: GangInstance, gpus: Mapping[str, GpuSpec], long_running:
             if room < c.total_gpus:
                 chosen.append(c)
             if not any(need.values()):
-                # Free already and still no plan: something else keeps the gang out; holding
-                # would only idle the nodes.
-                if all(c.pristine for c in chosen):
+                # Free, offered to the gang and still no plan: something else keeps it out, and
+                # holding would only idle the nodes. A held node kube-scheduler did not offer may
+                # just be one whose pods' end it has not seen yet: the hold stays.
+                if all(c.pristine and (c.shapes is None or c.shapes) for c in chosen):
                     return {}
                 return {c.name: c.total_gpus for c in chosen}
     return {}
