@@ -82,8 +82,8 @@ class ServingCalibration(BaseModel):
     allreduce_latency_us: dict[str, NonNegative] = Field(
         default_factory=lambda: {"nvlink": 10.0, "pcie": 40.0})
     # Share of a PCIe x16 link's rate a ring all-reduce over PCIe reaches: the host's CPUs and
-    # memory carry it (starting value: NCCL all_reduce_perf on 8 PCIe GPUs of a dual Xeon 8480+
-    # host, bus bandwidth 28 GB/s of Gen5's 63, NVIDIA/nccl issue 1639; the fit moves it).
+    # memory carry it. The starting value is a published NCCL measurement, the fit moves it
+    # (docs/stage-policy.md, "Tensor-parallel communication", states the source).
     pcie_allreduce_share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.44
     interleave: NonNegative = 1.0
     ttft_floor_ms: NonNegative = 10.0
