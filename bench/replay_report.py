@@ -3,6 +3,7 @@
     python bench/replay_report.py bench/results/replay-gravity-seed1.json ...-seed2.json ...
     python bench/replay_report.py --llm bench/results/replay-llm-seed1.json ...
     python bench/replay_report.py --llm --plot bench/results/replay-llm-bars.png <files>
+    python bench/replay_report.py --repeats <files> [--drop FILE:VARIANT ...]
 
 One row per (file, mix, variant): time-weighted and sampled stranded share, whole free 8-GPU nodes,
 list price of the stranded GPUs, training beside interactive serving, interactive serving off its
@@ -12,6 +13,7 @@ ms/token target, cost, co-location, agreement. A file's name after ``replay-grav
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 
 import typer
@@ -119,17 +121,23 @@ def common_window(variants: dict[str, dict]) -> dict[str, dict[str, float]]:
     of the run. Each variant's own time average rewards finishing late (a long tail with a few jobs
     left counts many free nodes); over a common window a variant that finished its work sooner has
     its cluster back, empty, for the rest of it. Nothing is stranded on an empty cluster."""
-    spans = {v: (x.get("time_weighted") or {}).get("span_s", 0.0) for v, x in variants.items()}
+    spans = {v: _span(x) for v, x in variants.items()}
     window = max(spans.values(), default=0.0) or 1.0
-    out = {}
-    for v, x in variants.items():
-        tw = x.get("time_weighted") or {}
-        span = spans[v]
-        whole = tw.get("whole_free_8gpu_nodes", 0.0) * span + tw.get("nodes_8gpu", 0) * (window - span)
-        out[v] = {"window_s": window, "whole_free_8gpu_nodes": whole / window,
-                  "stranded_usd_per_hour": x.get("stranded_usd_total", 0.0) / (window / 3600.0),
-                  "beyond_packing_gpu_h": tw.get("stranded_beyond_packing_gpu_hours", float("nan"))}
-    return out
+    return {v: windowed(x, window) for v, x in variants.items()}
+
+
+def _span(x: dict) -> float:
+    return float((x.get("time_weighted") or {}).get("span_s", 0.0))
+
+
+def windowed(x: dict, window: float) -> dict[str, float]:
+    """One run's stranded $/h and whole free 8-GPU nodes over ``window`` seconds (>= its span)."""
+    tw = x.get("time_weighted") or {}
+    span = _span(x)
+    whole = tw.get("whole_free_8gpu_nodes", 0.0) * span + tw.get("nodes_8gpu", 0) * (window - span)
+    return {"window_s": window, "whole_free_8gpu_nodes": whole / window,
+            "stranded_usd_per_hour": x.get("stranded_usd_total", 0.0) / (window / 3600.0),
+            "beyond_packing_gpu_h": tw.get("stranded_beyond_packing_gpu_hours", float("nan"))}
 
 
 def llm_rows(path: Path) -> list[str]:
@@ -206,6 +214,94 @@ def _metric(variants: dict[str, dict], variant: str, metric: str) -> float | Non
     return float(x) if x is not None else None
 
 
+def repeated_runs(files: list[Path], drop: frozenset[tuple[str, str]] = frozenset()
+                  ) -> dict[tuple[int, str], dict[str, list[dict]]]:
+    """Every run of every variant per workload (seed, mix), across files: kube-scheduler breaks ties
+    at random, so one run of a baseline is one draw. ``drop`` names (file name, variant) runs to
+    leave out (a variant measured before a change of ours). Each run gets its stranded $/h and
+    whole free nodes over the workload's common window: the longest span of any of its runs."""
+    runs: dict[tuple[int, str], dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for f in files:
+        for key, doc in json.loads(f.read_text()).items():
+            for variant, v in doc["variants"].items():
+                if "gangs" in v and (f.name, variant) not in drop:
+                    runs[(int(doc["meta"]["seed"]), key)][variant].append(v)
+    for variants in runs.values():
+        window = max((_span(x) for xs in variants.values() for x in xs), default=0.0) or 1.0
+        for xs in variants.values():
+            for x in xs:
+                x["_window"] = windowed(x, window)
+    return runs
+
+
+REPEAT_FIGURES = (  # (column, how to read one run, lower is better)
+    ("completion mean, s", lambda x: x["completion_mean_s"], True),
+    ("dollars spent", lambda x: x["spent_total"], True),
+    ("queueing p95, s", lambda x: x["queue_p95_s"], True),
+    ("stranded $/h, common window", lambda x: x["_window"]["stranded_usd_per_hour"], True),
+    ("whole free 8-GPU nodes, common window", lambda x: x["_window"]["whole_free_8gpu_nodes"], False),
+)
+REPEAT_HEADER = ("| seed | mix | variant | runs | " + " | ".join(c for c, _, _ in REPEAT_FIGURES)
+                 + " | gang deadlocks |")
+
+
+def _range(values: list[float], digits: int = 0) -> str:
+    lo, hi = min(values), max(values)
+    fmt = f"{{:,.{digits}f}}"
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def repeat_rows(runs: dict[tuple[int, str], dict[str, list[dict]]]) -> list[str]:
+    """One row per workload and variant: the range of each outcome over its runs."""
+    out = []
+    for (seed, mix), variants in sorted(runs.items()):
+        if "ours" not in variants:
+            continue
+        for variant in sorted(variants, key=lambda v: (v != "ours", v)):
+            xs = variants[variant]
+            cells = [_range([get(x) for x in xs], 1 if "$/h" in col or "nodes" in col else 0)
+                     for col, get, _ in REPEAT_FIGURES]
+            out.append(" | ".join(["", str(seed), mix, variant, str(len(xs)), *cells,
+                                   str(max(x["gang_deadlocks"] for x in xs)), ""]).strip())
+    return out
+
+
+def _change(ours: list[float], base: list[float]) -> str:
+    """Ours against each run of a baseline, as the range of ours / baseline - 1 over all pairs."""
+    ratios = [100 * (o / b - 1) for o in ours for b in base if b]
+    lo, hi = min(ratios), max(ratios)
+    return f"{lo:+.0f} %" if round(lo) == round(hi) else f"{lo:+.0f} to {hi:+.0f} %"
+
+
+def _pick(runs: list[dict], column: str) -> list[float]:
+    get = next(g for c, g, _ in REPEAT_FIGURES if c == column)
+    return [float(get(x)) for x in runs]
+
+
+VERDICT_HEADER = ("| seed | mix | MostAllocated runs | dollars vs MostAllocated | completion mean vs "
+                  "MostAllocated | queueing p95 vs Kueue | stranded $/h vs MostAllocated | whole free "
+                  "nodes: ours' fewest / MostAllocated's most |")
+
+
+def verdict_rows(runs: dict[tuple[int, str], dict[str, list[dict]]]) -> list[str]:
+    """Ours against every run of the baselines, per workload, in the terms of the outcome bars."""
+    out = []
+    for (seed, mix), variants in sorted(runs.items()):
+        ours, most, kueue = variants.get("ours"), variants.get("mostalloc"), variants.get("kueue")
+        if not ours or not most:
+            continue
+        out.append(" | ".join([
+            "", str(seed), mix, str(len(most)),
+            _change(_pick(ours, "dollars spent"), _pick(most, "dollars spent")),
+            _change(_pick(ours, "completion mean, s"), _pick(most, "completion mean, s")),
+            _change(_pick(ours, "queueing p95, s"), _pick(kueue, "queueing p95, s")) if kueue else "-",
+            _change(_pick(ours, "stranded $/h, common window"), _pick(most, "stranded $/h, common window")),
+            f"{min(_pick(ours, 'whole free 8-GPU nodes, common window')):.1f} / "
+            f"{max(_pick(most, 'whole free 8-GPU nodes, common window')):.1f}", "",
+        ]).strip())
+    return out
+
+
 # Meta fields that say which workload a run replayed: runs merged into one file must agree on them.
 WORKLOAD_KEYS = ("jobs", "seed", "load", "scenario", "pipelines", "gangs", "nodes", "gpus", "span_s",
                  "mean_arrival_s", "dollars_floor")
@@ -235,10 +331,29 @@ def merge(files: list[Path], out: Path) -> Path:
 
 def main(files: list[Path], outcomes: bool = False, llm: bool = False,
          plot: Path | None = typer.Option(None, help="also draw ours-vs-baseline bars to this PNG"),
-         merge_to: Path | None = typer.Option(None, "--merge", help="merge the files' runs into this file")
+         merge_to: Path | None = typer.Option(None, "--merge", help="merge the files' runs into this file"),
+         repeats: bool = typer.Option(False, help="ranges over repeated runs of each workload, and ours "
+                                                  "against every baseline run"),
+         drop: list[str] = typer.Option([], help="with --repeats: FILE:VARIANT runs to leave out"),
          ) -> None:
     """--outcomes: the virtual-clock outcome table (gangs, queueing, completion, dollars spent);
-    --llm: the LLM-cluster mix table (files from ``bench/replay.py --llm-jobs``)."""
+    --llm: the LLM-cluster mix table (files from ``bench/replay.py --llm-jobs``); --repeats: the
+    pipeline mixes' outcomes over several runs of each workload."""
+    if repeats:
+        dropped = set()
+        for item in drop:
+            name, sep, variant = item.rpartition(":")
+            if not sep or not name or not variant:
+                raise typer.BadParameter(f"--drop {item!r}: give FILE:VARIANT")
+            dropped.add((Path(name).name, variant))
+        runs = repeated_runs(files, frozenset(dropped))
+        for header, table in ((REPEAT_HEADER, repeat_rows(runs)), (VERDICT_HEADER, verdict_rows(runs))):
+            print(header)
+            print("|" + "---|" * 3 + "---:|" * (header.count("|") - 4))
+            for r in table:
+                print(r)
+            print()
+        return
     if merge_to is not None:
         files = [merge(files, merge_to)]
         print(f"wrote {merge_to}")

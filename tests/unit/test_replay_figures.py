@@ -290,3 +290,41 @@ def test_runs_of_the_same_workload_merge_and_different_workloads_are_refused(tmp
     other.write_text(json.dumps({"load-1": {"meta": {**meta, "seed": 2}, "variants": {"ours": {}}}}))
     with pytest.raises(typer.BadParameter, match="seed is 2, not 1"):
         report.merge([first, other], tmp_path / "n.json")
+
+
+def _run(completion: float, spent: float, queue_p95: float, span: float, stranded_usd: float,
+         free_nodes: float) -> dict:
+    return {"gangs": 2, "gang_deadlocks": 0, "completion_mean_s": completion, "spent_total": spent,
+            "queue_p95_s": queue_p95, "stranded_usd_total": stranded_usd,
+            "time_weighted": {"span_s": span, "whole_free_8gpu_nodes": free_nodes, "nodes_8gpu": 10}}
+
+
+def test_repeated_baseline_runs_give_ranges_and_ours_is_judged_against_every_run(tmp_path: Path) -> None:
+    report = _report()
+    meta = {"seed": 1, "load": 1.0}
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"gpu-load-1": {"meta": meta, "variants": {
+        "ours": _run(90.0, 100.0, 10.0, 3600.0, 3.0, 8.0),
+        "mostalloc": _run(100.0, 110.0, 20.0, 7200.0, 20.0, 6.0)}}}))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({"gpu-load-1": {"meta": meta, "variants": {
+        "mostalloc": _run(120.0, 125.0, 30.0, 3600.0, 10.0, 7.0),
+        "kueue": _run(110.0, 115.0, 8.0, 3600.0, 5.0, 7.0),
+        # an earlier build of ours: left out by --drop
+        "ours": _run(1.0, 1.0, 1.0, 3600.0, 0.0, 10.0)}}}))
+    runs = report.repeated_runs([a, b], frozenset({("b.json", "ours")}))
+    assert len(runs[(1, "gpu-load-1")]["ours"]) == 1 and len(runs[(1, "gpu-load-1")]["mostalloc"]) == 2
+    rows = report.repeat_rows(runs)
+    most = next(r for r in rows if "| mostalloc |" in r)
+    assert "| 2 | 100-120 | 110-125 | 20-30 |" in most
+    # One window for every run of the workload (the longest span, 7,200 s): ours' 3 dollars of
+    # stranded GPUs over 2 hours, and its cluster back empty (10 free nodes) for the second hour.
+    ours = runs[(1, "gpu-load-1")]["ours"][0]["_window"]
+    assert ours["stranded_usd_per_hour"] == pytest.approx(1.5)
+    assert ours["whole_free_8gpu_nodes"] == pytest.approx(9.0)
+    [verdict] = report.verdict_rows(runs)
+    # dollars 100 against 110 and 125; completion 90 against 100 and 120; queueing p95 10 against
+    # Kueue's 8.
+    assert "| -20 to -9 % | -25 to -10 % | +25 % |" in verdict
+    # MostAllocated's second run also finished in an hour: 7 free nodes, then 10, so 8.5.
+    assert verdict.endswith("9.0 / 8.5 |")
