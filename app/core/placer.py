@@ -34,6 +34,10 @@ class GangHook(Protocol):
 
     def reserved_map(self, exclude_gang: str | None) -> dict[str, int]: ...
 
+    def reservation_reason(self, node: str, exclude_gang: str | None) -> str | None:
+        """The gangs keeping ``node``'s GPUs, in words (for a pod refused only because of them)."""
+        ...
+
     def filter_member(
         self,
         spec: WorkloadSpec,
@@ -204,13 +208,23 @@ class Placer:
         known = rows >= 0
         r = np.where(known, rows, 0)
         free = table.gpu_count[r] - table.gpus_used[r]
+        hard = self.gravity.hard_rejections(spec, names) if self.gravity else {}
         if self.gangs is not None and spec.gpus > 0:  # CPU pods do not care about GPU reservations
-            reserved = self.gangs.reserved_map(spec.gang.key if spec.gang else None)
+            exclude = spec.gang.key if spec.gang else None
+            reserved = self.gangs.reserved_map(exclude)
             if reserved:
+                unreserved = free
                 free = np.where(free > 0, free - table.column(reserved)[r], free)
+                # Where another gang's reservation is all that leaves too few GPUs, the reason
+                # names the gang (few nodes: reservations are whole gangs' members or holds).
+                needed = spec.gpus_needed_free
+                for i in np.flatnonzero(known & (unreserved >= needed) & (free < needed)).tolist():
+                    if names[i] not in hard:
+                        named = self._reserved_here(spec, names[i], int(free[i]), exclude)
+                        if named is not None:
+                            hard = {**hard, names[i]: named}
         key = table.shape[r] * 4 + np.where(free >= spec.gpus_needed_free, 2, 0) + (table.training[r] > 0)
         key[~known] = -1
-        hard = self.gravity.hard_rejections(spec, names) if self.gravity else {}
         if hard:
             for i, name in enumerate(names):
                 if name in hard:
@@ -236,6 +250,18 @@ class Placer:
         passing = np.flatnonzero(passes[class_of])
         return Classified(names, class_of.astype(np.int64), verdicts, r, passing,
                           [names[i] for i in passing.tolist()] if len(passing) < len(names) else names)
+
+    def _reserved_here(self, spec: WorkloadSpec, node: str, free: int, exclude: str | None
+                       ) -> Rejection | None:
+        """The rejection naming the gangs that keep ``node``'s GPUs, when that is the rule the pod
+        fails there (another rule failing first keeps its own reason)."""
+        assert self.gangs is not None
+        facts, usage, _ = self.snapshot.entries[node]
+        verdict = evaluate(spec, facts, usage, free, self.policy.feasibility)
+        if not isinstance(verdict, Rejection) or verdict.code is not ReasonCode.GPUS_BUSY:
+            return None
+        why = self.gangs.reservation_reason(node, exclude)
+        return None if why is None else reject(ReasonCode.GPUS_BUSY, why, unresolvable=False)
 
     def filter(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterDecision:
         try:

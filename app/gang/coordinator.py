@@ -146,6 +146,16 @@ class GangCoordinator:
         self.lifecycle.maybe_sweep()
         return self.book.ledger.reserved_map(exclude_gang)
 
+    def reservation_reason(self, node: str, exclude_gang: str | None) -> str | None:
+        """Which gangs keep ``node``'s GPUs, for a pod refused there only because of them."""
+        holders = self.book.ledger.holders(node, exclude_gang)
+        if not holders:
+            return None
+        return "; ".join(
+            f"GPUs held for gang {shown(gang)}, the oldest gang waiting for whole nodes" if held
+            else f"GPUs reserved for gang {shown(gang)}, whose members are being placed"
+            for gang, held in holders)
+
     # --- GangHook: filter ---------------------------------------------------------------------
     def undecidable(self, spec: WorkloadSpec) -> Rejection | None:
         """Why no node can take this member yet, whatever the nodes: its gang has no size, or not

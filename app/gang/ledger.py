@@ -85,6 +85,13 @@ class Ledger:
                 out[node] = n
         return out
 
+    def holders(self, node: str, exclude_gang: str | None = None) -> list[tuple[str, bool]]:
+        """Each other gang with GPUs kept on ``node``: (gang, True) for a hold of the oldest
+        waiting gang, (gang, False) for a plan's members not yet bound."""
+        return [(gang, gang in self.holds and node in self.holds[gang])
+                for gang, gpus in sorted(self._by_node.get(node, {}).items())
+                if gpus and gang != exclude_gang]
+
     def total_reserved(self) -> int:
         return sum(self._total.values())
 

@@ -88,8 +88,10 @@ def test_the_oldest_gang_holds_nodes_a_small_job_waits_and_the_gang_binds_on_the
         small = job(run, "eval", 1, stage="alignment")
         create_pods(core, ns, [small])
         small_name = small["metadata"]["name"]
-        wait_until(lambda: any("reserved for a gang" in m for m in scheduling_messages(core, ns, small_name)),
-                   60, "the small job's FailedScheduling naming the gang's reservation")
+        # Its FailedScheduling names the gang that holds the free box.
+        named = f"GPUs held for gang {ns}/{run}-train, the oldest gang waiting for whole nodes"
+        wait_until(lambda: any(named in m for m in scheduling_messages(core, ns, small_name)),
+                   60, "the small job's FailedScheduling naming the holding gang")
         assert_stays_unbound(core, ns, small_name, 2.0)
 
         # The held busy box's job ends: the gang binds on the two held boxes, whole.

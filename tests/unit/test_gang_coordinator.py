@@ -243,7 +243,9 @@ def test_other_pods_see_reserved_gpus_as_taken() -> None:
     c.add(loner)
     d = c.filter(loner)
     assert set(d.passed) == set(names) - planned
-    assert all("reserved for a gang" in d.rejections[n] for n in planned)
+    # The reason names the gang (docs/gangs.md, "Hold").
+    assert all("GPUs reserved for gang ml/g, whose members are being placed" in d.rejections[n]
+               for n in planned)
 
 
 def test_bound_members_release_their_reservation_and_the_gang_completes() -> None:

@@ -65,6 +65,10 @@ def test_the_oldest_waiting_gang_holds_whole_nodes_and_gets_them_when_they_free(
     job = small_job(c, "eval")
     d = c.filter(job, gpu_nodes(c))
     assert not set(d.passed) & set(held)
+    # On the held free node the reason names the gang.
+    [free_held] = [n for n in held if c.service.snapshot.free_gpus(n) >= 1]
+    assert d.rejections[free_held].endswith("GPUs held for gang ml/train, the oldest gang waiting "
+                                            "for whole nodes")
     # The held node's own work ends: the gang is planned on the held nodes, and the hold goes.
     c.delete(first if "h-0" in held else second)
     got = {c.place(p, free_names(c)) for p in pods}
