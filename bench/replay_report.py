@@ -16,6 +16,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import typer
 
 
@@ -329,6 +330,51 @@ def merge(files: list[Path], out: Path) -> Path:
     return out
 
 
+def ratio_span(variants: dict[str, list[dict]], variant: str, baseline: str, column: str
+               ) -> tuple[float, float, float]:
+    """(median, least, greatest) of ``variant`` / ``baseline`` over every pair of their runs."""
+    pairs = [a / b for a in _pick(variants.get(variant, []), column)
+             for b in _pick(variants.get(baseline, []), column) if b]
+    if not pairs:
+        return float("nan"), float("nan"), float("nan")
+    return float(np.median(pairs)), min(pairs), max(pairs)
+
+
+def repeat_bars(runs: dict[tuple[int, str], dict[str, list[dict]]], out: Path,
+                baseline: str = "mostalloc") -> Path:
+    """Each variant against every run of ``baseline``, per workload: a bar at the median of the
+    ratios over all pairs of runs, whiskers at their least and greatest (below 1 is better)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = [k for k in sorted(runs) if "ours" in runs[k] and baseline in runs[k]]
+    variants = sorted({v for k in workloads for v in runs[k] if v != baseline},
+                      key=lambda v: (v != "ours", v))
+    columns = [c for c, _, lower in REPEAT_FIGURES if lower]
+    fig, axes = plt.subplots(len(columns), 1, figsize=(max(8, 1.3 * len(workloads)), 3 * len(columns)),
+                             squeeze=False)
+    width = 0.8 / max(1, len(variants))
+    for ax, column in zip(axes[:, 0], columns, strict=True):
+        for i, v in enumerate(variants):
+            spans = [ratio_span(runs[k], v, baseline, column) for k in workloads]
+            mid = [m for m, _, _ in spans]
+            lo = np.nan_to_num([m - a for m, a, _ in spans]).tolist()  # no whisker where no runs
+            hi = np.nan_to_num([b - m for m, _, b in spans]).tolist()
+            ax.bar([j + i * width for j in range(len(workloads))], mid, width, yerr=[lo, hi],
+                   capsize=3, label=v)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_title(f"{column}, relative to each {baseline} run (below 1 is better)")
+        ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(workloads))])
+        ax.set_xticklabels([f"seed {s} {m}" for s, m in workloads], rotation=30, ha="right", fontsize=8)
+    axes[0, 0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
 def main(files: list[Path], outcomes: bool = False, llm: bool = False,
          plot: Path | None = typer.Option(None, help="also draw ours-vs-baseline bars to this PNG"),
          merge_to: Path | None = typer.Option(None, "--merge", help="merge the files' runs into this file"),
@@ -347,6 +393,8 @@ def main(files: list[Path], outcomes: bool = False, llm: bool = False,
                 raise typer.BadParameter(f"--drop {item!r}: give FILE:VARIANT")
             dropped.add((Path(name).name, variant))
         runs = repeated_runs(files, frozenset(dropped))
+        if plot is not None:
+            print(f"wrote {repeat_bars(runs, plot)}")
         for header, table in ((REPEAT_HEADER, repeat_rows(runs)), (VERDICT_HEADER, verdict_rows(runs))):
             print(header)
             print("|" + "---|" * 3 + "---:|" * (header.count("|") - 4))

@@ -328,3 +328,14 @@ def test_repeated_baseline_runs_give_ranges_and_ours_is_judged_against_every_run
     assert "| -20 to -9 % | -25 to -10 % | +25 % |" in verdict
     # MostAllocated's second run also finished in an hour: 7 free nodes, then 10, so 8.5.
     assert verdict.endswith("9.0 / 8.5 |")
+
+
+def test_the_repeat_bars_span_every_pair_of_runs(tmp_path: Path) -> None:
+    report = _report()
+    variants = {"ours": [{"spent_total": 90.0}, {"spent_total": 100.0}],
+                "mostalloc": [{"spent_total": 100.0}, {"spent_total": 120.0}, {"spent_total": 80.0}]}
+    mid, lo, hi = report.ratio_span(variants, "ours", "mostalloc", "dollars spent")
+    assert (lo, hi) == (pytest.approx(0.75), pytest.approx(1.25))
+    # Six pairs: 0.75, 0.83, 0.9, 1.0, 1.125, 1.25; the median is between 0.9 and 1.0.
+    assert mid == pytest.approx(0.95)
+    assert all(x != x for x in report.ratio_span(variants, "kueue", "mostalloc", "dollars spent"))
