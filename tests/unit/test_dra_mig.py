@@ -288,7 +288,7 @@ def test_hostile_selectors_and_claims_cost_nothing() -> None:
     assert dra.pod_devices({"spec": {"resourceClaims": "x"}}).fields() == {}
     pod = {"metadata": {"namespace": "default"}, "spec": {"resourceClaims": [{"name": "r", "resourceClaimName": "c"}]}}
     assert dra.pod_devices(pod).mig == 0
-    assert dra.drop_claim("default/c") == set() and dra.held == {}
+    assert dra.drop_claim("default/c") == set() and dra.claim_book.held == {}
 
 
 def test_placed_message_describes_a_mig_pod_whose_own_slice_is_held() -> None:
