@@ -164,7 +164,7 @@ def _claims(pod: dict[str, Any], snapshot: ClusterSnapshot) -> tuple[tuple[tuple
         return (), 0
     try:
         got = reader.pod_devices(pod, ())
-        return tuple(got.claims), int(got.shares)
+        return got.claim_gpus, got.shared_gpus
     except Exception:  # the usage must be counted however odd the pod is
         return (), 0
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from app.core.dra_claims import ClaimBook
 from app.core.dra_classes import IMPLICIT_PREFIX, DeviceClasses
-from app.core.dra_demand import ClaimDemand, DemandReader, PodDevices
+from app.core.dra_demand import ClaimDemand, DemandReader
 from app.core.dra_devices import (
     BLOCKING_EFFECTS,
     CLIQUE_ATTRS,
@@ -55,12 +55,13 @@ from app.core.dra_selectors import (
 from app.core.dra_slices import MAX_NODE_DEVICES, ParsedSlice, SliceStore, parse_slice
 from app.core.dra_taints import TaintRules, taint_rule
 from app.core.policy import NodeLabelKeys
+from app.core.workload import ClaimedDevices
 
 __all__ = [
     "BLOCKING_EFFECTS", "CLIQUE_ATTRS", "DRIVER", "IMPLICIT_PREFIX", "MAX_ATTRIBUTES", "MAX_COUNTERS",
     "MAX_DEVICES", "MAX_EXPR", "MAX_NAME", "MAX_NODE_DEVICES", "MAX_PARENS", "MAX_PREDICATES",
     "MAX_REGEX", "MAX_VALUES", "PCI_BUS_ID", "STANDARD_DOMAIN", "ClaimDemand", "DevicePredicate",
-    "DraDevice", "DraIndex", "DraNodeGpus", "Left", "MigSlices", "ParsedSlice", "PodDevices",
+    "DraDevice", "DraIndex", "DraNodeGpus", "Left", "MigSlices", "ParsedSlice",
     "Selection", "class_driver", "class_selection", "device_satisfies", "node_gpus", "overlay",
     "parse_device", "parse_slice", "product_matches", "read_selectors", "taint_rule",
 ]
@@ -210,6 +211,6 @@ class DraIndex:
         of the driver backs that ``counted`` leaves out (``DemandReader.pod_gpus``)."""
         return self.reader.pod_gpus(pod, counted)
 
-    def pod_devices(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> PodDevices:
+    def pod_devices(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> ClaimedDevices:
         """Everything a pod's claims say beyond the full-GPU count (``DemandReader.pod_devices``)."""
         return self.reader.pod_devices(pod, counted)
