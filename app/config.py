@@ -23,11 +23,12 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from app.core.datafile import load_user_yaml
-from app.core.live_profiles import LearnPolicy, LiveProfileBook
+from app.core.live_profiles import LiveProfileBook
 from app.core.policy import (
     FeasibilityPolicy,
     GangPolicy,
     GravityPolicy,
+    LearnPolicy,
     NodeFactsPolicy,
     NodeLabelKeys,
     PlacementPolicy,

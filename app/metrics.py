@@ -4,6 +4,9 @@ from a fixed vocabulary, GPU models from the catalog, topology domains — never
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.core.gravity import MISSING, Distance
@@ -21,176 +24,189 @@ RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 INVALID_KEYS = (*ANNOTATION_KEYS, "resources", "pod", "other")
 
 
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+@dataclass(frozen=True, slots=True)
+class _Declared(Generic[M]):
+    """One metric of ``Metrics``: declared once in the class body, built on each instance's registry
+    (an instance attribute of the same name then stands in front of this declaration)."""
+
+    kind: type[M]
+    name: str
+    documentation: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+    def build(self, registry: CollectorRegistry) -> M:
+        extra: dict[str, Any] = {} if self.buckets is None else {"buckets": self.buckets}
+        return self.kind(self.name, self.documentation, self.labels, registry=registry, **extra)
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Declared[M]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type) -> M: ...
+
+    def __get__(self, obj: object | None, owner: type) -> _Declared[M] | M:
+        if obj is None:
+            return self
+        raise AttributeError(f"{self.name} is built by Metrics.__init__")
+
+
 class Metrics:
-    """All metric objects on one registry (tests create their own to stay isolated)."""
+    """All metric objects on one registry (tests create their own to stay isolated).
+
+    Each metric is declared once below, in the order it is registered (and exported).
+    """
+
+    request_duration = _Declared(
+        Histogram, "llm_placement_request_duration_seconds",
+        "Extender request latency by verb, as seen inside the extender.", ("verb",), LATENCY_BUCKETS,
+    )
+    request_errors = _Declared(
+        Counter, "llm_placement_request_errors_total",
+        "Extender requests answered with an Error (malformed input, internal failure).", ("verb", "kind"),
+    )
+    decisions = _Declared(
+        Counter, "llm_placement_decisions_total",
+        "Placement decisions by stage and outcome (bound, unschedulable, invalid, bind_failed).",
+        ("stage", "outcome"),
+    )
+    agreement = _Declared(
+        Counter, "llm_placement_scheduler_agreement_total",
+        "Binds by how kube-scheduler's chosen node ranked in our prioritize scores: top (our unique "
+        "best or only candidate), tied_top (one of our equal best), lower (in-tree points outweighed "
+        "ours), unranked (no ranking remembered).",
+        ("outcome",),
+    )
+    rejections = _Declared(
+        Counter, "llm_placement_node_rejections_total", "Nodes rejected in filter, by rule.", ("rule",)
+    )
+    invalid_annotations = _Declared(
+        Counter, "llm_placement_invalid_annotations_total",
+        "Pods whose llm-placement annotations could not be understood, by annotation key.", ("key",),
+    )
+    unknown_gpu_nodes = _Declared(
+        Gauge, "llm_placement_unknown_gpu_nodes",
+        "Nodes with GPUs whose product is missing from the catalog (handled conservatively).",
+    )
+    cache_nodes = _Declared(Gauge, "llm_placement_cache_nodes", "Nodes in the extender cache.")
+    cache_pods = _Declared(Gauge, "llm_placement_cache_pods", "Pods holding resources in the extender cache.")
+
+    # --- watches and gangs ------------------------------------------------------------------------
+    watch_restarts = _Declared(
+        Counter, "llm_placement_watch_restarts_total", "Watch streams restarted, by resource and cause.",
+        ("resource", "cause"),
+    )
+    solver_duration = _Declared(
+        Histogram, "llm_placement_solver_duration_seconds", "CP-SAT gang plan time.", ("status",),
+        SOLVER_BUCKETS,
+    )
+    solver_runs = _Declared(
+        Counter, "llm_placement_solver_runs_total", "Gang plans by solver status.", ("status",)
+    )
+    gang_wait = _Declared(
+        Histogram, "llm_placement_gang_wait_seconds",
+        "Time from a gang's first filter call to all members bound.", buckets=WAIT_BUCKETS,
+    )
+    gangs_bound = _Declared(
+        Counter, "llm_placement_gangs_total", "Gangs by outcome (bound, failed, replanned).", ("outcome",)
+    )
+    reservations = _Declared(
+        Gauge, "llm_placement_reserved_gpus", "GPUs held by gang reservations not yet bound."
+    )
+    reservations_expired = _Declared(
+        Counter, "llm_placement_reservations_expired_total", "Gang reservations dropped at TTL."
+    )
+
+    # --- placement quality, observed at bind --------------------------------------------------------
+    bandwidth_fit = _Declared(
+        Histogram, "llm_placement_bandwidth_fit_ratio",
+        "Node memory bandwidth / bandwidth the SLO needs, for serving pods with an SLO.",
+        ("stage",), RATIO_BUCKETS,
+    )
+    memory_fit = _Declared(
+        Histogram, "llm_placement_memory_fit_ratio",
+        "Memory needed / GPU memory offered (right-sizing; 1.0 is a perfect fit).", ("stage",), RATIO_BUCKETS,
+    )
+    slo_ratio = _Declared(
+        Histogram, "llm_placement_predicted_latency_slo_ratio",
+        "Predicted ms/token / max-ms-per-token (below 1 meets the SLO).", ("stage",), RATIO_BUCKETS,
+    )
+    estimate_ratio = _Declared(
+        Histogram, "llm_placement_serving_estimate_ratio",
+        "Serving model estimate / what the engines measured, per learnt profile and poll "
+        "(docs/stage-policy.md, \"Learnt profiles\"); 1 is exact, above 1 pessimistic.",
+        ("group", "metric"), RATIO_BUCKETS,
+    )
+    live_profile_polls = _Declared(
+        Counter, "llm_placement_live_profile_polls",
+        "Polls of Prometheus for the serving engines' latency metrics, by result (ok, error).", ("result",),
+    )
+    live_profiles = _Declared(Gauge, "llm_placement_live_profiles", "Learnt serving profiles in effect.")
+    hourly_cost = _Declared(
+        Counter, "llm_placement_bound_hourly_cost_dollars_total",
+        "Sum of the $/hour of every pod bound, by stage and GPU model.", ("stage", "gpu"),
+    )
+    bound_gpus = _Declared(
+        Counter, "llm_placement_bound_gpus_total", "GPUs bound, by stage and GPU model.", ("stage", "gpu")
+    )
+    dependency_edges = _Declared(
+        Counter, "llm_placement_dependency_edges_total",
+        "Data-gravity edges at bind, by stage and the distance to the producer.", ("stage", "distance"),
+    )
+    cross_node_gb = _Declared(
+        Counter, "llm_placement_cross_node_data_gigabytes_total",
+        "Estimated GB a consumer reads from a producer on another node.", ("stage",),
+    )
+    free_gpus = _Declared(
+        Gauge, "llm_placement_free_gpus", "Free GPUs per NVLink domain and GPU model.", ("domain", "gpu")
+    )
+
+    # --- cluster quality (app.quality defines each; refreshed periodically from the snapshot) -------
+    stranded_gpus = _Declared(
+        Gauge, "llm_placement_stranded_gpus",
+        "Free GPUs on partly used nodes with fewer free GPUs than any pending GPU pod requests.", ("gpu",),
+    )
+    gpu_fragmentation = _Declared(
+        Gauge, "llm_placement_gpu_fragmentation_ratio",
+        "Free GPUs on partly used nodes / all free GPUs, per GPU model (0: all in empty nodes).", ("gpu",),
+    )
+    allocatable_gpus = _Declared(
+        Gauge, "llm_placement_allocatable_gpus", "GPUs on schedulable nodes, per GPU model.", ("gpu",)
+    )
+    pending_gpus = _Declared(
+        Gauge, "llm_placement_pending_gpus", "GPUs requested by known pods not bound yet."
+    )
+    running_hourly_cost = _Declared(
+        Gauge, "llm_placement_running_hourly_cost_dollars",
+        "Estimated $/hour of the pods running now (their share of each node's price), by stage.", ("stage",),
+    )
+    skipped_objects = _Declared(
+        Counter, "llm_placement_skipped_objects_total",
+        "Watched or restored objects that could not be applied and were skipped (one bad object "
+        "costs only itself), by kind.",
+        ("kind",),
+    )
+    rejected_plans = _Declared(
+        Counter, "llm_placement_rejected_gang_plans_total",
+        "Persisted gang-plan annotations not restored, by reason (unreadable, gang_mismatch, "
+        "unsigned, bad_signature, future, expired, unknown_node).",
+        ("reason",),
+    )
+    unknown_annotation_keys = _Declared(
+        Counter, "llm_placement_unknown_annotation_keys_total",
+        "Pods of ours carrying keys under llm-placement.io/ that the extender does not read "
+        "(a warning event names the nearest known key).",
+    )
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        r = self.registry = registry or CollectorRegistry()
-        self.request_duration = Histogram(
-            "llm_placement_request_duration_seconds",
-            "Extender request latency by verb, as seen inside the extender.",
-            ["verb"], buckets=LATENCY_BUCKETS, registry=r,
-        )
-        self.request_errors = Counter(
-            "llm_placement_request_errors_total",
-            "Extender requests answered with an Error (malformed input, internal failure).",
-            ["verb", "kind"], registry=r,
-        )
-        self.decisions = Counter(
-            "llm_placement_decisions_total",
-            "Placement decisions by stage and outcome (bound, unschedulable, invalid, bind_failed).",
-            ["stage", "outcome"], registry=r,
-        )
-        self.agreement = Counter(
-            "llm_placement_scheduler_agreement_total",
-            "Binds by how kube-scheduler's chosen node ranked in our prioritize scores: top (our unique "
-            "best or only candidate), tied_top (one of our equal best), lower (in-tree points outweighed "
-            "ours), unranked (no ranking remembered).",
-            ["outcome"], registry=r,
-        )
-        self.rejections = Counter(
-            "llm_placement_node_rejections_total",
-            "Nodes rejected in filter, by rule.", ["rule"], registry=r,
-        )
-        self.invalid_annotations = Counter(
-            "llm_placement_invalid_annotations_total",
-            "Pods whose llm-placement annotations could not be understood, by annotation key.",
-            ["key"], registry=r,
-        )
-        self.unknown_gpu_nodes = Gauge(
-            "llm_placement_unknown_gpu_nodes",
-            "Nodes with GPUs whose product is missing from the catalog (handled conservatively).",
-            registry=r,
-        )
-        self.cache_nodes = Gauge("llm_placement_cache_nodes", "Nodes in the extender cache.", registry=r)
-        self.cache_pods = Gauge(
-            "llm_placement_cache_pods", "Pods holding resources in the extender cache.", registry=r
-        )
-        self._watch_and_gang_metrics(r)
-        self._quality_metrics(r)
-        self._cluster_metrics(r)
+        self.registry = registry or CollectorRegistry()
+        for attr, declared in vars(type(self)).items():
+            if isinstance(declared, _Declared):
+                setattr(self, attr, declared.build(self.registry))
         self._initialise_closed_label_sets()
-
-    def _watch_and_gang_metrics(self, r: CollectorRegistry) -> None:
-        self.watch_restarts = Counter(
-            "llm_placement_watch_restarts_total", "Watch streams restarted, by resource and cause.",
-            ["resource", "cause"], registry=r,
-        )
-        self.solver_duration = Histogram(
-            "llm_placement_solver_duration_seconds", "CP-SAT gang plan time.", ["status"],
-            buckets=SOLVER_BUCKETS, registry=r,
-        )
-        self.solver_runs = Counter(
-            "llm_placement_solver_runs_total", "Gang plans by solver status.", ["status"], registry=r
-        )
-        self.gang_wait = Histogram(
-            "llm_placement_gang_wait_seconds",
-            "Time from a gang's first filter call to all members bound.", buckets=WAIT_BUCKETS, registry=r,
-        )
-        self.gangs_bound = Counter(
-            "llm_placement_gangs_total", "Gangs by outcome (bound, failed, replanned).", ["outcome"],
-            registry=r,
-        )
-        self.reservations = Gauge(
-            "llm_placement_reserved_gpus", "GPUs held by gang reservations not yet bound.", registry=r
-        )
-        self.reservations_expired = Counter(
-            "llm_placement_reservations_expired_total", "Gang reservations dropped at TTL.", registry=r
-        )
-
-    def _quality_metrics(self, r: CollectorRegistry) -> None:
-        """Placement quality, observed at bind."""
-        self.bandwidth_fit = Histogram(
-            "llm_placement_bandwidth_fit_ratio",
-            "Node memory bandwidth / bandwidth the SLO needs, for serving pods with an SLO.",
-            ["stage"], buckets=RATIO_BUCKETS, registry=r,
-        )
-        self.memory_fit = Histogram(
-            "llm_placement_memory_fit_ratio",
-            "Memory needed / GPU memory offered (right-sizing; 1.0 is a perfect fit).",
-            ["stage"], buckets=RATIO_BUCKETS, registry=r,
-        )
-        self.slo_ratio = Histogram(
-            "llm_placement_predicted_latency_slo_ratio",
-            "Predicted ms/token / max-ms-per-token (below 1 meets the SLO).",
-            ["stage"], buckets=RATIO_BUCKETS, registry=r,
-        )
-        self.estimate_ratio = Histogram(
-            "llm_placement_serving_estimate_ratio",
-            "Serving model estimate / what the engines measured, per learnt profile and poll "
-            "(docs/stage-policy.md, \"Learnt profiles\"); 1 is exact, above 1 pessimistic.",
-            ["group", "metric"], buckets=RATIO_BUCKETS, registry=r,
-        )
-        self.live_profile_polls = Counter(
-            "llm_placement_live_profile_polls",
-            "Polls of Prometheus for the serving engines' latency metrics, by result (ok, error).",
-            ["result"], registry=r,
-        )
-        self.live_profiles = Gauge(
-            "llm_placement_live_profiles", "Learnt serving profiles in effect.", registry=r,
-        )
-        self.hourly_cost = Counter(
-            "llm_placement_bound_hourly_cost_dollars_total",
-            "Sum of the $/hour of every pod bound, by stage and GPU model.", ["stage", "gpu"], registry=r,
-        )
-        self.bound_gpus = Counter(
-            "llm_placement_bound_gpus_total", "GPUs bound, by stage and GPU model.", ["stage", "gpu"],
-            registry=r,
-        )
-        self.dependency_edges = Counter(
-            "llm_placement_dependency_edges_total",
-            "Data-gravity edges at bind, by stage and the distance to the producer.",
-            ["stage", "distance"], registry=r,
-        )
-        self.cross_node_gb = Counter(
-            "llm_placement_cross_node_data_gigabytes_total",
-            "Estimated GB a consumer reads from a producer on another node.", ["stage"], registry=r,
-        )
-        self.free_gpus = Gauge(
-            "llm_placement_free_gpus", "Free GPUs per NVLink domain and GPU model.", ["domain", "gpu"],
-            registry=r,
-        )
-
-    def _cluster_metrics(self, r: CollectorRegistry) -> None:
-        """Cluster quality (app.quality defines each; refreshed periodically from the snapshot)."""
-        self.stranded_gpus = Gauge(
-            "llm_placement_stranded_gpus",
-            "Free GPUs on partly used nodes with fewer free GPUs than any pending GPU pod requests.",
-            ["gpu"], registry=r,
-        )
-        self.gpu_fragmentation = Gauge(
-            "llm_placement_gpu_fragmentation_ratio",
-            "Free GPUs on partly used nodes / all free GPUs, per GPU model (0: all in empty nodes).",
-            ["gpu"], registry=r,
-        )
-        self.allocatable_gpus = Gauge(
-            "llm_placement_allocatable_gpus", "GPUs on schedulable nodes, per GPU model.", ["gpu"], registry=r
-        )
-        self.pending_gpus = Gauge(
-            "llm_placement_pending_gpus", "GPUs requested by known pods not bound yet.", registry=r
-        )
-        self.running_hourly_cost = Gauge(
-            "llm_placement_running_hourly_cost_dollars",
-            "Estimated $/hour of the pods running now (their share of each node's price), by stage.",
-            ["stage"], registry=r,
-        )
-        self.skipped_objects = Counter(
-            "llm_placement_skipped_objects_total",
-            "Watched or restored objects that could not be applied and were skipped (one bad object "
-            "costs only itself), by kind.",
-            ["kind"], registry=r,
-        )
-        self.rejected_plans = Counter(
-            "llm_placement_rejected_gang_plans_total",
-            "Persisted gang-plan annotations not restored, by reason (unreadable, gang_mismatch, "
-            "unsigned, bad_signature, future, expired, unknown_node).",
-            ["reason"], registry=r,
-        )
-        self.unknown_annotation_keys = Counter(
-            "llm_placement_unknown_annotation_keys_total",
-            "Pods of ours carrying keys under llm-placement.io/ that the extender does not read "
-            "(a warning event names the nearest known key).", registry=r,
-        )
 
     def invalid_annotation(self, key: str) -> None:
         """Count one annotation problem; a key outside the closed set is counted as "other"."""

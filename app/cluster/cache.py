@@ -12,6 +12,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubernetes import client
@@ -163,7 +164,7 @@ def _claims(pod: dict[str, Any], snapshot: ClusterSnapshot) -> tuple[tuple[tuple
         return (), 0
     try:
         got = reader.pod_devices(pod, ())
-        return tuple(got.claims), int(got.shares)
+        return got.claim_gpus, got.shared_gpus
     except Exception:  # the usage must be counted however odd the pod is
         return (), 0
 
@@ -177,41 +178,34 @@ class PodFollower(Protocol):
     def update(self, pod: Any, deleted: bool = False) -> None: ...
 
 
+@dataclass(eq=False, repr=False)  # the snapshot is too large to show
 class ClusterCache:
     """Background threads that keep ``snapshot`` in step with the API server."""
 
-    def __init__(
-        self,
-        api: client.ApiClient,
-        snapshot: ClusterSnapshot,
-        lock: threading.RLock,
-        catalog: GpuCatalog,
-        settings: Settings,
-        metrics: Metrics,
-        on_change: Callable[[], None] | None = None,
-        events: EventSink | None = None,
-        followers: tuple[PodFollower, ...] = (),
-    ) -> None:
-        self.core = client.CoreV1Api(api)
-        # Others that follow every pod: a standby replica's planned pods (app/gang/takeover.py),
-        # gang members held at admission (app/gang/admission.py).
-        self.followers = followers
-        self.snapshot = snapshot
-        self.lock = lock
-        self.catalog = catalog
-        self.settings = settings
-        self.metrics = metrics
-        self.on_change = on_change
-        # Warnings about one pod (unreadable, unknown annotation keys): the service's binder, or a
-        # writer of our own made on first use.
-        self.events: EventSink | None = events
-        self._api = api
-        self._stop = threading.Event()
-        # Namespaces only gate cross-namespace data gravity; placement never waits for them.
-        self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
-        self._threads: list[threading.Thread] = []
-        self._log = RateLimitedLog(log)
-        self._warned: OrderedDict[str, None] = OrderedDict()
+    api: client.ApiClient
+    snapshot: ClusterSnapshot
+    lock: threading.RLock
+    catalog: GpuCatalog
+    settings: Settings
+    metrics: Metrics
+    on_change: Callable[[], None] | None = None
+    # Warnings about one pod (unreadable, unknown annotation keys): the service's binder, or a
+    # writer of our own made on first use.
+    events: EventSink | None = None
+    # Others that follow every pod: a standby replica's planned pods (app/gang/takeover.py),
+    # gang members held at admission (app/gang/admission.py).
+    followers: tuple[PodFollower, ...] = ()
+    core: client.CoreV1Api = field(init=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    # Namespaces only gate cross-namespace data gravity; placement never waits for them.
+    _synced: dict[str, threading.Event] = field(
+        default_factory=lambda: {"nodes": threading.Event(), "pods": threading.Event()}, init=False)
+    _threads: list[threading.Thread] = field(default_factory=list, init=False)
+    _log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log), init=False)
+    _warned: OrderedDict[str, None] = field(default_factory=OrderedDict, init=False)
+
+    def __post_init__(self) -> None:
+        self.core = client.CoreV1Api(self.api)
 
     @property
     def synced(self) -> bool:
@@ -370,7 +364,7 @@ class ClusterCache:
         if sink is None:
             from app.cluster.binder import Binder
 
-            sink = self.events = Binder(self._api)
+            sink = self.events = Binder(self.api)
         sink.event(ns, name, uid, reason, message, warning=True)
 
     def _update_gauges(self) -> None:

@@ -116,7 +116,7 @@ class DraWatcher:
                 dra.put_class(obj)
         elif kind == "resourceclaimtemplates":
             if deleted:
-                dra.templates.pop(key, None)
+                dra.claim_book.templates.pop(key, None)
             else:
                 dra.put_template(obj)
         elif kind == "devicetaintrules":
@@ -140,7 +140,7 @@ class DraWatcher:
         for name in sorted(nodes):
             if dra.over_limit(name):
                 self._log.warning(f"dra:limit:{name}", f"node {quote(name)} publishes "
-                                  f"{dra.node_devices.get(name, 0)} DRA devices, more than "
+                                  f"{dra.slice_store.node_devices.get(name, 0)} DRA devices, more than "
                                   f"{MAX_NODE_DEVICES}: its DRA GPUs are not read (docs/dra.md, \"Churn\")")
                 self.cache.metrics.skipped_objects.labels("resourceslices").inc()
             node = self.snapshot.node_inputs.get(name)
@@ -153,12 +153,12 @@ class DraWatcher:
         nodes: set[str] = set()
         with self.lock:
             if kind == "resourceslices":
-                nodes |= set(dra.by_node)
+                nodes |= set(dra.slice_store.by_node)
                 dra.clear_slices()
             elif kind == "deviceclasses":
                 dra.clear_classes()
             elif kind == "resourceclaimtemplates":
-                dra.templates.clear()
+                dra.claim_book.templates.clear()
             elif kind == "devicetaintrules":
                 nodes |= dra.clear_taint_rules()
             elif kind in DOMAINS:

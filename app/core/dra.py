@@ -22,7 +22,7 @@ from typing import Any
 
 from app.core.dra_claims import ClaimBook
 from app.core.dra_classes import IMPLICIT_PREFIX, DeviceClasses
-from app.core.dra_demand import ClaimDemand, DemandReader, PodDevices
+from app.core.dra_demand import ClaimDemand, DemandReader
 from app.core.dra_devices import (
     BLOCKING_EFFECTS,
     CLIQUE_ATTRS,
@@ -53,14 +53,15 @@ from app.core.dra_selectors import (
     read_selectors,
 )
 from app.core.dra_slices import MAX_NODE_DEVICES, ParsedSlice, SliceStore, parse_slice
-from app.core.dra_taints import Rule, TaintRules, taint_rule
+from app.core.dra_taints import TaintRules, taint_rule
 from app.core.policy import NodeLabelKeys
+from app.core.workload import ClaimedDevices
 
 __all__ = [
     "BLOCKING_EFFECTS", "CLIQUE_ATTRS", "DRIVER", "IMPLICIT_PREFIX", "MAX_ATTRIBUTES", "MAX_COUNTERS",
     "MAX_DEVICES", "MAX_EXPR", "MAX_NAME", "MAX_NODE_DEVICES", "MAX_PARENS", "MAX_PREDICATES",
     "MAX_REGEX", "MAX_VALUES", "PCI_BUS_ID", "STANDARD_DOMAIN", "ClaimDemand", "DevicePredicate",
-    "DraDevice", "DraIndex", "DraNodeGpus", "Left", "MigSlices", "ParsedSlice", "PodDevices",
+    "DraDevice", "DraIndex", "DraNodeGpus", "Left", "MigSlices", "ParsedSlice",
     "Selection", "class_driver", "class_selection", "device_satisfies", "node_gpus", "overlay",
     "parse_device", "parse_slice", "product_matches", "read_selectors", "taint_rule",
 ]
@@ -94,63 +95,6 @@ class DraIndex:
         self.node_queries = NodeQueries(self.slice_store, self.claim_book, self.taints, self.domains,
                                         self.gpus_of)
 
-    # --- the parts' state, as the index's own (the watcher empties ``templates`` in place) ----------
-    @property
-    def slices(self) -> dict[str, ParsedSlice]:
-        return self.slice_store.slices
-
-    @property
-    def by_node(self) -> dict[str, set[str]]:
-        return self.slice_store.by_node
-
-    @property
-    def node_devices(self) -> dict[str, int]:
-        return self.slice_store.node_devices
-
-    @property
-    def pool_node(self) -> dict[str, str]:
-        return self.slice_store.pool_node
-
-    @property
-    def complete(self) -> dict[str, tuple[ParsedSlice, ...]]:
-        return self.slice_store.complete
-
-    @property
-    def slices_version(self) -> int:
-        return self.slice_store.version
-
-    @property
-    def classes(self) -> dict[str, Selection]:
-        return self.device_classes.classes
-
-    @property
-    def extended(self) -> dict[str, str]:
-        return self.device_classes.extended
-
-    @property
-    def claims(self) -> dict[str, dict[str, Any]]:
-        return self.claim_book.claims
-
-    @property
-    def templates(self) -> dict[str, dict[str, Any]]:
-        return self.claim_book.templates
-
-    @property
-    def held(self) -> dict[tuple[str, str], set[str]]:
-        return self.claim_book.held
-
-    @property
-    def claim_devices(self) -> dict[str, tuple[tuple[str, str], ...]]:
-        return self.claim_book.claim_devices
-
-    @property
-    def taint_rules(self) -> dict[str, Rule]:
-        return self.taints.rules
-
-    @property
-    def domain_cliques(self) -> dict[str, dict[str, str]]:
-        return self.domains.cliques
-
     # --- slices -----------------------------------------------------------------------------------
     def put_slice(self, obj: dict[str, Any]) -> str | None:
         """Add or replace a slice; returns the node whose facts changed (None if none)."""
@@ -173,16 +117,16 @@ class DraIndex:
         return self.slice_store.over_limit(node)
 
     def gpus_of(self, node: str) -> DraNodeGpus | None:
-        names = self.by_node.get(node)
+        names = self.slice_store.by_node.get(node)
         if not names or self.over_limit(node):
             return None
         # Overlay, MIG slices and MIG parents all read the summary: one computation per change of
         # the slices, not three (a node may carry hundreds of slices; docs/dra.md, "Churn").
         hit = self._summaries.get(node)
-        if hit is not None and hit[0] == self.slices_version:
+        if hit is not None and hit[0] == self.slice_store.version:
             return hit[1]
         got = node_gpus(self.slice_store.node_slices(node), self.driver)
-        self._summaries[node] = (self.slices_version, got)
+        self._summaries[node] = (self.slice_store.version, got)
         return got
 
     def overlay(self, node: dict[str, Any], keys: NodeLabelKeys) -> dict[str, Any]:
@@ -267,6 +211,6 @@ class DraIndex:
         of the driver backs that ``counted`` leaves out (``DemandReader.pod_gpus``)."""
         return self.reader.pod_gpus(pod, counted)
 
-    def pod_devices(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> PodDevices:
+    def pod_devices(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> ClaimedDevices:
         """Everything a pod's claims say beyond the full-GPU count (``DemandReader.pod_devices``)."""
         return self.reader.pod_devices(pod, counted)

@@ -1,6 +1,6 @@
 """What a claim asks for or holds (``ClaimDemand``), and a pod's devices of the driver through its
-claims and the extended resources a DeviceClass backs (``PodDevices``), read by ``DemandReader``
-(docs/dra.md). Pure."""
+claims and the extended resources a DeviceClass backs (``ClaimedDevices``, the fields a WorkloadSpec
+carries them in), read by ``DemandReader`` (docs/dra.md). Pure."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from app.core.dra_selectors import (
     read_selectors,
 )
 from app.core.dra_slices import SliceStore, current
+from app.core.workload import ClaimedDevices
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,44 +52,6 @@ def _product(sel: Selection) -> str | None:
         if how == "in" and len(values) == 1:
             return values[0]
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class PodDevices:
-    """A pod's devices of the driver through its claims (docs/dra.md), as WorkloadSpec fields."""
-
-    gpus: int = 0
-    gpu_products: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    gpu_min_memory_mib: float = 0.0
-    mig: int = 0
-    mig_profiles: tuple[str, ...] = ()  # empty: any profile
-    mig_min_memory_mib: float = 0.0
-    notes: tuple[str, ...] = ()
-    claims: tuple[tuple[str, int], ...] = ()  # (ns/name, full GPUs) of the claims that have a name
-    held: int = 0  # of those, the GPUs of claims already allocated
-    shares: int = 0  # of ``gpus``, shares of a device (ClaimDemand.shares)
-
-    def fields(self) -> dict[str, Any]:
-        """The WorkloadSpec fields (memory in GB, as node facts count it)."""
-        gb = 1.048576 / 1000.0  # MiB -> GB
-        out: dict[str, Any] = {}
-        if self.gpu_products:
-            out["gpu_products"] = self.gpu_products
-        if self.gpu_min_memory_mib:
-            out["gpu_min_memory_gb"] = self.gpu_min_memory_mib * gb
-        if self.mig:
-            out["mig_slices"] = self.mig
-            out["mig_profiles"] = self.mig_profiles
-            out["mig_min_memory_gb"] = self.mig_min_memory_mib * gb
-        if self.notes:
-            out["claim_notes"] = self.notes
-        if self.claims:
-            out["claim_gpus"] = self.claims
-            out["held_gpus"] = self.held
-        if self.shares:
-            out["shared_gpus"] = self.shares
-        return out
-
 
 
 @dataclass(slots=True)
@@ -249,7 +212,7 @@ class DemandReader:
                   if name not in counted and devices_of(cls) == "gpu")
         return min(sum(d.gpus for _, d in self._claim_demands(pod)) + ext, MAX_DEVICES)
 
-    def pod_devices(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> PodDevices:
+    def pod_devices(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> ClaimedDevices:
         """Everything a pod's claims (and extended resources backed by a DeviceClass) say beyond
         the full-GPU count: MIG slices, the restrictions of recognised selectors, the selectors left
         to kube-scheduler, and which claims hold or ask for how many full GPUs (docs/dra.md)."""
@@ -258,7 +221,7 @@ class DemandReader:
         backed = [(name, n, cls) for name, n, cls in self.classes.extended_requests(pod)
                   if name not in counted]
         if not keyed and ext is None and not backed:
-            return PodDevices()
+            return ClaimedDevices()
         full, migs = Selection(), Selection()
         mig = 0
         for _, n, cls in backed:
@@ -278,12 +241,14 @@ class DemandReader:
         claims = [(k, d.gpus - d.shares) for k, d in keyed if k is not None and d.gpus > d.shares]
         if ext is not None and ext[1]:
             claims.append(ext)
-        return PodDevices(
-            gpus=min(sum(d.gpus for _, d in keyed), MAX_DEVICES),
-            gpu_products=full.products[:MAX_PREDICATES], gpu_min_memory_mib=full.min_memory_mib,
-            mig=min(mig, MAX_DEVICES), mig_profiles=migs.profiles or (),
-            mig_min_memory_mib=migs.min_memory_mib,
-            notes=tuple(f"selector not interpreted, left to kube-scheduler: {n}" for n in notes),
-            claims=tuple(claims[:MAX_DEVICES]),
-            held=min(sum(n for k, n in claims if self.book.is_allocated(k)), MAX_DEVICES),
-            shares=min(sum(d.shares for _, d in keyed), MAX_DEVICES))
+        mig = min(mig, MAX_DEVICES)
+        gb = 1.048576 / 1000.0  # MiB -> GB, as node facts count memory
+        return ClaimedDevices(
+            gpu_products=full.products[:MAX_PREDICATES], gpu_min_memory_gb=full.min_memory_mib * gb,
+            # A MIG restriction means nothing without a MIG slice to apply to.
+            mig_slices=mig, mig_profiles=(migs.profiles or ()) if mig else (),
+            mig_min_memory_gb=migs.min_memory_mib * gb if mig else 0.0,
+            claim_notes=tuple(f"selector not interpreted, left to kube-scheduler: {n}" for n in notes),
+            claim_gpus=tuple(claims[:MAX_DEVICES]),
+            held_gpus=min(sum(n for k, n in claims if self.book.is_allocated(k)), MAX_DEVICES),
+            shared_gpus=min(sum(d.shares for _, d in keyed), MAX_DEVICES))

@@ -23,10 +23,10 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
 
 from app.core.catalog import GpuSpec, normalize
-from app.core.profiles import Profile
+from app.core.policy import LearnPolicy
+from app.core.profiles import Profile, ProfileSource
 from app.core.workload import Precision, WorkloadSpec
 
 # Provenance prefix explain recognises (app.explain): a learnt profile's source starts with it.
@@ -82,14 +82,6 @@ class ServingPod:
     spec: WorkloadSpec
     precision: Precision
     gpu: GpuSpec
-
-
-@dataclass(frozen=True, slots=True)
-class LearnPolicy:
-    min_requests: float = 100.0
-    steady_tolerance: float = 0.25  # two consecutive polls agree within this share
-    stale_after_seconds: float = 1800.0
-    window_seconds: float = 600.0
 
 
 # (GPU product, GPU count, precision, total params, active params): a measured profile's match key.
@@ -177,10 +169,6 @@ def _profile(obs: Observation, window_seconds: float, at: float) -> Profile:
         source=(f"{LIVE_SOURCE_PREFIX} {obs.engine} metrics over {window_seconds:g}s to {when}, "
                 f"{obs.requests:.0f} requests from {shown}"),
     )
-
-
-class ProfileSource(Protocol):
-    def match(self, spec: WorkloadSpec, gpu: GpuSpec, precision: Precision) -> Profile | None: ...
 
 
 @dataclass(slots=True)

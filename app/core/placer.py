@@ -70,8 +70,7 @@ class FilterDecision:
     """
 
     __slots__ = (
-        "_failed",
-        "_unresolvable",
+        "_reasons",
         "classified",
         "codes",
         "error",
@@ -102,46 +101,50 @@ class FilterDecision:
         self.invalid: list[str] = invalid if invalid is not None else []
         # The rule behind each distinct rejection message of this call, for the metric.
         self.codes: dict[str, ReasonCode] = {}
-        # None until read, when ``classified`` holds the verdicts to build them from.
-        self._failed = failed if failed is not None or classified is not None else {}
-        self._unresolvable = unresolvable if unresolvable is not None or classified is not None else {}
+        # (failed, unresolvable); None until read, when ``classified`` holds the verdicts to build
+        # them from.
+        self._reasons: tuple[dict[str, str], dict[str, str]] | None = None
+        if classified is None:
+            self._reasons = (failed if failed is not None else {},
+                             unresolvable if unresolvable is not None else {})
 
     @property
     def failed(self) -> dict[str, str]:
-        if self._failed is None:
-            self._build_reasons()
-        assert self._failed is not None
-        return self._failed
+        return self._built_reasons()[0]
 
     @property
     def unresolvable(self) -> dict[str, str]:
-        if self._unresolvable is None:
-            self._build_reasons()
-        assert self._unresolvable is not None
-        return self._unresolvable
+        return self._built_reasons()[1]
 
     @property
     def rejections(self) -> dict[str, str]:
         return {**self.failed, **self.unresolvable}
 
-    def _build_reasons(self) -> None:
+    def _built_reasons(self) -> tuple[dict[str, str], dict[str, str]]:
+        if self._reasons is None:
+            self._reasons = self._build_reasons()
+        return self._reasons
+
+    def _build_reasons(self) -> tuple[dict[str, str], dict[str, str]]:
         """Each failing candidate's reason, from its class's verdict (the candidates in ``classified``
         that did not pass filter; a node dropped later by ``narrow`` is not a failure)."""
-        self._failed, self._unresolvable = {}, {}
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
         c = self.classified
         if c is None or len(c.passing) == len(c.names):
-            return
+            return failed, unresolvable
         names, verdicts = c.names, c.verdicts
         messages = [v.message if type(v) is Rejection else "" for v in verdicts]
         hopeless = np.array([type(v) is Rejection and v.unresolvable for v in verdicts], dtype=bool)
         failing = c.failing()
         # One comprehension per kind of rejection: a Python step per node, but the cheapest one.
-        for mask, into in ((failing & ~hopeless[c.class_of], self._failed),
-                           (failing & hopeless[c.class_of], self._unresolvable)):
+        for mask, into in ((failing & ~hopeless[c.class_of], failed),
+                           (failing & hopeless[c.class_of], unresolvable)):
             at = np.flatnonzero(mask)
             if len(at):
                 into.update({names[i]: messages[j]
                              for i, j in zip(at.tolist(), c.class_of[at].tolist(), strict=True)})
+        return failed, unresolvable
 
 
 class Placer:

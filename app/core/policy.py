@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.core.live_profiles import ProfileSource
+from app.core.profiles import ProfileSource
 from app.core.ranking import ScoreMapping
 from app.core.serving_model import ServingCalibration
 
@@ -190,6 +190,17 @@ class GangPolicy:
     solver_time_limit_seconds: float
     # The oldest gang that cannot be placed holds whole nodes as they free (app.gang.hold).
     hold_for_oldest: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LearnPolicy:
+    """When a serving profile learnt from the engines' metrics applies, and for how long
+    (app.core.live_profiles, docs/stage-policy.md "Learnt profiles")."""
+
+    min_requests: float = 100.0
+    steady_tolerance: float = 0.25  # two consecutive polls agree within this share
+    stale_after_seconds: float = 1800.0
+    window_seconds: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)

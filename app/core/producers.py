@@ -14,7 +14,6 @@ Pure: reads a ClusterSnapshot and never mutates it.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,25 +59,18 @@ class _Memo:
     finished_gangs: dict[str, list[PlacedPod]] = field(default_factory=dict)
 
 
+@dataclass(eq=False)
 class ProducerResolver:
     """``planned`` returns the planned node of every member of a gang that holds a reservation (one
     entry per member), or nothing; the gang book supplies it. ``clock`` is injectable so the simulator
-    and tests can move time."""
+    and tests can move time. Built by ``app.core.gravity.GravityModel``, which holds the defaults."""
 
-    def __init__(
-        self,
-        snapshot: ClusterSnapshot,
-        producer_memory_seconds: float,
-        planned: Callable[[str], Sequence[str]] | None = None,
-        clock: Callable[[], float] = time.time,
-        default_input_gb: float = DEFAULT_INPUT_GB,
-    ) -> None:
-        self.snapshot = snapshot
-        self.producer_memory_seconds = producer_memory_seconds
-        self.planned = planned
-        self.clock = clock
-        self.default_input_gb = default_input_gb
-        self._memo = _Memo()
+    snapshot: ClusterSnapshot
+    producer_memory_seconds: float
+    planned: Callable[[str], Sequence[str]] | None
+    clock: Callable[[], float]
+    default_input_gb: float
+    _memo: _Memo = field(default_factory=_Memo, init=False, repr=False)
 
     def _fresh(self, pod: PlacedPod, now: float) -> bool:
         return pod.finished_at is None or now - pod.finished_at <= self.producer_memory_seconds

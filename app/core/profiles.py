@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import orjson
 import yaml
@@ -130,6 +130,13 @@ def same_slot(a: Profile, b: Profile, catalog: GpuCatalog | None = None) -> bool
 
 def _label(i: int, p: Profile) -> str:
     return f"entry #{i + 1} ({p.model})"
+
+
+class ProfileSource(Protocol):
+    """Where serving profiles are looked up: a file of measurements (``ProfileBook``), or those
+    learnt from the engines' metrics in front of it (``app.core.live_profiles.LiveProfileBook``)."""
+
+    def match(self, spec: WorkloadSpec, gpu: GpuSpec, precision: Precision) -> Profile | None: ...
 
 
 class ProfileBook:

@@ -39,6 +39,7 @@ class NodeScore:
         return [(t, self.terms[t]) for t, c in ranked[:n] if c > 0]
 
 
+@dataclass(eq=False)
 class ScoreList(Sequence[NodeScore]):
     """Scores of one request's candidates, in request order; ``NodeScore`` objects on demand.
 
@@ -46,20 +47,16 @@ class ScoreList(Sequence[NodeScore]):
     objects per scheduling cycle to answer that was measurable.
     """
 
-    def __init__(self, names: list[str], totals: Floats, bands: Ints, class_of: Ints,
-                 class_terms: list[dict[str, float]], columns: dict[str, Floats],
-                 weights: dict[str, float], guarded_by: dict[int, str],
-                 capped: Mapping[int, str] | None = None) -> None:
-        self.names = names
-        self.totals = totals
-        self.bands = bands
-        self._class_of = class_of
-        self._class_terms = class_terms
-        self._columns = columns
-        self._weights = weights
-        self._guarded_by = guarded_by  # position -> the partly used node that outranked it
-        self._capped = capped or {}  # position -> why its gravity pull was capped
-        self._pos: dict[str, int] | None = None
+    names: list[str]
+    totals: Floats
+    bands: Ints
+    class_of: Ints
+    class_terms: list[dict[str, float]]
+    columns: dict[str, Floats]
+    weights: dict[str, float]
+    guarded_by: dict[int, str]  # position -> the partly used node that outranked it
+    capped: Mapping[int, str] = field(default_factory=dict)  # position -> why its gravity pull was capped
+    _pos: dict[str, int] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def empty(cls) -> ScoreList:
@@ -80,10 +77,10 @@ class ScoreList(Sequence[NodeScore]):
             return [self[j] for j in range(*i.indices(len(self)))]
         if i < 0:
             i += len(self)
-        terms = {**self._class_terms[int(self._class_of[i])],
-                 **{t: float(col[i]) for t, col in self._columns.items()}}
+        terms = {**self.class_terms[int(self.class_of[i])],
+                 **{t: float(col[i]) for t, col in self.columns.items()}}
         return NodeScore(self.names[i], int(self.bands[i]), float(self.totals[i]), terms,
-                         self._weights, self._guarded_by.get(i), self._capped.get(i))
+                         self.weights, self.guarded_by.get(i), self.capped.get(i))
 
     def __iter__(self) -> Iterator[NodeScore]:
         return (self[i] for i in range(len(self)))
@@ -106,11 +103,11 @@ class ScoreList(Sequence[NodeScore]):
             return None
         pos = cast(list[int], found)
         idx = np.array(pos, dtype=np.int64)
-        guarded = {k: self._guarded_by[i] for k, i in enumerate(pos) if i in self._guarded_by}
-        capped = {k: self._capped[i] for k, i in enumerate(pos) if i in self._capped}
-        return ScoreList(list(names), self.totals[idx], self.bands[idx], self._class_of[idx],
-                         self._class_terms, {t: c[idx] for t, c in self._columns.items()},
-                         self._weights, guarded, capped)
+        guarded = {k: self.guarded_by[i] for k, i in enumerate(pos) if i in self.guarded_by}
+        capped = {k: self.capped[i] for k, i in enumerate(pos) if i in self.capped}
+        return ScoreList(list(names), self.totals[idx], self.bands[idx], self.class_of[idx],
+                         self.class_terms, {t: c[idx] for t, c in self.columns.items()},
+                         self.weights, guarded, capped)
 
     def padded(self, names: Sequence[str]) -> ScoreList:
         """These scores over ``names`` in that order; a name not scored here (infeasible, unknown)
@@ -118,7 +115,7 @@ class ScoreList(Sequence[NodeScore]):
         if len(names) == len(self.names) and list(names) == self.names:
             return self
         found = [self.position(n) for n in names]
-        missing = len(self._class_terms)  # an extra, empty class for the unscored
+        missing = len(self.class_terms)  # an extra, empty class for the unscored
         idx = np.array([-1 if p is None else p for p in found], dtype=np.int64)
         hit = idx >= 0
 
@@ -127,13 +124,13 @@ class ScoreList(Sequence[NodeScore]):
             out[hit] = col[idx[hit]]
             return out
 
-        class_of = pick(self._class_of, missing)
+        class_of = pick(self.class_of, missing)
         pairs = [(k, i) for k, i in enumerate(found) if i is not None]
-        guarded = {k: self._guarded_by[i] for k, i in pairs if i in self._guarded_by}
-        capped = {k: self._capped[i] for k, i in pairs if i in self._capped}
+        guarded = {k: self.guarded_by[i] for k, i in pairs if i in self.guarded_by}
+        capped = {k: self.capped[i] for k, i in pairs if i in self.capped}
         return ScoreList(list(names), pick(self.totals, 0.0), pick(self.bands, 0), class_of,
-                         [*self._class_terms, {}], {t: pick(c, 0.0) for t, c in self._columns.items()},
-                         self._weights, guarded, capped)
+                         [*self.class_terms, {}], {t: pick(c, 0.0) for t, c in self.columns.items()},
+                         self.weights, guarded, capped)
 
     def best_positions(self) -> Ints:
         """Positions whose total equals the best one (within ``EQUAL_TOTAL``), in request order."""

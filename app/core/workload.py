@@ -140,7 +140,32 @@ class GangRef(BaseModel):
         return self.source == NATIVE_GANG_SOURCE
 
 
-class WorkloadSpec(BaseModel):
+class ClaimedDevices(BaseModel):
+    """What a pod's DRA claims, and the extended resources a DeviceClass backs, say beyond its GPU
+    count (docs/dra.md): read by ``app.core.dra_demand``, carried by every ``WorkloadSpec``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # From DRA claims (docs/dra.md): the productName predicates and minimum memory of recognised
+    # selectors on full GPUs, MIG slices asked for (count, profiles, minimum memory), and the
+    # selectors left to kube-scheduler, for explain.
+    gpu_products: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    gpu_min_memory_gb: float = 0.0
+    mig_slices: int = 0
+    mig_profiles: tuple[str, ...] = ()  # empty: any profile
+    mig_min_memory_gb: float = 0.0
+    claim_notes: tuple[str, ...] = ()
+    # The pod's DRA claims as (ns/name, full GPUs), and how many of the pod's GPUs claims already
+    # allocated hold: those devices count on their node once, whoever shares the claim, so the pod
+    # neither needs them free nor is charged for them (docs/dra.md).
+    claim_gpus: tuple[tuple[str, int], ...] = ()
+    held_gpus: int = 0
+    # Of the pod's GPUs, shares of a device that allows several allocations (consumable capacity): a GPU
+    # to run on but not a whole GPU taken; kube-scheduler checks the device has room for the share.
+    shared_gpus: int = 0
+
+
+class WorkloadSpec(ClaimedDevices):
     """One pod's placement-relevant facts. Defaults are what an un-annotated pod means."""
 
     model_config = ConfigDict(frozen=True)
@@ -176,23 +201,6 @@ class WorkloadSpec(BaseModel):
     colocation_required: str | None = None
     gang: GangRef | None = None
     gpus: int = 0
-    # From DRA claims (docs/dra.md): the productName predicates and minimum memory of recognised
-    # selectors on full GPUs, MIG slices asked for (count, profiles, minimum memory), and the
-    # selectors left to kube-scheduler, for explain.
-    gpu_products: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    gpu_min_memory_gb: float = 0.0
-    mig_slices: int = 0
-    mig_profiles: tuple[str, ...] = ()  # empty: any profile
-    mig_min_memory_gb: float = 0.0
-    claim_notes: tuple[str, ...] = ()
-    # The pod's DRA claims as (ns/name, full GPUs), and how many of ``gpus`` claims already
-    # allocated hold: those devices count on their node once, whoever shares the claim, so the pod
-    # neither needs them free nor is charged for them (docs/dra.md).
-    claim_gpus: tuple[tuple[str, int], ...] = ()
-    held_gpus: int = 0
-    # Of ``gpus``, shares of a device that allows several allocations (consumable capacity): a GPU
-    # to run on but not a whole GPU taken; kube-scheduler checks the device has room for the share.
-    shared_gpus: int = 0
     # The pod has ResourceClaims: kube-scheduler reserves them for it in Reserve and releases them in
     # Unreserve, so only a bind call kube-scheduler is still waiting on may bind it.
     has_claims: bool = False
@@ -294,20 +302,10 @@ class ClaimReader(Protocol):
         backs other than ``counted``."""
         ...
 
-    def pod_devices(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> ClaimFields:
+    def pod_devices(self, pod: dict[str, Any], counted: tuple[str, ...] = ()) -> ClaimedDevices:
         """The rest of what the claims say (MIG slices, selector restrictions, the claims and how
         many GPUs of them are held)."""
         ...
-
-
-class ClaimFields(Protocol):
-    @property
-    def claims(self) -> Any: ...
-
-    @property
-    def shares(self) -> Any: ...
-
-    def fields(self) -> dict[str, Any]: ...
 
 
 def pod_resources(pod: dict[str, Any], gpu_resources: tuple[str, ...], claims: ClaimReader | None = None
@@ -645,7 +643,7 @@ def _resource_fields(pod: dict[str, Any], spec: dict[str, Any], gpu_resources: t
     # Claims, the claim kube-scheduler makes for extended resources a DeviceClass backs (named in
     # the status), and those extended resources themselves: any pod may have them.
     if claims is not None:
-        fields.update(claims.pod_devices(pod, gpu_resources).fields())
+        fields.update(claims.pod_devices(pod, gpu_resources).model_dump(exclude_defaults=True))
 
 
 def _cross_check(fields: dict[str, Any], problems: list[str]) -> None:

@@ -59,38 +59,28 @@ class Barrier:
     arrived: int = 0  # members seated since the timer last fired: progress, not a stall
 
 
+@dataclass(eq=False)
 class BindBarrier:
-    def __init__(
-        self,
-        book: GangBook,
-        lock: threading.RLock,
-        bind: BindFn,
-        reporter: Reporter,
-        timeout: float,
-        clock: Callable[[], float],
-        sweep: Callable[[float], None],
-        complete: Callable[[GangPlan, float], None],
-        regrouping: Callable[[str], bool],
-        regroup: Callable[[str], None],
-        timers: Timers = loop_timers,
-    ) -> None:
-        self.book = book
-        self.lock = lock
-        self.bind = bind
-        self.reporter = reporter
-        self.timeout = timeout
-        self.clock = clock
-        self.sweep = sweep  # follow the snapshot before judging a bind (lock held)
-        self.complete = complete  # every member bound (lock held)
-        self.regrouping = regrouping
-        self.regroup = regroup  # start a regroup of the gang (lock held)
-        self.timers = timers
-        self.barriers: dict[str, Barrier] = {}
-        # Gang -> member uid -> node: members with claims whose held call was answered when the
-        # gang completed; they bind on their next call (see the module docstring).
-        self.rebind: dict[str, dict[str, str]] = {}
-        self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gang-bind")
-        self._tasks: set[asyncio.Task[None]] = set()  # binds started by a timeout (kept referenced)
+    book: GangBook
+    lock: threading.RLock
+    bind: BindFn
+    reporter: Reporter
+    timeout: float
+    clock: Callable[[], float]
+    sweep: Callable[[float], None]  # follow the snapshot before judging a bind (lock held)
+    complete: Callable[[GangPlan, float], None]  # every member bound (lock held)
+    regrouping: Callable[[str], bool]
+    regroup: Callable[[str], None]  # start a regroup of the gang (lock held)
+    timers: Timers = loop_timers
+    barriers: dict[str, Barrier] = field(default_factory=dict, init=False)
+    # Gang -> member uid -> node: members with claims whose held call was answered when the
+    # gang completed; they bind on their next call (see the module docstring).
+    rebind: dict[str, dict[str, str]] = field(default_factory=dict, init=False)
+    _executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=16, thread_name_prefix="gang-bind"), init=False
+    )
+    # Binds started by a timeout, kept referenced until they finish.
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     async def bind_member(self, spec: WorkloadSpec, node: str) -> str:
         """All-or-nothing: answer once every unbound member of the plan reached bind (or fail all)."""

@@ -118,7 +118,7 @@ class GangBook:
         members, their specs and where the bound ones are). Bindings of other pods move none of
         it: they only take room. Cheap enough for every retry of every member."""
         snap = self.snapshot
-        return (snap.freed, snap.dra.slices_version, self.ledger.released, size,
+        return (snap.freed, snap.dra.slice_store.version, self.ledger.released, size,
                 tuple((m.uid or m.key, member_node(snap, m), m) for m in members))
 
     def standing(self, key: str, state: GangState, members: Sequence[WorkloadSpec], size: int,

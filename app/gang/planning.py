@@ -24,7 +24,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.core.catalog import GpuSpec
 from app.core.feasibility import NodeFit, evaluate
@@ -75,37 +75,31 @@ class Brief:
     offered: frozenset[str] = frozenset()  # the nodes kube-scheduler offered the member filtered
 
 
+@dataclass(eq=False)
 class Planner:
-    def __init__(
-        self,
-        book: GangBook,
-        lock: threading.RLock,
-        policy: GangPolicy,
-        solve: SolveFn,
-        reporter: Reporter,
-        store: PlanStore,
-        clock: Callable[[], float],
-        release: Callable[[GangPlan, str], None],
-        replanned: Callable[[str], None],
-        lookahead: int = 2,
-        data_sites: DataSites | None = None,
-    ) -> None:
-        self.book = book
-        self.data_sites = data_sites  # data gravity: where a member's input sits
-        self.lock = lock
-        self.policy = policy
-        self.solve = solve
-        self.reporter = reporter
-        self.store = store
-        self.clock = clock
-        self.release = release  # drop a plan that can no longer be placed (lock held)
-        self.replanned = replanned  # a new plan replaced the gang's previous one (lock held)
-        self.lookahead = lookahead
-        # wait() on a Condition over an RLock releases every level the thread holds, so a filter
-        # that arrived with the service lock held still lets everyone else in during the solve.
-        self._solved = threading.Condition(lock)
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gang-solve")
-        self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gang-plan")  # background plans
+    book: GangBook
+    lock: threading.RLock
+    policy: GangPolicy
+    solve: SolveFn
+    reporter: Reporter
+    store: PlanStore
+    clock: Callable[[], float]
+    release: Callable[[GangPlan, str], None]  # drop a plan that can no longer be placed (lock held)
+    replanned: Callable[[str], None]  # a new plan replaced the gang's previous one (lock held)
+    lookahead: int = 2
+    data_sites: DataSites | None = None  # data gravity: where a member's input sits
+    # wait() on a Condition over an RLock releases every level the thread holds, so a filter
+    # that arrived with the service lock held still lets everyone else in during the solve.
+    _solved: threading.Condition = field(init=False)
+    _pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="gang-solve"), init=False
+    )
+    _jobs: ThreadPoolExecutor = field(  # background plans
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="gang-plan"), init=False
+    )
+
+    def __post_init__(self) -> None:
+        self._solved = threading.Condition(self.lock)
 
     def plan(
         self,

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.snapshot import TERMINAL_PHASES
@@ -65,20 +66,18 @@ class PlannedPods:
         return len(self._pods)
 
 
+@dataclass(eq=False)
 class Takeover:
     """Called before each filter; adopts persisted plans after an idle spell. Cheap otherwise."""
 
-    def __init__(self, pods: Callable[[], list[dict[str, Any]]], adopt: Callable[[list[PlanRecord]], int],
-                 gpu_resources: tuple[str, ...], ttl: float, idle_seconds: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.source = pods
-        self.adopt = adopt
-        self.gpu_resources = gpu_resources
-        self.ttl = ttl
-        self.idle_seconds = idle_seconds
-        self.clock = clock
-        self.last: float | None = None
-        self.adopted = 0
+    pods: Callable[[], list[dict[str, Any]]]
+    adopt: Callable[[list[PlanRecord]], int]
+    gpu_resources: tuple[str, ...]
+    ttl: float
+    idle_seconds: float
+    clock: Callable[[], float] = time.monotonic
+    last: float | None = field(default=None, init=False)
+    adopted: int = field(default=0, init=False)
 
     def __call__(self) -> int:
         now = self.clock()
@@ -88,7 +87,7 @@ class Takeover:
             return 0
         # Refusals are not counted again here: the restore at start already counted what was
         # there then, and a plan refused now is refused the same way (just not restored).
-        records = records_from_pods(self.source(), self.gpu_resources, now=time.time(), ttl=self.ttl)
+        records = records_from_pods(self.pods(), self.gpu_resources, now=time.time(), ttl=self.ttl)
         n = self.adopt(records) if records else 0
         if n:
             self.adopted += n

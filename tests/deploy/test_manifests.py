@@ -201,7 +201,7 @@ def test_dra_example_claims_gpus_the_extender_counts() -> None:
     assert {d["apiVersion"] for d in docs if d["kind"] != "Deployment"} == {"resource.k8s.io/v1"}
     dra = DraIndex()
     dra.put_class(by_kind["DeviceClass"])
-    cls = dra.classes[by_kind["DeviceClass"]["metadata"]["name"]]
+    cls = dra.device_classes.classes[by_kind["DeviceClass"]["metadata"]["name"]]
     assert (cls.driver, cls.kind) == (DRIVER, "gpu")
     dra.put_template(by_kind["ResourceClaimTemplate"])
     meta, spec = _pod_meta_spec(by_kind["Deployment"])  # type: ignore[misc]
@@ -222,7 +222,7 @@ def test_mig_example_claims_one_40gb_slice() -> None:
     by_kind = {d["kind"]: d for d in _docs(EXAMPLES / "dra" / "serving-7b-mig.yaml")}
     dra = DraIndex()
     dra.put_class(by_kind["DeviceClass"])
-    cls = dra.classes[by_kind["DeviceClass"]["metadata"]["name"]]
+    cls = dra.device_classes.classes[by_kind["DeviceClass"]["metadata"]["name"]]
     assert (cls.driver, cls.kind) == (DRIVER, "mig")
     dra.put_template(by_kind["ResourceClaimTemplate"])
     meta, spec = _pod_meta_spec(by_kind["Deployment"])  # type: ignore[misc]

@@ -285,10 +285,10 @@ def test_hostile_selectors_and_claims_cost_nothing() -> None:
                                                                "selectors": "x", "count": -3}}]}}):
         dra.put_claim({"metadata": {"name": "c", "namespace": "default"}, "spec": spec,
                        "status": {"allocation": {"devices": {"results": [None, {"driver": DRIVER}]}}}})
-    assert dra.pod_devices({"spec": {"resourceClaims": "x"}}).fields() == {}
+    assert dra.pod_devices({"spec": {"resourceClaims": "x"}}).model_dump(exclude_defaults=True) == {}
     pod = {"metadata": {"namespace": "default"}, "spec": {"resourceClaims": [{"name": "r", "resourceClaimName": "c"}]}}
-    assert dra.pod_devices(pod).mig == 0
-    assert dra.drop_claim("default/c") == set() and dra.held == {}
+    assert dra.pod_devices(pod).mig_slices == 0
+    assert dra.drop_claim("default/c") == set() and dra.claim_book.held == {}
 
 
 def test_placed_message_describes_a_mig_pod_whose_own_slice_is_held() -> None:

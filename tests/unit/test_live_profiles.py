@@ -17,7 +17,8 @@ import pytest
 from app.cluster.serving_metrics import LiveProfilePoller, PrometheusReader, Source
 from app.config import ConfigError, Settings, load_settings
 from app.core.catalog import GpuCatalog
-from app.core.live_profiles import LearnPolicy, LiveProfileBook, PodWindow, ServingPod, observe
+from app.core.live_profiles import LiveProfileBook, PodWindow, ServingPod, observe
+from app.core.policy import LearnPolicy
 from app.core.workload import Precision, parse_workload
 from app.explain import explain_spec
 from app.metrics import Metrics
