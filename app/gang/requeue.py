@@ -51,6 +51,9 @@ class Requeuer:
         self.clock = clock
         self._member_checks: set[str] = set()
         self._verdict_checks: set[str] = set()
+        # Per gang, how many "cannot be placed" answers were given: a look set before the latest
+        # answer leaves that answer one more look of its own (a slow watch can trail it as long).
+        self._told: dict[str, int] = {}
         self._nudges: dict[str, int] = {}
 
     def when_complete(self, key: str, size: int, delay: float = MEMBER_RECHECK_SECONDS) -> None:
@@ -63,10 +66,15 @@ class Requeuer:
     def when_void(self, key: str, delay: float = VERDICT_RECHECK_SECONDS) -> None:
         """(lock held) Requeue the members if, ``delay`` seconds on, what the "cannot be placed"
         answer rested on has changed (the verdict is void, or a solve ended without a plan)."""
+        self._told[key] = self._told.get(key, 0) + 1
+        self._look(key, delay)
+
+    def _look(self, key: str, delay: float) -> None:
         if key in self._verdict_checks:
             return
         self._verdict_checks.add(key)
-        self.timers(delay, lambda: self._verdict_moved(key, delay))
+        told = self._told.get(key, 0)
+        self.timers(delay, lambda: self._verdict_moved(key, delay, told))
 
     def _members_complete(self, key: str, size: int, delay: float) -> None:
         with self.lock:
@@ -84,7 +92,7 @@ class Requeuer:
             for m in unbound:
                 self.writer.annotate(m.namespace, m.name, {MEMBERS_ANNOTATION: value})
 
-    def _verdict_moved(self, key: str, delay: float) -> None:
+    def _verdict_moved(self, key: str, delay: float, told: int) -> None:
         with self.lock:
             self._verdict_checks.discard(key)
             book = self.book
@@ -92,16 +100,19 @@ class Requeuer:
             state = book.states.get(key)
             if not unbound or state is None or self.writer is None:
                 self._nudges.pop(key, None)
+                self._told.pop(key, None)
                 return  # deleted, or bound
             if book.ledger.get(key) is not None:
                 return  # planned: the plan annotation has requeued them
             if book.planning(key):
-                self.when_void(key, delay)  # the solve's own outcome is looked at next
+                self._look(key, delay)  # the solve's own outcome is looked at next
                 return
             size = book.size(key, unbound[0]) or len(members)
             if book.standing(key, state, members, size, self.clock()) is not None:
-                if delay < VERDICT_RECHECK_MAX_SECONDS:  # a slow watch: one later look
-                    self.when_void(key, VERDICT_RECHECK_MAX_SECONDS)
+                # A slow watch: one later look, and one more for an answer given since this look
+                # was set (kube-scheduler retried the members meanwhile).
+                if delay < VERDICT_RECHECK_MAX_SECONDS or self._told.get(key, 0) != told:
+                    self._look(key, VERDICT_RECHECK_MAX_SECONDS)
                 return
             n = self._nudges[key] = self._nudges.get(key, 0) + 1
             log.info("gang %s: its \"cannot be placed\" no longer stands; requeueing %d member(s)",

@@ -539,6 +539,33 @@ def test_members_told_cannot_be_placed_on_facts_already_gone_are_requeued() -> N
     assert len(c.filter(pods[0]).passed) == 1
 
 
+def test_a_no_given_again_while_a_look_is_pending_gets_a_later_look_of_its_own() -> None:
+    """Under load the extender's watch can trail kube-scheduler's by seconds: the members are told
+    "no" again between the looks, and the room the deletion freed reaches the cache only after the
+    last look of the first answer. That later answer is looked at once more, and requeues them."""
+    c = Cluster()
+    c.nodes("n", 2, "leaf-1")
+    busy = pod_object("busy", namespace="other", gpus=8)
+    c.add(busy)
+    with c.service.lock:
+        c.service.snapshot.assume(parse_workload(busy), "n-0")
+    pods = c.gang("g", 2)
+    c.filter(pods[0])
+    assert c.member_timers.fire() == 1  # the 2 s look: still stands
+    c.filter(pods[1])  # kube-scheduler retried a member: told "no" again
+    [later] = c.member_timers.pending()
+    assert later.delay == 10.0
+    assert c.member_timers.fire() == 1  # still stands (the watch has not delivered the deletion)
+    [again] = c.member_timers.pending()  # one more look, for the answer given since
+    assert again.delay == 10.0
+    c.delete(busy)
+    assert c.member_timers.fire() == 1
+    c.flush()
+    assert {k: v.get("llm-placement.io/gang-retry") for k, v in c.binder.annotations.items()} == {
+        "ml/g-0": "1", "ml/g-1": "1"}
+    assert not c.member_timers.pending()
+
+
 def test_an_older_gang_that_cannot_fit_is_not_solved_again_at_each_younger_gangs_filter() -> None:
     clock = [1000.0]
     c = Cluster(clock=clock)
