@@ -243,7 +243,7 @@ REPEAT_FIGURES = (  # (column, how to read one run, lower is better)
     ("whole free 8-GPU nodes, common window", lambda x: x["_window"]["whole_free_8gpu_nodes"], False),
 )
 REPEAT_HEADER = ("| seed | mix | variant | runs | " + " | ".join(c for c, _, _ in REPEAT_FIGURES)
-                 + " | gang deadlocks |")
+                 + " | interactive serving off target / judged (measured) | gang deadlocks |")
 
 
 def _range(values: list[float], digits: int = 0) -> str:
@@ -262,7 +262,10 @@ def repeat_rows(runs: dict[tuple[int, str], dict[str, list[dict]]]) -> list[str]
             xs = variants[variant]
             cells = [_range([get(x) for x in xs], 1 if "$/h" in col or "nodes" in col else 0)
                      for col, get, _ in REPEAT_FIGURES]
+            judged = [x["interactive_pods"] - x.get("interactive_unjudged", 0) for x in xs]
+            off = [x["interactive_off_target"] for x in xs]
             out.append(" | ".join(["", str(seed), mix, variant, str(len(xs)), *cells,
+                                   f"{_range(off)} / {_range(judged)}",
                                    str(max(x["gang_deadlocks"] for x in xs)), ""]).strip())
     return out
 

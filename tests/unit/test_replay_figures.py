@@ -294,7 +294,8 @@ def test_runs_of_the_same_workload_merge_and_different_workloads_are_refused(tmp
 
 def _run(completion: float, spent: float, queue_p95: float, span: float, stranded_usd: float,
          free_nodes: float) -> dict:
-    return {"gangs": 2, "gang_deadlocks": 0, "completion_mean_s": completion, "spent_total": spent,
+    return {"gangs": 2, "gang_deadlocks": 0, "interactive_pods": 4, "interactive_unjudged": 1,
+            "interactive_off_target": 0, "completion_mean_s": completion, "spent_total": spent,
             "queue_p95_s": queue_p95, "stranded_usd_total": stranded_usd,
             "time_weighted": {"span_s": span, "whole_free_8gpu_nodes": free_nodes, "nodes_8gpu": 10}}
 
@@ -316,7 +317,7 @@ def test_repeated_baseline_runs_give_ranges_and_ours_is_judged_against_every_run
     assert len(runs[(1, "gpu-load-1")]["ours"]) == 1 and len(runs[(1, "gpu-load-1")]["mostalloc"]) == 2
     rows = report.repeat_rows(runs)
     most = next(r for r in rows if "| mostalloc |" in r)
-    assert "| 2 | 100-120 | 110-125 | 20-30 |" in most
+    assert "| 2 | 100-120 | 110-125 | 20-30 |" in most and most.endswith("| 0 / 3 | 0 |")
     # One window for every run of the workload (the longest span, 7,200 s): ours' 3 dollars of
     # stranded GPUs over 2 hours, and its cluster back empty (10 free nodes) for the second hour.
     ours = runs[(1, "gpu-load-1")]["ours"][0]["_window"]
