@@ -273,6 +273,8 @@ def repeat_rows(runs: dict[tuple[int, str], dict[str, list[dict]]]) -> list[str]
 def _change(ours: list[float], base: list[float]) -> str:
     """Ours against each run of a baseline, as the range of ours / baseline - 1 over all pairs."""
     ratios = [100 * (o / b - 1) for o in ours for b in base if b]
+    if not ratios:  # the baseline's figure is 0 in every run (nothing queued at light load)
+        return "both 0" if not any(ours) else "-"
     lo, hi = min(ratios), max(ratios)
     return f"{lo:+.0f} %" if round(lo) == round(hi) else f"{lo:+.0f} to {hi:+.0f} %"
 

@@ -340,3 +340,10 @@ def test_the_repeat_bars_span_every_pair_of_runs(tmp_path: Path) -> None:
     # Six pairs: 0.75, 0.83, 0.9, 1.0, 1.125, 1.25; the median is between 0.9 and 1.0.
     assert mid == pytest.approx(0.95)
     assert all(x != x for x in report.ratio_span(variants, "kueue", "mostalloc", "dollars spent"))
+
+
+def test_a_figure_that_is_zero_for_every_baseline_run_is_compared_without_dividing() -> None:
+    report = _report()
+    assert report._change([0.0], [0.0, 0.0]) == "both 0"
+    assert report._change([5.0], [0.0]) == "-"
+    assert report._change([90.0], [100.0, 120.0]) == "-25 to -10 %"
