@@ -12,6 +12,7 @@ ms/token target, cost, co-location, agreement. A file's name after ``replay-grav
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -386,6 +387,8 @@ def main(files: list[Path], outcomes: bool = False, llm: bool = False,
          repeats: bool = typer.Option(False, help="ranges over repeated runs of each workload, and ours "
                                                   "against every baseline run"),
          drop: list[str] = typer.Option([], help="with --repeats: FILE:VARIANT runs to leave out"),
+         ours_from: str | None = typer.Option(None, help="with --repeats: take ours only from files "
+                                                         "whose name matches this pattern"),
          ) -> None:
     """--outcomes: the virtual-clock outcome table (gangs, queueing, completion, dollars spent);
     --llm: the LLM-cluster mix table (files from ``bench/replay.py --llm-jobs``); --repeats: the
@@ -397,6 +400,8 @@ def main(files: list[Path], outcomes: bool = False, llm: bool = False,
             if not sep or not name or not variant:
                 raise typer.BadParameter(f"--drop {item!r}: give FILE:VARIANT")
             dropped.add((Path(name).name, variant))
+        if ours_from is not None:
+            dropped |= {(f.name, "ours") for f in files if not fnmatch.fnmatch(f.name, ours_from)}
         runs = repeated_runs(files, frozenset(dropped))
         if plot is not None:
             print(f"wrote {repeat_bars(runs, plot)}")
