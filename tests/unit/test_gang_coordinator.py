@@ -505,16 +505,28 @@ def test_a_no_reached_on_fewer_nodes_than_a_member_is_offered_does_not_stand() -
     assert c.gangs.states["ml/g"].verdict is None
 
 
-def test_members_told_cannot_be_placed_on_facts_already_gone_are_requeued() -> None:
-    """kube-scheduler retries a waiting gang as soon as its own watch sees room freed, often before
-    the extender's watch has: the "no" is given on facts already gone, and without a nudge the
-    members would wait for kube-scheduler's five-minute flush (docs/gangs.md, "Cannot place")."""
+def _written(c: Cluster, annotation: str) -> dict[str, str | None]:
+    """What the extender wrote on each pod under ``annotation`` (the pod updates that requeue)."""
+    c.flush()
+    return {k: v.get(annotation) for k, v in c.binder.annotations.items()}
+
+
+def _one_node_busy() -> tuple[Cluster, dict[str, Any]]:
+    """Two 8-GPU nodes, one running another pod: a gang of two 8-GPU members cannot be placed."""
     c = Cluster()
     c.nodes("n", 2, "leaf-1")
     busy = pod_object("busy", namespace="other", gpus=8)
     c.add(busy)
     with c.service.lock:
         c.service.snapshot.assume(parse_workload(busy), "n-0")
+    return c, busy
+
+
+def test_members_told_cannot_be_placed_on_facts_already_gone_are_requeued() -> None:
+    """kube-scheduler retries a waiting gang as soon as its own watch sees room freed, often before
+    the extender's watch has: the "no" is given on facts already gone, and without a nudge the
+    members would wait for kube-scheduler's five-minute flush (docs/gangs.md, "Cannot place")."""
+    c, busy = _one_node_busy()
     pods = c.gang("g", 2)  # 16 GPUs wanted, 8 free
     for p in pods:
         d = c.filter(p)
@@ -543,12 +555,7 @@ def test_a_no_given_again_while_a_look_is_pending_gets_a_later_look_of_its_own()
     """Under load the extender's watch can trail kube-scheduler's by seconds: the members are told
     "no" again between the looks, and the room the deletion freed reaches the cache only after the
     last look of the first answer. That later answer is looked at once more, and requeues them."""
-    c = Cluster()
-    c.nodes("n", 2, "leaf-1")
-    busy = pod_object("busy", namespace="other", gpus=8)
-    c.add(busy)
-    with c.service.lock:
-        c.service.snapshot.assume(parse_workload(busy), "n-0")
+    c, busy = _one_node_busy()
     pods = c.gang("g", 2)
     c.filter(pods[0])
     assert c.member_timers.fire() == 1  # the 2 s look: still stands
@@ -560,9 +567,7 @@ def test_a_no_given_again_while_a_look_is_pending_gets_a_later_look_of_its_own()
     assert again.delay == 10.0
     c.delete(busy)
     assert c.member_timers.fire() == 1
-    c.flush()
-    assert {k: v.get("llm-placement.io/gang-retry") for k, v in c.binder.annotations.items()} == {
-        "ml/g-0": "1", "ml/g-1": "1"}
+    assert _written(c, "llm-placement.io/gang-retry") == {"ml/g-0": "1", "ml/g-1": "1"}
     assert not c.member_timers.pending()
 
 
