@@ -212,26 +212,29 @@ class Placer:
         r = np.where(known, rows, 0)
         free = table.gpu_count[r] - table.gpus_used[r]
         hard = self.gravity.hard_rejections(spec, names) if self.gravity else {}
+        # Nodes where another gang's reservation is all that leaves too few GPUs: the reason names
+        # the gang (few nodes: reservations are whole gangs' members or holds).
+        held: dict[int, Rejection] = {}
         if self.gangs is not None and spec.gpus > 0:  # CPU pods do not care about GPU reservations
             exclude = spec.gang.key if spec.gang else None
             reserved = self.gangs.reserved_map(exclude)
             if reserved:
                 unreserved = free
                 free = np.where(free > 0, free - table.column(reserved)[r], free)
-                # Where another gang's reservation is all that leaves too few GPUs, the reason
-                # names the gang (few nodes: reservations are whole gangs' members or holds).
                 needed = spec.gpus_needed_free
                 for i in np.flatnonzero(known & (unreserved >= needed) & (free < needed)).tolist():
                     if names[i] not in hard:
-                        named = self._reserved_here(spec, names[i], int(free[i]), exclude)
-                        if named is not None:
-                            hard = {**hard, names[i]: named}
+                        why = self._reserved_here(spec, names[i], int(free[i]), exclude)
+                        if why is not None:
+                            held[i] = why
         key = table.shape[r] * 4 + np.where(free >= spec.gpus_needed_free, 2, 0) + (table.training[r] > 0)
         key[~known] = -1
         if hard:
             for i, name in enumerate(names):
                 if name in hard:
                     key[i] = -2 - i  # a class of its own: the reason names this node's producer
+        for i in held:
+            key[i] = -2 - i  # a class of its own: the reason names the gang
         uniq, first, class_of = np.unique(key, return_index=True, return_inverse=True)
         entries = self.snapshot.entries
         verdicts: list[NodeFit | Rejection] = []
@@ -239,7 +242,7 @@ class Placer:
             if k == -1:
                 verdicts.append(NOT_CACHED)
             elif k <= -2:
-                verdicts.append(hard[names[i]])
+                verdicts.append(held[i] if i in held else hard[names[i]])
             else:
                 facts, usage, _ = entries[names[i]]
                 verdicts.append(evaluate(spec, facts, usage, int(free[i]), self.policy.feasibility))
