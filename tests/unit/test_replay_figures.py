@@ -347,3 +347,22 @@ def test_a_figure_that_is_zero_for_every_baseline_run_is_compared_without_dividi
     assert report._change([0.0], [0.0, 0.0]) == "both 0"
     assert report._change([5.0], [0.0]) == "-"
     assert report._change([90.0], [100.0, 120.0]) == "-25 to -10 %"
+
+
+def test_repeats_take_ours_only_from_the_named_files_and_refuse_a_malformed_drop(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = _report()
+    meta = {"seed": 1, "load": 1.0}
+    now = tmp_path / "replay-gravity-s1-ours.json"
+    now.write_text(json.dumps({"gpu-load-1": {"meta": meta, "variants": {
+        "ours": _run(90.0, 100.0, 10.0, 3600.0, 3.0, 8.0)}}}))
+    before = tmp_path / "replay-gravity-s1-a.json"
+    before.write_text(json.dumps({"gpu-load-1": {"meta": meta, "variants": {
+        "ours": _run(50.0, 50.0, 5.0, 3600.0, 1.0, 9.0),
+        "mostalloc": _run(100.0, 110.0, 20.0, 3600.0, 20.0, 6.0)}}}))
+    report.main([now, before], repeats=True, plot=None, merge_to=None, drop=[],
+                ours_from="replay-gravity-s?-ours*.json")
+    ours = next(line for line in capsys.readouterr().out.splitlines() if "| ours |" in line)
+    assert "| 1 | 90 | 100 |" in ours  # one run: the earlier build's ours left out
+    with pytest.raises(typer.BadParameter, match="give FILE:VARIANT"):
+        report.main([now], repeats=True, plot=None, merge_to=None, drop=["ours"], ours_from=None)
