@@ -86,6 +86,10 @@ class ServingCalibration(BaseModel):
     # (docs/stage-policy.md, "Tensor-parallel communication", states the source).
     pcie_allreduce_share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.44
     interleave: NonNegative = 1.0
+    # Fixed cost of one mixture-of-experts layer in a prefill step, however few its tokens:
+    # routing, sorting the tokens by expert and back, grouped launches over the experts
+    # (docs/stage-policy.md, "The serving model").
+    expert_layer_prefill_us: Positive = 100.0
     ttft_floor_ms: NonNegative = 10.0
     # Prompt tokens the engine computes in one prefill step: prompts that arrive together are
     # taken this many tokens at a time (a starting value; the fit moves it).
@@ -107,7 +111,7 @@ class ServingCalibration(BaseModel):
                 out[f"{key}.{kind}"] = value
         for key in ("kv_bandwidth_efficiency", "decode_compute_efficiency", "step_floor_ms",
                     "layer_overhead_us", "interleave", "ttft_floor_ms", "prefill_token_budget",
-                    "pcie_allreduce_share"):
+                    "pcie_allreduce_share", "expert_layer_prefill_us"):
             out[key] = getattr(self, key)
         return out
 
@@ -153,6 +157,13 @@ class Shape:
     hidden: float
     kv_bytes_per_token: float  # at 16-bit
     arch: ModelArch | None = None
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (0 for dense models and models without routing facts)."""
+        if self.arch is None or self.arch.moe is None or self.params != self.arch.params:
+            return 0
+        return max(self.arch.layers - self.arch.moe.dense_layers, 0)
 
     @classmethod
     def of(cls, params: float, active_params: float | None, arch: ModelArch | None) -> Shape:
@@ -231,8 +242,11 @@ def _prefill_compute_ms(case: Case, cal: ServingCalibration, prompts: float = 1.
     tflops = case.gpu.bf16_tflops * cal.prefill_efficiency[weight_kind(case.precision, case.gpu)]
     compute = flops / (case.gpus * tflops * 1e12) * 1e3
     bw = case.bandwidth_tbs or case.gpu.hbm_bandwidth_tbs
-    one_pass = s.active_params * case.precision.bytes_per_param / (case.gpus * bw * 1e12) * 1e3
-    return max(compute, one_pass * steps)
+    # A step over many prompt tokens touches nearly every expert, not only the active ones.
+    per_step = max(round(tokens * prompts / max(steps, 1.0)), 1)
+    one_pass = s.params_read(per_step) * case.precision.bytes_per_param / (case.gpus * bw * 1e12) * 1e3
+    fixed = s.moe_layers * cal.expert_layer_prefill_us / 1e3 * steps
+    return max(compute, one_pass * steps) + fixed
 
 
 def prompts_before_first_token(clients: int, prompt_tokens: int, budget: float) -> float:

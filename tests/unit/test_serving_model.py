@@ -172,3 +172,31 @@ def test_an_all_reduce_over_pcie_runs_at_the_hosts_share_of_the_link():
     # NVLink boxes are not PCIe: the share leaves them alone.
     nvlink = case(gpu=H100, gpus=4, prompt=2048)
     assert estimate(nvlink, slow).tp_prefill_ms == estimate(nvlink, full).tp_prefill_ms
+
+
+FINE_MOE = ModelArch(name="fine-moe", params=100e9, active_params=10e9, layers=32, hidden=4096, heads=32,
+                     kv_heads=8, head_dim=128, moe=Moe(experts=128, top_k=8, expert_intermediate=2048),
+                     source="synthetic")
+
+
+def test_each_prefill_step_pays_a_fixed_cost_per_expert_layer():
+    # Routing and sorting tokens by expert cost the same for a short prompt as for a long one:
+    # 32 expert layers at 1 ms each add 32 ms to a prefill step of a mixture of experts.
+    cal = CAL.model_copy(update={"ttft_floor_ms": 0.0})
+    cheap = cal.model_copy(update={"expert_layer_prefill_us": 1.0})
+    dear = cal.model_copy(update={"expert_layer_prefill_us": 1000.0})
+    moe = case(FINE_MOE, gpus=8, prompt=200)
+    assert estimate(moe, dear).ttft_ms - estimate(moe, cheap).ttft_ms == pytest.approx(32 * 0.999, rel=0.01)
+    # Dense models have no expert layers.
+    dense = case(gpus=8, prompt=200)
+    assert estimate(dense, dear).ttft_ms == estimate(dense, cheap).ttft_ms
+
+
+def test_a_long_prompt_reads_every_expert_not_only_the_active_ones():
+    # A prompt of many tokens routes to every expert, so one prefill step reads all the weights:
+    # on an H100 its 100 GB floor the step, however fast the tensor cores are.
+    fast_cores = CAL.model_copy(update={"ttft_floor_ms": 0.0, "expert_layer_prefill_us": 1e-6,
+                                        "prefill_efficiency": {k: 2.5 for k in CAL.prefill_efficiency}})
+    got = estimate(case(FINE_MOE, prompt=4000), fast_cores).ttft_ms
+    all_weights_ms = FINE_MOE.params * 2 / (H100.hbm_bandwidth_tbs * 1e12) * 1e3
+    assert got >= all_weights_ms
