@@ -67,6 +67,13 @@ class Point(BaseModel):
     # (continuous batching sees prompts arrive while others decode); static: one batch submitted
     # at once, every prompt first, then decode together (a fixed-batch profile).
     load: Literal["closed-loop", "static"] = "closed-loop"
+    # How a closed loop's prompts arrive. together: like requests (fixed lengths) finish in the
+    # same step and their clients send the next prompts at once, round after round. staggered:
+    # request lengths drawn from a range, so only the first round arrives together and the
+    # clients drift apart after it; `requests` (how many the figures average over) says what
+    # share of them that first round is.
+    arrival: Literal["together", "staggered"] = "together"
+    requests: PositiveInt | None = None
     input_tokens: PositiveInt
     output_tokens: PositiveInt
     tpot_ms: PositiveFloat | None = None
@@ -92,6 +99,8 @@ class Point(BaseModel):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive parameter count")
+        if self.arrival == "staggered" and (self.requests is None or self.requests < self.concurrency):
+            raise ValueError("arrival: staggered needs requests, at least concurrency (requests measured)")
         if self.tpot_ms is None and self.ttft_ms is None:
             raise ValueError("give tpot_ms or ttft_ms (a throughput alone does not calibrate latency)")
         return self
@@ -119,7 +128,9 @@ class Measurement(BaseModel):
         return Case(Shape.of(self.params, self.active_params, self.arch), p.precision, self.gpu, p.gpus,
                     p.concurrency, p.input_tokens, p.output_tokens,
                     kv_bytes_per_value=1.0 if p.kv_precision in ("fp8", "int8") else 2.0,
-                    static=p.load == "static")
+                    static=p.load == "static",
+                    together_share=p.concurrency / p.requests if p.arrival == "staggered" and p.requests
+                    else 1.0)
 
 
 def load_file(path: Path | str, *, text: str | None = None, catalog: GpuCatalog | None = None,

@@ -16,11 +16,14 @@ docs/stage-policy.md ("The serving model") states the model and its cross-valida
   sequence waits ``(b - 1) / output tokens`` prompts per token on average.
 * First-token time is the prompt's matrix and attention work at the precision's tensor throughput
   (fp8 on GPUs with FP8 tensor cores runs faster than bf16; weight-only int4 computes in 16 bits),
-  never less than one pass over the weights per prefill step, plus a fixed floor and the
+  never less than one pass over the weights a prefill step's tokens touch (nearly every expert of
+  a mixture of experts), plus a fixed cost per expert layer and step, a fixed floor and the
   tensor-parallel all-reduces of the prompt. Under load it also waits for other clients' prompts:
   ``b`` clients of like requests finish together and send their next prompts together, which the
   engine computes a token budget per step, so a request's first token comes after the prompts of
-  its own step and of the steps before it (``prompts_before_first_token``).
+  its own step and of the steps before it (``prompts_before_first_token``). A pod is estimated so;
+  a benchmark whose request lengths vary has only its first round arrive together
+  (``Case.together_share``), and the rest arrive alone between decode steps.
 
 The free parameters (efficiencies, floors, latencies) live in ``ServingCalibration``; the shipped
 values are produced by ``llm-placement calibrate`` from the measurement corpus in
@@ -200,6 +203,9 @@ class Case:
     bandwidth_tbs: float | None = None  # the node's measured bandwidth, else the catalog's
     kv_bytes_per_value: float = 2.0
     static: bool = False  # a fixed batch, all prompts first (benchmarks), not continuous batching
+    # Share of requests whose prompts arrive together with the other clients' (1 for a pod: the
+    # estimate errs toward the slower case); the rest arrive alone, between decode steps.
+    together_share: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +301,10 @@ def estimate(case: Case, cal: ServingCalibration) -> Estimate:
         steps = max(1.0, ahead * max(case.input_tokens, 1) / cal.prefill_token_budget)
     first = (_prefill_compute_ms(case, cal, ahead, steps)
              + _tp_ms(case, max(round(case.input_tokens * ahead), 1), cal) + cal.ttft_floor_ms)
+    if case.together_share < 1.0:
+        # A prompt arriving alone waits for the running decode step, then is computed by itself.
+        alone = prefill + tp_prefill + cal.ttft_floor_ms + step / 2
+        first = case.together_share * first + (1 - case.together_share) * alone
     return Estimate(per_token, first, parts, tp_decode, tp_prefill)
 
 

@@ -42,6 +42,9 @@ def test_a_good_file_loads_with_its_model_facts() -> None:
     ({"model": "toy-8b"}, "model", "nearest: toy-7b"),
     ({"tpot_ms": None, "ttft_ms": None}, "?", "give tpot_ms or ttft_ms"),
     ({"seconds_per_token": 0.01}, "seconds_per_token", "Extra inputs"),
+    ({"arrival": "staggered"}, "?", "arrival: staggered needs requests"),
+    ({"arrival": "staggered", "concurrency": 8, "requests": 4}, "?", "at least concurrency"),
+    ({"arrival": "drifting"}, "arrival", "'together' or 'staggered'"),
 ])
 def test_a_bad_row_is_refused_with_row_and_field(change: dict[str, object], field: str, words: str) -> None:
     bad = {k: v for k, v in {**GOOD_POINT, **change}.items() if v is not DROP}
@@ -75,3 +78,10 @@ def test_calibrate_refuses_a_bad_file_with_exit_2(tmp_path) -> None:  # type: ig
     result = CliRunner().invoke(cli, ["calibrate", str(bad)])
     assert result.exit_code == 2
     assert "point #1: field 'gpu'" in result.output
+
+
+def test_staggered_arrival_is_the_first_rounds_share_of_the_measured_requests() -> None:
+    point = {**GOOD_POINT, "concurrency": 8, "arrival": "staggered", "requests": 80}
+    staggered = load_file("toy.yaml", text=text_of(point), registry=REGISTRY)[0].case()
+    together = load_file("toy.yaml", text=text_of({**point, "arrival": "together"}), registry=REGISTRY)[0].case()
+    assert staggered.together_share == pytest.approx(0.1) and together.together_share == 1.0

@@ -200,3 +200,19 @@ def test_a_long_prompt_reads_every_expert_not_only_the_active_ones():
     got = estimate(case(FINE_MOE, prompt=4000), fast_cores).ttft_ms
     all_weights_ms = FINE_MOE.params * 2 / (H100.hbm_bandwidth_tbs * 1e12) * 1e3
     assert got >= all_weights_ms
+
+
+def test_prompts_that_arrive_alone_wait_for_one_step_not_for_the_other_clients():
+    from dataclasses import replace
+
+    cal = CAL.model_copy(update={"prefill_token_budget": 2000.0})
+    busy = case(concurrency=32, prompt=1000)
+    together = estimate(busy, cal)
+    alone = estimate(replace(busy, together_share=0.0), cal)
+    one_client = estimate(case(concurrency=1, prompt=1000), cal)
+    # Alone: its own prompt plus at most half a decode step, far below 32 clients' round.
+    assert alone.ttft_ms < one_client.ttft_ms + together.ms_per_token
+    assert together.ttft_ms > 5 * alone.ttft_ms
+    # A benchmark whose first round (1 in 10 requests) arrives together averages the two.
+    mixed = estimate(replace(busy, together_share=0.1), cal).ttft_ms
+    assert mixed == pytest.approx(0.1 * together.ttft_ms + 0.9 * alone.ttft_ms)
