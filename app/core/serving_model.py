@@ -203,8 +203,8 @@ class Case:
     bandwidth_tbs: float | None = None  # the node's measured bandwidth, else the catalog's
     kv_bytes_per_value: float = 2.0
     static: bool = False  # a fixed batch, all prompts first (benchmarks), not continuous batching
-    # Share of requests whose prompts arrive together with the other clients' (1 for a pod: the
-    # estimate errs toward the slower case); the rest arrive alone, between decode steps.
+    # Share of requests whose prompts arrive together with the other clients' (1 for a pod: with
+    # several clients, the slower case); the rest arrive alone, between decode steps.
     together_share: float = 1.0
 
 
