@@ -302,8 +302,9 @@ def estimate(case: Case, cal: ServingCalibration) -> Estimate:
     first = (_prefill_compute_ms(case, cal, ahead, steps)
              + _tp_ms(case, max(round(case.input_tokens * ahead), 1), cal) + cal.ttft_floor_ms)
     if case.together_share < 1.0:
-        # A prompt arriving alone waits for the running decode step, then is computed by itself.
-        alone = prefill + tp_prefill + cal.ttft_floor_ms + step / 2
+        # A prompt arriving alone waits for the other clients' running decode step (half of one on
+        # average; nothing runs when it is the only client), then is computed by itself.
+        alone = prefill + tp_prefill + cal.ttft_floor_ms + (step / 2 if batch > 1 else 0.0)
         first = case.together_share * first + (1 - case.together_share) * alone
     return Estimate(per_token, first, parts, tp_decode, tp_prefill)
 

@@ -216,3 +216,10 @@ def test_prompts_that_arrive_alone_wait_for_one_step_not_for_the_other_clients()
     # A benchmark whose first round (1 in 10 requests) arrives together averages the two.
     mixed = estimate(replace(busy, together_share=0.1), cal).ttft_ms
     assert mixed == pytest.approx(0.1 * together.ttft_ms + 0.9 * alone.ttft_ms)
+
+
+def test_a_lone_client_has_no_decode_step_to_wait_for():
+    from dataclasses import replace
+
+    one = case(concurrency=1, prompt=1000)
+    assert estimate(replace(one, together_share=0.0), CAL).ttft_ms == estimate(one, CAL).ttft_ms
