@@ -120,12 +120,16 @@ class ModelArch(BaseModel):
             return self.layers * (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim) * bytes_per_value
         return 2 * self.layers * self.kv_heads * self.head_dim * bytes_per_value
 
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (0 for dense models)."""
+        return 0 if self.moe is None else max(self.layers - self.moe.dense_layers, 0)
+
     def expert_params(self) -> float:
         """Parameters of one routed expert summed over the MoE layers (0 for dense models)."""
         if self.moe is None:
             return 0.0
-        moe_layers = max(self.layers - self.moe.dense_layers, 0)
-        return 3.0 * self.hidden * self.moe.expert_intermediate * moe_layers  # gate, up, down
+        return 3.0 * self.hidden * self.moe.expert_intermediate * self.moe_layers  # gate, up, down
 
     def params_read(self, tokens: int) -> float:
         """Expected parameters a decode step over ``tokens`` sequences reads.

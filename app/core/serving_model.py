@@ -164,9 +164,9 @@ class Shape:
     @property
     def moe_layers(self) -> int:
         """Layers with routed experts (0 for dense models and models without routing facts)."""
-        if self.arch is None or self.arch.moe is None or self.params != self.arch.params:
+        if self.arch is None or self.params != self.arch.params:
             return 0
-        return max(self.arch.layers - self.arch.moe.dense_layers, 0)
+        return self.arch.moe_layers
 
     @classmethod
     def of(cls, params: float, active_params: float | None, arch: ModelArch | None) -> Shape:
