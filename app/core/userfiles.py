@@ -168,7 +168,7 @@ def parse_user_yaml(text: str, origin: str, error: type[ValueError], *, max_dept
     except _Refusal as exc:
         raise error(f"{origin}: {exc.message}{_mark(exc.mark)}") from None
     except yaml.MarkedYAMLError as exc:
-        what = one_line(exc.problem or exc.context or "syntax error")
+        what = one_line(" ".join(p for p in (exc.context, exc.problem) if p) or "syntax error")
         if "maximum nesting depth" in what:  # libyaml's own cap on flow collections
             raise error(f"{origin}: nested too deeply{_mark(exc.problem_mark)}") from None
         raise error(f"{origin}: not valid YAML: {what}{_mark(exc.problem_mark)}") from None
