@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 MAX_DEPTH = 32  # parentheses and negations nested deeper are not read (and cost no recursion)
 MAX_TOKENS = 2048
@@ -159,6 +160,7 @@ class _Parser:
         return Atom(" ".join(text.split()))
 
 
+@lru_cache(maxsize=4096)  # the same classes' and claims' selectors are read on every filter call
 def parse(expr: str) -> Node | None:
     """The logical structure of ``expr``, or None when this parser does not read it."""
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from app.core.cel_bool import And, Atom, Node, Not, Or, atoms, conjuncts, parse, possible
@@ -89,6 +90,7 @@ def read_selectors(selectors: Any, driver: str = DRIVER) -> Selection:
     return out
 
 
+@lru_cache(maxsize=4096)  # a Selection is immutable; the same selectors come back every filter call
 def read_expression(expr: str, driver: str = DRIVER) -> Selection:
     """What one CEL expression restricts: each top-level conjunct of a form we know, plus the
     driver and device type wherever the whole expression pins them to one value (``!(type !=
@@ -301,12 +303,16 @@ def class_selection(device_class: dict[str, Any]) -> Selection:
     part, or an expression that accepts no other driver)."""
     spec = device_class.get("spec") if isinstance(device_class, dict) else None
     sels = spec.get("selectors") if isinstance(spec, dict) else None
-    exprs = _expressions(sels)
     driver = None
-    for expr in exprs:
-        tree = parse(expr) if len(expr) <= MAX_EXPR else None
-        driver = (_pinned(tree, "driver", DRIVER) if tree is not None else None) or driver
+    for expr in _expressions(sels):
+        driver = _expression_driver(expr) or driver
     return replace(read_selectors(sels, driver or DRIVER), driver=driver)
+
+
+@lru_cache(maxsize=4096)
+def _expression_driver(expr: str) -> str | None:
+    tree = parse(expr) if len(expr) <= MAX_EXPR else None
+    return _pinned(tree, "driver", DRIVER) if tree is not None else None
 
 
 def devices_of(sel: Selection) -> str | None:
