@@ -15,6 +15,7 @@ from app.core.units import parse_param_count
 from app.core.userfiles import MAX_DEPTH
 
 M = TypeVar("M", bound=BaseModel)
+MAX_DATA_FILE_BYTES = 16 << 20  # a catalog, model registry or calibration file of one's own
 
 
 def _param_count(value: object) -> object:
@@ -30,10 +31,8 @@ def read_text(path: Path | str | None, package: str, resource: str, error: type[
     """(text, origin) of ``path``, or of the packaged resource when ``path`` is None."""
     if path is None:
         return files(package).joinpath(resource).read_text(encoding="utf-8"), f"{package}/{resource}"
-    try:
-        return Path(path).read_text(encoding="utf-8"), str(path)
-    except OSError as exc:
-        raise error(f"{path}: cannot read: {exc}") from exc
+    # A user's own catalog, registry or calibration: the same reader as every user file.
+    return userfiles.read_user_text(path, error, MAX_DATA_FILE_BYTES), str(path)
 
 
 def problems(exc: ValidationError) -> str:
