@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from app.cluster.cache import apply_node
 from app.config import Settings
 from app.core.catalog import GpuCatalog
-from app.core.cel_bool import parse
+from app.core.cel_bool import And, Atom, Node, Not, Or, parse
 from app.core.dra_devices import DraDevice, parse_device
 from app.core.dra_selectors import (
     Selection,
@@ -262,3 +262,24 @@ def test_hostile_selectors_cost_little_and_read_nothing(expr: str) -> None:
 def test_any_text_is_read_or_refused_without_an_error(expr: str) -> None:
     class_selection(device_class(expr))
     read_selectors([{"cel": {"expression": expr}}])
+
+
+@pytest.mark.parametrize(("expr", "tree"), [
+    ("a == 1 && (b == 2 || !(c == 3))",
+     And((Atom("a == 1"), Or((Atom("b == 2"), Not(Atom("c == 3"))))))),
+    ("(a).b == 'x'", Atom("(a).b == 'x'")),  # parentheses inside a comparison: one atom
+    ("f(a && b) == c || d", Or((Atom("f(a && b) == c"), Atom("d")))),
+    ("x == '&& || !' && y == r\"(\"", And((Atom("x == '&& || !'"), Atom('y == r"("')))),
+    ("x == 'it\\'s' && y", And((Atom("x == 'it\\'s'"), Atom("y")))),
+    ("((a == 1))", Atom("a == 1")),
+    ("(a ? b : c) && d", And((Atom("(a ? b : c)"), Atom("d")))),
+    ("a ? b : c", None),  # a ternary at the top is not read
+    ("a && ", None),
+    ("(a == 1", None),
+    ("a == 1)", None),
+    ("x == '''a'''", None),
+    ("x == 'unterminated", None),
+    ("x == `y`", None),  # a character CEL does not have
+])
+def test_the_logical_structure_is_parsed_strictly(expr: str, tree: Node | None) -> None:
+    assert parse(expr) == tree
