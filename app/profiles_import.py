@@ -31,7 +31,19 @@ from pydantic import ValidationError
 
 from app.core.catalog import GpuCatalog
 from app.core.profiles import Profile, ProfileBook, ProfileError, same_slot
+from app.core.userfiles import (
+    MAX_ROW_CLIENTS,
+    MAX_ROW_MS_PER_TOKEN,
+    MAX_ROW_TOKENS,
+    MAX_ROW_TTFT_MS,
+    check_json_depth,
+    read_user_text,
+)
 from app.core.workload import Precision
+
+# A result file is a summary (vLLM's --save-detailed adds per-request lists: a few MB for thousands of
+# requests); larger is not a benchmark result.
+MAX_RESULT_BYTES = 16 << 20
 
 
 class BenchmarkImportError(ValueError):
@@ -61,11 +73,14 @@ class Run:
     output_tokens: int | None = None  # mean generated tokens per request, when the file says
 
 
-def _positive(value: Any, name: str, origin: str) -> float | None:
+def _positive(value: Any, name: str, origin: str, most: float) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise BenchmarkImportError(f"{origin}: {name} is {value!r}, not a number of milliseconds")
+        raise BenchmarkImportError(f"{origin}: field {name!r} is {value!r}, not a number of milliseconds")
+    if value > most:
+        raise BenchmarkImportError(f"{origin}: field {name!r} is {value!r} ms, more than {most:,.0f}: "
+                                   "not a serving measurement")
     if value <= 0:
         # SGLang writes 0 (or -0.0) when every request produced a single token: nothing measured.
         raise BenchmarkImportError(
@@ -81,8 +96,8 @@ def _run(record: Any, origin: str, stat: Statistic) -> Run:
     if tpot_key not in record and ttft_key not in record:
         raise BenchmarkImportError(f"{origin}: no {tpot_key} or {ttft_key}: not a vLLM benchmark_serving "
                            "--save-result or SGLang bench_serving result")
-    tpot = _positive(record.get(tpot_key), tpot_key, origin)
-    ttft = _positive(record.get(ttft_key), ttft_key, origin)
+    tpot = _positive(record.get(tpot_key), tpot_key, origin, MAX_ROW_MS_PER_TOKEN)
+    ttft = _positive(record.get(ttft_key), ttft_key, origin, MAX_ROW_TTFT_MS)
     prompt: int | None = None
     total_in, completed = record.get("total_input_tokens"), record.get("completed")
     if isinstance(total_in, int) and isinstance(completed, int) and total_in > 0 and completed > 0:
@@ -93,9 +108,15 @@ def _run(record: Any, origin: str, stat: Statistic) -> Run:
         output = max(1, round(total_out / completed))
     if prompt is None and isinstance(total_in, int) and isinstance(completed, int) and completed > 0:
         prompt = max(1, round(total_in / completed)) if total_in > 0 else None
+    for name, value in (("prompt tokens per request", prompt), ("output tokens per request", output)):
+        if value is not None and value > MAX_ROW_TOKENS:
+            raise BenchmarkImportError(f"{origin}: field 'total_input_tokens'/'total_output_tokens': {name} "
+                                       f"{value:,}, more than {MAX_ROW_TOKENS:,}")
     cap = record.get("max_concurrency")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0):
-        raise BenchmarkImportError(f"{origin}: max_concurrency is {cap!r}, not a positive integer")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
+                            or not 0 < cap <= MAX_ROW_CLIENTS):
+        raise BenchmarkImportError(f"{origin}: field 'max_concurrency' is {cap!r}, not an integer "
+                                   f"from 1 to {MAX_ROW_CLIENTS:,}")
     # vLLM names the model it benchmarked; SGLang's summary only through the server's info, if any.
     tool = "vLLM benchmark_serving" if "model_id" in record else "SGLang bench_serving"
     server = record.get("server_info")
@@ -109,16 +130,18 @@ def _run(record: Any, origin: str, stat: Statistic) -> Run:
 def read_runs(path: Path, stat: Statistic = Statistic.MEDIAN) -> list[Run]:
     """Every run in one result file: a JSON object (vLLM) or JSON lines (SGLang)."""
     origin = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BenchmarkImportError(f"{origin}: cannot read: {exc}") from None
+    # One reader for every user file (app/core/userfiles.py): a regular file, the size counted while
+    # reading, no NUL, UTF-8, nesting checked before any JSON parser sees it.
+    text = read_user_text(path, BenchmarkImportError, MAX_RESULT_BYTES)
+    check_json_depth(text, origin, BenchmarkImportError)
     if not text.strip():
         raise BenchmarkImportError(f"{origin}: empty file")
     try:
-        return [_run(json.loads(text), origin, stat)]
+        whole_doc = json.loads(text)
     except json.JSONDecodeError as exc:
         whole = exc  # perhaps JSON lines: one run per line
+    else:
+        return [_run(whole_doc, origin, stat)]
     runs: list[Run] = []
     for no, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

@@ -10,8 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from app.calibration.corpus import Measurement, Point, Source
 from app.core.catalog import default_catalog
+from app.core.datafile import problems
 from app.core.model_registry import default_registry
 from app.profiles_import import BenchmarkImportError, Statistic, read_runs
 
@@ -54,8 +57,8 @@ def bench_rows(spec: BenchmarkRows) -> list[Measurement]:
                               gpus=spec.gpus, tp=spec.gpus, concurrency=run.max_concurrency or 1,
                               input_tokens=run.prompt_tokens, output_tokens=run.output_tokens,
                               tpot_ms=run.tpot_ms, tpot_stat="median", ttft_ms=run.ttft_ms)
-            except ValueError as exc:
-                raise ValueError(f"{run.origin}: {exc}") from None
+            except ValidationError as exc:
+                raise ValueError(f"{run.origin}: {problems(exc)}") from None
             out.append(Measurement(source=source, point=point, gpu=gpu, arch=arch, params=arch.params,
                                    active_params=arch.active_params, file=str(path)))
     return out

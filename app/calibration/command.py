@@ -63,6 +63,10 @@ def calibrate(
     cross_validate: Annotated[bool, typer.Option(
         "--cross-validate/--no-cross-validate",
         help="Also judge the fit by leaving each source out in turn (slower).")] = True,
+    cv_budget: Annotated[float, typer.Option(
+        "--cv-budget", min=0.0,
+        help="Seconds the cross-validation may take; folds not started by then are left out and "
+             "named (0: no limit).")] = fit.CV_BUDGET_S,
     from_defaults: Annotated[bool, typer.Option(
         help="Start from the model's physical defaults rather than the shipped calibration "
              "(always so for the packaged corpus).")] = False,
@@ -86,14 +90,19 @@ def calibrate(
                   f"{', '.join(info['gpus'])}; precisions: {', '.join(info['precisions'])}",
                   highlight=False)
     cv: list[fit.Ratio] = []
+    validation: fit.CrossValidation | None = None
     if cross_validate and len({r.source.id for r in rows}) > 1:
-        sources = sorted({r.source.id for r in rows})
         with Progress(console=err, transient=True) as bar:
-            task = bar.add_task("leave-one-source-out", total=len(sources))
-            cv = fit.cross_validate(rows, start, progress=lambda _s: bar.advance(task))
+            task = bar.add_task("cross-validation", total=len(fit.folds_of(rows)))
+            validation = fit.cross_validation(rows, start, budget_s=cv_budget or None,
+                                              progress=lambda _s: bar.advance(task))
+        cv = validation.ratios
+        console.print(escape(validation.describe()), highlight=False)
     provenance: dict[str, object] = {
         "made_by": "llm-placement calibrate" + ("" if packaged else " (user measurements)"),
         "date": date.today().isoformat(), **info}
+    if validation is not None:
+        provenance["cross_validation"] = validation.describe()
     if cv:
         # explain quotes these per pod: how far off the model was on similar published setups.
         provenance["cross_validated"] = {
@@ -116,10 +125,10 @@ def calibrate(
             console.print(render(f"estimate / measured, {label}: cross-validated (each source "
                                  "predicted by a fit to the others)", fit.table(cv, metric)))
     console.print(render_verdicts("target verdicts with the fitted margins", fit.verdicts(after, fitted)))
-    if cv:
+    if validation is not None and cv:
         console.print(render_verdicts(
             "target verdicts, cross-validated (each source judged by a fit and margins from the others)",
-            fit.cross_validated_verdicts(rows, start)))
+            fit.cross_validated_verdicts(validation)))
     text = yaml.safe_dump(fitted.model_dump(), sort_keys=False, width=1000)
     if out is None:
         console.print(escape(text), highlight=False)

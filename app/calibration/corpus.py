@@ -13,21 +13,39 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.core.catalog import GpuCatalog, GpuSpec, default_catalog
-from app.core.datafile import ParamCount, parse_yaml, problems
+from app.core.datafile import ParamCount, problems
 from app.core.model_registry import ModelArch, ModelRegistry, default_registry
 from app.core.serving_model import Case, Shape
+from app.core.userfiles import (
+    MAX_ROW_CLIENTS,
+    MAX_ROW_GPUS,
+    MAX_ROW_MS_PER_TOKEN,
+    MAX_ROW_PARAMS,
+    MAX_ROW_REQUESTS,
+    MAX_ROW_THROUGHPUT,
+    MAX_ROW_TOKENS,
+    MAX_ROW_TTFT_MS,
+    parse_user_yaml,
+    read_user_text,
+)
 from app.core.workload import Precision
 
 PACKAGE = "app.data"
 FOLDER = "measurements"
 MAX_FILE_BYTES = 4 << 20  # a measurement file is a table, not a dump
+MAX_VALUES = 1 << 20  # YAML values in one file (about 50,000 rows of 20 fields)
 
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-PositiveInt = Annotated[int, Field(gt=0, le=1 << 20)]
+# Physical bounds (app/core/userfiles.py, docs/stage-policy.md "Limits of user files").
+Gpus = Annotated[int, Field(gt=0, le=MAX_ROW_GPUS)]
+Clients = Annotated[int, Field(gt=0, le=MAX_ROW_CLIENTS)]
+Requests = Annotated[int, Field(gt=0, le=MAX_ROW_REQUESTS)]
+Tokens = Annotated[int, Field(gt=0, le=MAX_ROW_TOKENS)]
+MsPerToken = Annotated[float, Field(gt=0, le=MAX_ROW_MS_PER_TOKEN, allow_inf_nan=False)]
+TtftMs = Annotated[float, Field(gt=0, le=MAX_ROW_TTFT_MS, allow_inf_nan=False)]
+TokensPerSecond = Annotated[float, Field(gt=0, le=MAX_ROW_THROUGHPUT, allow_inf_nan=False)]
 
 
 class CorpusError(ValueError):
@@ -58,11 +76,11 @@ class Point(BaseModel):
     precision: Precision
     kv_precision: Literal["fp8", "bf16", "fp16", "fp32", "int8"] | None = None
     gpu: str = Field(min_length=1)
-    gpus: PositiveInt
-    tp: PositiveInt = 1
-    ep: PositiveInt | None = None
-    pp: PositiveInt = 1
-    concurrency: PositiveInt
+    gpus: Gpus
+    tp: Gpus = 1
+    ep: Gpus | None = None
+    pp: Gpus = 1
+    concurrency: Clients
     # closed-loop: `concurrency` clients, each sending its next request when the last ends
     # (continuous batching sees prompts arrive while others decode); static: one batch submitted
     # at once, every prompt first, then decode together (a fixed-batch profile).
@@ -73,14 +91,14 @@ class Point(BaseModel):
     # clients drift apart after it; `requests` (how many the figures average over) says what
     # share of them that first round is.
     arrival: Literal["together", "staggered"] = "together"
-    requests: PositiveInt | None = None
-    input_tokens: PositiveInt
-    output_tokens: PositiveInt
-    tpot_ms: PositiveFloat | None = None
+    requests: Requests | None = None
+    input_tokens: Tokens
+    output_tokens: Tokens
+    tpot_ms: MsPerToken | None = None
     # e2e: whole-request latency / output tokens, prompt included (a latency benchmark's only figure)
     tpot_stat: Literal["mean", "median", "p50", "derived", "e2e"] | None = None
-    ttft_ms: PositiveFloat | None = None
-    throughput_tok_s: PositiveFloat | None = None
+    ttft_ms: TtftMs | None = None
+    throughput_tok_s: TokensPerSecond | None = None
     notes: str | None = ""
 
     @field_validator("precision", mode="before")
@@ -97,8 +115,8 @@ class Point(BaseModel):
     def _useful(self) -> Point:
         for name in ("model_params", "active_params"):
             value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive parameter count")
+            if value is not None and not (math.isfinite(value) and 0 < value <= MAX_ROW_PARAMS):
+                raise ValueError(f"{name} must be a positive parameter count, at most {MAX_ROW_PARAMS:.0e}")
         if self.arrival == "staggered" and (self.requests is None or self.requests < self.concurrency):
             raise ValueError("arrival: staggered needs requests, at least concurrency (requests measured)")
         if self.tpot_ms is None and self.ttft_ms is None:
@@ -139,17 +157,11 @@ def load_file(path: Path | str, *, text: str | None = None, catalog: GpuCatalog 
     origin = str(path)
     catalog = catalog or default_catalog()
     registry = registry or default_registry()
+    # One reader for every user file (app/core/userfiles.py): a regular file, the size counted
+    # while reading, no NUL, UTF-8, no aliases, nesting capped.
     if text is None:
-        try:
-            if Path(path).stat().st_size > MAX_FILE_BYTES:
-                raise CorpusError(f"{origin}: larger than {MAX_FILE_BYTES >> 20} MiB")
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise CorpusError(f"{origin}: cannot read: {exc}") from exc
-    # Aliases could expand a small file without bound; a table never needs them.
-    if _has_alias(text):
-        raise CorpusError(f"{origin}: YAML aliases are not accepted in measurement files")
-    data = parse_yaml(text, origin, CorpusError)
+        text = read_user_text(path, CorpusError, MAX_FILE_BYTES)
+    data = parse_user_yaml(text, origin, CorpusError, max_nodes=MAX_VALUES)
     if not isinstance(data, dict) or not isinstance(data.get("points"), list):
         raise CorpusError(f"{origin}: expected a 'source' mapping and a 'points' list")
     try:
@@ -175,13 +187,12 @@ def load_file(path: Path | str, *, text: str | None = None, catalog: GpuCatalog 
             raise CorpusError(f"{row}: field 'model': {point.model!r} is not in the model registry "
                               f"(nearest: {hint}) and the row gives no model_params")
         active = point.active_params or (arch.active_params if arch else None)
+        if active is not None and active > params:
+            raise CorpusError(f"{row}: field 'active_params': {active:.4g} active parameters, more than "
+                              f"the model's {params:.4g} in all")
         out.append(Measurement(source=source, point=point, gpu=gpu, arch=arch, params=params,
                                active_params=active, file=origin))
     return out
-
-
-def _has_alias(text: str) -> bool:
-    return any(isinstance(ev, yaml.AliasEvent) for ev in yaml.parse(text))
 
 
 def load(paths: Iterable[Path | str]) -> list[Measurement]:

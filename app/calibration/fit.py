@@ -10,6 +10,7 @@ fit on the others, predict the left-out source (docs/stage-policy.md, "How good 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -112,17 +113,78 @@ def fit(rows: Sequence[Measurement], start: ServingCalibration | None = None,
     return start.with_parameters({n: float(f"{v:.4g}") for n, v in values.items()}, provenance)
 
 
+MAX_FOLDS = 16  # up to 16 sources each is left out alone; more are grouped into 16 folds
+CV_BUDGET_S = 300.0  # the default wall-clock budget of the cross-validation
+
+
+@dataclass(frozen=True, slots=True)
+class CrossValidation:
+    """Held-out predictions: each fold (a source, or a group of sources when there are more than
+    ``MAX_FOLDS``) predicted by a fit to every other fold, judged by margins from those others."""
+
+    ratios: list[Ratio]
+    judged: list[tuple[Ratio, float]]  # (held-out ratio, the margin the other folds give it)
+    folds: int
+    done: int
+    sources: int
+    cut: tuple[str, ...] = ()  # sources never held out: the budget ran out first
+
+    @property
+    def grouped(self) -> bool:
+        return self.folds < self.sources
+
+    def describe(self) -> str:
+        """One line on how the cross-validation was made, and what it left out."""
+        how = (f"{self.sources} sources in {self.folds} folds of about {self.sources / self.folds:.0f}"
+               if self.grouped else f"{self.sources} sources, each left out in turn")
+        if not self.cut:
+            return f"cross-validation: {how}"
+        return (f"cross-validation: {how}; the time budget ran out after {self.done} of {self.folds} "
+                f"folds; not held out ({len(self.cut)} sources): {', '.join(self.cut[:5])}"
+                + (", ..." if len(self.cut) > 5 else ""))
+
+
+def folds_of(rows: Sequence[Measurement], max_folds: int = MAX_FOLDS) -> list[list[str]]:
+    """Sources, one per fold, or dealt round-robin (in name order) into ``max_folds`` folds."""
+    sources = sorted({r.source.id for r in rows})
+    n = min(len(sources), max_folds)
+    return [sources[i::n] for i in range(n)] if n else []
+
+
+def cross_validation(rows: Sequence[Measurement], start: ServingCalibration | None = None, *,
+                     budget_s: float | None = CV_BUDGET_S, max_folds: int = MAX_FOLDS,
+                     progress: Callable[[str], None] | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> CrossValidation:
+    """One fit per fold (at most ``max_folds``), stopped once ``budget_s`` has passed: its cost
+    grows with the folds, not with the sources."""
+    folds = folds_of(rows, max_folds)
+    began = clock()
+    ratios: list[Ratio] = []
+    judged: list[tuple[Ratio, float]] = []
+    done = 0
+    for fold in folds:
+        if budget_s is not None and done and clock() - began >= budget_s:
+            break
+        if progress is not None:
+            progress(", ".join(fold))
+        members = set(fold)
+        held = [r for r in rows if r.source.id in members]
+        rest = [r for r in rows if r.source.id not in members]
+        cal = fit(rest, start)
+        table_ = margins(predict(rest, cal))
+        for ratio in predict(held, cal):
+            ratios.append(ratio)
+            got = table_.get(ratio.metric, {})
+            judged.append((ratio, got.get(group_of(ratio.row), got.get("all", 1.0))))
+        done += 1
+    cut = tuple(sorted(s for fold in folds[done:] for s in fold))
+    return CrossValidation(ratios, judged, len(folds), done, sum(len(f) for f in folds), cut)
+
+
 def cross_validate(rows: Sequence[Measurement], start: ServingCalibration | None = None,
                    progress: Callable[[str], None] | None = None) -> list[Ratio]:
-    """Each source predicted by a fit to every other source."""
-    out: list[Ratio] = []
-    for source in sorted({r.source.id for r in rows}):
-        if progress is not None:
-            progress(source)
-        held = [r for r in rows if r.source.id == source]
-        rest = [r for r in rows if r.source.id != source]
-        out.extend(predict(held, fit(rest, start)))
-    return out
+    """Each source (or group of sources) predicted by a fit to every other."""
+    return cross_validation(rows, start, budget_s=None, progress=progress).ratios
 
 
 GROUPS: dict[str, Callable[[Ratio], bool]] = {
@@ -215,17 +277,9 @@ def verdicts(ratios: Sequence[Ratio], cal: ServingCalibration | None,
     return out
 
 
-def cross_validated_verdicts(rows: Sequence[Measurement], start: ServingCalibration | None = None
-                             ) -> list[Verdicts]:
-    """Each source judged by a fit and margins made from every other source."""
-    judged: list[tuple[Ratio, float]] = []
-    for source in sorted({r.source.id for r in rows}):
-        held = [r for r in rows if r.source.id == source]
-        rest = [r for r in rows if r.source.id != source]
-        cal = fit(rest, start)
-        table = margins(predict(rest, cal))
-        for ratio in predict(held, cal):
-            got = table.get(ratio.metric, {})
-            judged.append((ratio, got.get(group_of(ratio.row), got.get("all", 1.0))))
-    lookup = {id(r): m for r, m in judged}
-    return verdicts([r for r, _ in judged], None, per_row=lambda r: lookup[id(r)])
+def cross_validated_verdicts(rows: Sequence[Measurement] | CrossValidation,
+                             start: ServingCalibration | None = None) -> list[Verdicts]:
+    """Each source judged by a fit and margins made from every other source (or fold)."""
+    cv = rows if isinstance(rows, CrossValidation) else cross_validation(rows, start, budget_s=None)
+    lookup = {id(r): m for r, m in cv.judged}
+    return verdicts([r for r, _ in cv.judged], None, per_row=lambda r: lookup[id(r)])

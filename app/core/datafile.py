@@ -10,9 +10,12 @@ from typing import Annotated, Any, TypeVar
 import yaml
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
+from app.core import userfiles
 from app.core.units import parse_param_count
+from app.core.userfiles import MAX_DEPTH
 
 M = TypeVar("M", bound=BaseModel)
+MAX_DATA_FILE_BYTES = 16 << 20  # a catalog, model registry or calibration file of one's own
 
 
 def _param_count(value: object) -> object:
@@ -28,10 +31,8 @@ def read_text(path: Path | str | None, package: str, resource: str, error: type[
     """(text, origin) of ``path``, or of the packaged resource when ``path`` is None."""
     if path is None:
         return files(package).joinpath(resource).read_text(encoding="utf-8"), f"{package}/{resource}"
-    try:
-        return Path(path).read_text(encoding="utf-8"), str(path)
-    except OSError as exc:
-        raise error(f"{path}: cannot read: {exc}") from exc
+    # A user's own catalog, registry or calibration: the same reader as every user file.
+    return userfiles.read_user_text(path, error, MAX_DATA_FILE_BYTES), str(path)
 
 
 def problems(exc: ValidationError) -> str:
@@ -83,20 +84,9 @@ def parse_yaml(text: str, origin: str, error: type[ValueError],
         raise error(f"{origin}: not valid YAML: {exc}") from exc
 
 
-def load_user_yaml(path: Path | str, error: type[ValueError], max_bytes: int) -> Any:
-    """A file a user hands a command: at most ``max_bytes``, no aliases, one line per problem."""
-    try:
-        size = Path(path).stat().st_size
-        if size > max_bytes:
-            raise error(f"{path}: {size} bytes; at most {max_bytes} are read")
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise error(f"{path}: cannot read: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    try:
-        return yaml.load(text, Loader=_NoAliasLoader)
-    except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
-    except RecursionError:  # a list nested 100,000 deep: a few hundred KB, no alias needed
-        raise error(f"{path}: nested too deeply to read") from None
+def load_user_yaml(path: Path | str, error: type[ValueError], max_bytes: int, *,
+                   max_depth: int = MAX_DEPTH, max_nodes: int | None = None) -> Any:
+    """A file a user hands a command: a regular file of at most ``max_bytes`` (counted while
+    reading), UTF-8 without NUL, no anchors or aliases, nested at most ``max_depth`` deep; one line
+    per problem (``app/core/userfiles.py``)."""
+    return userfiles.load_user_yaml(path, error, max_bytes, max_depth=max_depth, max_nodes=max_nodes)

@@ -39,7 +39,6 @@ from app.core.dra_domains import ComputeDomains
 from app.core.dra_nodes import DraNodeGpus, Left, MigSlices, NodeQueries, node_gpus, overlay
 from app.core.dra_selectors import (
     MAX_EXPR,
-    MAX_PARENS,
     MAX_PREDICATES,
     MAX_REGEX,
     MAX_VALUES,
@@ -59,7 +58,7 @@ from app.core.workload import ClaimedDevices
 
 __all__ = [
     "BLOCKING_EFFECTS", "CLIQUE_ATTRS", "DRIVER", "IMPLICIT_PREFIX", "MAX_ATTRIBUTES", "MAX_COUNTERS",
-    "MAX_DEVICES", "MAX_EXPR", "MAX_NAME", "MAX_NODE_DEVICES", "MAX_PARENS", "MAX_PREDICATES",
+    "MAX_DEVICES", "MAX_EXPR", "MAX_NAME", "MAX_NODE_DEVICES", "MAX_PREDICATES",
     "MAX_REGEX", "MAX_VALUES", "PCI_BUS_ID", "STANDARD_DOMAIN", "ClaimDemand", "DevicePredicate",
     "DraDevice", "DraIndex", "DraNodeGpus", "Left", "MigSlices", "ParsedSlice",
     "Selection", "class_driver", "class_selection", "device_satisfies", "node_gpus", "overlay",

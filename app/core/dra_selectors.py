@@ -5,21 +5,19 @@ products, MIG profiles, memory, predicates on other attributes). Pure."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
+from app.core.cel_bool import And, Atom, Node, Not, Or, atoms, conjuncts, parse, possible
 from app.core.dra_devices import DRIVER, DraDevice
 from app.core.units import parse_quantity
 
-# ``device.driver == "gpu.nvidia.com"`` (either quote) inside a DeviceClass selector.
-_DRIVER_RE = re.compile(r"""device\.driver\s*==\s*["']([^"']+)["']""")
-# ``device.attributes["gpu.nvidia.com"].type == "mig"``: the class hands out MIG slices.
-_TYPE_RE = re.compile(r"""\.type\s*==\s*["'](\w+)["']""")
-
 # --- the simple CEL forms we read (docs/dra.md, "What is read from selectors") --------------------
-# Not a CEL engine: an expression is split at top-level ``&&`` and each part either matches one of
-# these forms or is left to kube-scheduler's DynamicResources plugin (which evaluates every selector
-# anyway); ignoring a conjunct can only widen the set of nodes we accept, never narrow it wrongly.
+# Not a CEL engine: an expression is parsed into its logical structure (``cel_bool``), and each part
+# joined by a top-level ``&&`` either matches one of these forms or is left to kube-scheduler's
+# DynamicResources plugin (which evaluates every selector anyway). ``a && b`` accepts no device ``a``
+# refuses, so reading only some conjuncts can widen the set of nodes we accept, never narrow it.
 _Q = r"""["']([^"'\\]*)["']"""
 _ATTR = r"""device\.attributes\[\s*["']([^"']+)["']\s*\]\.(\w+)"""
 _CAP = r"""device\.capacity\[\s*["']([^"']+)["']\s*\]\.(\w+)"""
@@ -36,56 +34,8 @@ STANDARD_DOMAIN = "resource.kubernetes.io"
 _DRV = re.compile(rf"^device\.driver\s*==\s*{_Q}$")
 _LIST_ITEM = re.compile(_Q)
 MAX_EXPR = 4096  # longer expressions are not read (kube-scheduler still evaluates them)
-MAX_PARENS = 4  # redundant parentheses dropped around one part
 MAX_VALUES = 64  # values of one ``in`` list
 MAX_PREDICATES = 16  # productName predicates kept per pod (dropping one only widens the set)
-
-
-def _conjuncts(expr: str) -> list[str] | None:
-    """``a && b && c`` split at the top level; None when the expression has a top-level ``||``
-    or ``!`` (a disjunction or negation cannot be read as a list of restrictions)."""
-    parts: list[str] = []
-    depth, quote_ch, start, i = 0, "", 0, 0
-    while i < len(expr):
-        c = expr[i]
-        if quote_ch:
-            if c == "\\":
-                i += 1
-            elif c == quote_ch:
-                quote_ch = ""
-        elif c in "\"'":
-            quote_ch = c
-        elif c in "([":
-            depth += 1
-        elif c in ")]":
-            depth -= 1
-        elif depth == 0 and expr.startswith("&&", i):
-            parts.append(expr[start:i])
-            start, i = i + 2, i + 2
-            continue
-        elif depth == 0 and (expr.startswith("||", i) or (c == "!" and not expr.startswith("!=", i))):
-            return None
-        i += 1
-    parts.append(expr[start:])
-    out = []
-    for p in parts:
-        p = p.strip()
-        for _ in range(MAX_PARENS):  # bounded: a hostile expression must not cost quadratic time
-            if not (p.startswith("(") and p.endswith(")") and _balanced(p[1:-1])):
-                break
-            p = p[1:-1].strip()
-        out.append(p)
-    return out
-
-
-def _balanced(s: str) -> bool:
-    depth = 0
-    for c in s:
-        depth += c == "("
-        depth -= c == ")"
-        if depth < 0:
-            return False
-    return depth == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,20 +73,88 @@ def _short(expr: str, limit: int = 80) -> str:
     return expr if len(expr) <= limit else expr[: limit - 3] + "..."
 
 
+def _expressions(selectors: Any) -> list[str]:
+    out = []
+    for sel in selectors if isinstance(selectors, list) else []:
+        expr = ((sel or {}).get("cel") or {}).get("expression") if isinstance(sel, dict) else None
+        if isinstance(expr, str):
+            out.append(expr)
+    return out
+
+
 def read_selectors(selectors: Any, driver: str = DRIVER) -> Selection:
     """The restrictions of a list of ``{cel: {expression}}`` selectors we can read (docs/dra.md)."""
     out = Selection()
-    for sel in selectors if isinstance(selectors, list) else []:
-        expr = ((sel or {}).get("cel") or {}).get("expression") if isinstance(sel, dict) else None
-        if not isinstance(expr, str):
-            continue
-        parts = _conjuncts(expr) if len(expr) <= MAX_EXPR else None
-        if parts is None:
-            out = out.merge(Selection(unread=(_short(expr),)))
-            continue
-        for part in parts:
-            out = out.merge(_read_one(part, driver))
+    for expr in _expressions(selectors):
+        out = out.merge(read_expression(expr, driver))
     return out
+
+
+@lru_cache(maxsize=4096)  # a Selection is immutable; the same selectors come back every filter call
+def read_expression(expr: str, driver: str = DRIVER) -> Selection:
+    """What one CEL expression restricts: each top-level conjunct of a form we know, plus the
+    driver and device type wherever the whole expression pins them to one value (``!(type !=
+    "mig")`` is a MIG selector, ``type == "mig" || type == "gpu"`` and ``!(type == "mig")`` pin
+    nothing). A part we do not read restricts nothing and is named in ``unread``."""
+    tree = parse(expr) if len(expr) <= MAX_EXPR else None
+    if tree is None:
+        return Selection(unread=(_short(expr),))
+    out = Selection()
+    for part in conjuncts(tree):
+        got = _read_one(part.text, driver) if isinstance(part, Atom) \
+            else Selection(unread=(_short(_text(part)),))
+        # The device type is decided on the whole expression below, never by one part alone.
+        out = out.merge(replace(got, kind=None))
+    kind = _pinned(tree, "type", driver)
+    return replace(out, kind=kind.lower() if kind else None,
+                   driver=_pinned(tree, "driver", driver) or out.driver)
+
+
+def _text(node: Node) -> str:
+    if isinstance(node, Atom):
+        return node.text
+    if isinstance(node, Not):
+        return f"!({_text(node.arg)})"
+    joint = " && " if isinstance(node, And) else " || "
+    return joint.join(f"({_text(a)})" if isinstance(a, And | Or) else _text(a) for a in node.args)
+
+
+# Atoms that say which value the driver or the device type has: ``device.driver == "x"``,
+# ``....type != "x"``, ``....type in ["x", "y"]``.
+_DRV_CMP = re.compile(rf"^device\.driver\s*(==|!=)\s*{_Q}$")
+_ATTR_CMP = re.compile(rf"^{_ATTR}\s*(==|!=)\s*{_Q}$")
+_OTHER = "\x00other"  # a value no selector names
+
+
+def _value_test(text: str, key: str, driver: str) -> tuple[str, tuple[str, ...]] | None:
+    """(op, values) when atom ``text`` tests ``key`` ("driver", or "type" in the driver's domain)."""
+    if key == "driver":
+        m = _DRV_CMP.match(text)
+        return (m.group(1), (m.group(2),)) if m else None
+    if (m := _ATTR_CMP.match(text)) is not None:
+        domain, name, op, value = m.groups()
+        return (op, (value,)) if (domain, name) == (driver, key) else None
+    if (m := _IN.match(text)) is not None:
+        domain, name, raw = m.groups()
+        values = tuple(_LIST_ITEM.findall(raw))
+        return ("in", values) if (domain, name) == (driver, key) and len(values) <= MAX_VALUES else None
+    return None
+
+
+def _pinned(tree: Node, key: str, driver: str) -> str | None:
+    """The one value of ``key`` a device can have and still be accepted by ``tree`` (Kleene's logic:
+    the atoms on other things unknown), or None when none or several can."""
+    tests = {t: got for t in dict.fromkeys(atoms(tree)) if (got := _value_test(t, key, driver))}
+    if not tests:
+        return None
+    candidates = {v for _, values in tests.values() for v in values} | {_OTHER}
+    fits = []
+    for value in sorted(candidates):
+        truth: dict[str, bool | None] = {
+            t: (value in values) == (op != "!=") for t, (op, values) in tests.items()}
+        if possible(tree, truth) is not False:
+            fits.append(value)
+    return fits[0] if len(fits) == 1 and fits[0] != _OTHER else None
 
 
 def _read_one(part: str, driver: str) -> Selection:
@@ -280,22 +298,21 @@ def class_driver(device_class: dict[str, Any]) -> tuple[str | None, bool]:
 
 
 def class_selection(device_class: dict[str, Any]) -> Selection:
-    """What a DeviceClass's selectors restrict: driver, device type, product, memory, profile."""
+    """What a DeviceClass's selectors restrict: driver, device type, product, memory, profile. The
+    class is the driver's only where its selectors pin the driver (a top-level ``device.driver ==``
+    part, or an expression that accepts no other driver)."""
     spec = device_class.get("spec") if isinstance(device_class, dict) else None
     sels = spec.get("selectors") if isinstance(spec, dict) else None
-    driver, mig = None, False
-    for sel in sels if isinstance(sels, list) else []:
-        expr = ((sel or {}).get("cel") or {}).get("expression") if isinstance(sel, dict) else None
-        if not isinstance(expr, str):
-            continue
-        # Searched anywhere (not only as a top-level conjunct): a class is trusted for what it names.
-        if (m := _DRIVER_RE.search(expr)) is not None:
-            driver = m.group(1)
-        if (t := _TYPE_RE.search(expr)) is not None and t.group(1).lower() == "mig":
-            mig = True
-    read = read_selectors(sels, driver or DRIVER)
-    return Selection(driver=driver, kind="mig" if mig else read.kind, products=read.products,
-                     profiles=read.profiles, min_memory_mib=read.min_memory_mib, device=read.device)
+    driver = None
+    for expr in _expressions(sels):
+        driver = _expression_driver(expr) or driver
+    return replace(read_selectors(sels, driver or DRIVER), driver=driver)
+
+
+@lru_cache(maxsize=4096)
+def _expression_driver(expr: str) -> str | None:
+    tree = parse(expr) if len(expr) <= MAX_EXPR else None
+    return _pinned(tree, "driver", DRIVER) if tree is not None else None
 
 
 def devices_of(sel: Selection) -> str | None:

@@ -19,18 +19,30 @@ from pathlib import Path
 from typing import Annotated, Any, Protocol
 
 import orjson
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.core.catalog import GpuCatalog, GpuSpec, default_catalog
 from app.core.datafile import entries
 from app.core.units import parse_param_count
+from app.core.userfiles import (
+    MAX_ROW_CLIENTS,
+    MAX_ROW_GPUS,
+    MAX_ROW_MS_PER_TOKEN,
+    MAX_ROW_PARAMS,
+    MAX_ROW_TOKENS,
+    MAX_ROW_TTFT_MS,
+    parse_user_yaml,
+    read_user_text,
+)
 from app.core.workload import Precision, WorkloadSpec
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(gt=0)]
 # "8B" in a profile and "8.03B" on a pod (a model card's exact count) are the same model.
 PARAMS_REL_TOLERANCE = 0.01
+
+
+MAX_FILE_BYTES = 64 << 20  # 200,000 entries of JSON are about 40 MB
 
 
 class ProfileError(ValueError):
@@ -46,12 +58,16 @@ class Profile(BaseModel):
     model_params: float
     active_params: float | None = None
     gpu: str = Field(min_length=1)  # catalog name or any alias: H100-SXM-80GB, NVIDIA-L4, L4
-    gpus: PositiveInt = 1
+    # Physical bounds: app/core/userfiles.py, docs/stage-policy.md "Limits of user files".
+    gpus: Annotated[int, Field(gt=0, le=MAX_ROW_GPUS)] = 1
     precision: Precision
-    ms_per_token: PositiveFloat | None = None  # decode, per output token, at max_concurrency
-    ttft_ms: PositiveFloat | None = None  # time to first token
-    prompt_tokens: PositiveInt | None = None  # the prompt length ttft_ms was measured at
-    max_concurrency: PositiveInt | None = None  # sequences served at once within those figures
+    # decode, per output token, at max_concurrency
+    ms_per_token: Annotated[float, Field(gt=0, le=MAX_ROW_MS_PER_TOKEN, allow_inf_nan=False)] | None = None
+    ttft_ms: Annotated[float, Field(gt=0, le=MAX_ROW_TTFT_MS, allow_inf_nan=False)] | None = None
+    # the prompt length ttft_ms was measured at
+    prompt_tokens: Annotated[int, Field(gt=0, le=MAX_ROW_TOKENS)] | None = None
+    # sequences served at once within those figures
+    max_concurrency: Annotated[int, Field(gt=0, le=MAX_ROW_CLIENTS)] | None = None
     source: str = ""  # how it was measured (tool, date), shown in explain
 
     @field_validator("model_params", "active_params", mode="before")
@@ -68,8 +84,8 @@ class Profile(BaseModel):
 
     @model_validator(mode="after")
     def _says_something(self) -> Profile:
-        if not (self.model_params > 0 and math.isfinite(self.model_params)):
-            raise ValueError("model_params must be a positive parameter count")
+        if not (0 < self.model_params <= MAX_ROW_PARAMS and math.isfinite(self.model_params)):
+            raise ValueError(f"model_params must be a positive parameter count, at most {MAX_ROW_PARAMS:.0e}")
         if self.active_params is not None and not 0 < self.active_params <= self.model_params:
             raise ValueError("active_params must be positive and at most model_params")
         if self.ms_per_token is None and self.ttft_ms is None and self.max_concurrency is None:
@@ -195,11 +211,7 @@ class ProfileBook:
     @classmethod
     def load(cls, path: str | Path) -> ProfileBook:
         origin = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ProfileError(f"{origin}: cannot read: {exc}") from exc
-        return cls.from_data(_parse(text, origin), origin)
+        return cls.from_data(_parse(read_user_text(path, ProfileError, MAX_FILE_BYTES), origin), origin)
 
     @classmethod
     def from_data(cls, data: Any, origin: str = "<profiles>") -> ProfileBook:
@@ -228,7 +240,4 @@ def _parse(text: str, origin: str) -> Any:
             return orjson.loads(text)
         except orjson.JSONDecodeError:
             pass  # maybe YAML flow style: the YAML parser says what is wrong
-    try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{origin}: not valid YAML or JSON: {exc}") from exc
+    return parse_user_yaml(text, origin, ProfileError)

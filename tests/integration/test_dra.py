@@ -519,3 +519,41 @@ def test_dra_gang_members_reaching_bind_apart_keep_their_claims_reserved(
         assert len(devices) == 4 and {p for p, _ in devices} == {placed[pod_name]}, (pod_name, devices)
         refs = claim["status"]["reservedFor"]
         assert [r["name"] for r in refs if r.get("resource") == "pods"] == [pod_name], refs
+
+
+# DeviceClasses whose selectors pin no device type: a negated type, and a choice of two. kube-scheduler
+# alone hands them a full GPU; the extender must not take them for MIG classes (docs/dra.md, "What is
+# read from selectors").
+UNPINNED_CLASSES = {
+    "not-mig": f"device.driver == '{DRIVER}' && !(device.attributes['{DRIVER}'].type == 'mig')",
+    "mig-or-gpu": (f"device.driver == '{DRIVER}' && (device.attributes['{DRIVER}'].type == 'mig' || "
+                   f"device.attributes['{DRIVER}'].type == 'gpu')"),
+}
+
+
+@pytest.mark.parametrize("cls", sorted(UNPINNED_CLASSES))
+def test_class_with_a_negated_or_alternative_type_lands_on_a_full_gpu(
+        clean: Dra, unique: Callable[[str], str], cls: str) -> None:
+    dra, cluster = clean, clean.cluster
+    n = cluster.node_name
+    name = f"{cls}-{uuid.uuid4().hex[:6]}"
+    dra.create("deviceclasses", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "DeviceClass",
+                                 "metadata": {"name": name},
+                                 "spec": {"selectors": [{"cel": {"expression": UNPINNED_CLASSES[cls]}}]}})
+    try:
+        # The extender reads the class from its watch before the pod is filtered.
+        time.sleep(1.0)
+        dra.create("resourceclaims", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": name, "allocationMode": "ExactCount", "count": 1}}]}}}, True)
+        pod = unique("unpinned")
+        create_pod(cluster.core, dra.ns, dra_pod(pod, "main", claim=name, stage="serving",
+                                                 model_params="1B", precision="int8"))
+        node = wait_for_node_name(cluster.core, dra.ns, pod)
+        assert node in (n("dra-h100"), n("dra-l4")), node
+        devices = dra.allocated(dra.wait_allocated(name))
+        assert len(devices) == 1 and devices[0][0] == node and devices[0][1].startswith("gpu-"), devices
+    finally:
+        dra.clean()
+        dra.api.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)
