@@ -668,6 +668,13 @@ def _cross_check(fields: dict[str, Any], problems: list[str]) -> None:
             problems.append(AnnotationProblem(key, f"{key} is set but model-params is missing"))
         elif part > total:
             problems.append(AnnotationProblem(key, f"{key} is larger than model-params"))
+    prompt, context = fields.get("prompt_tokens"), fields.get("context_tokens")
+    if prompt is not None and context is not None and prompt > context:
+        # The context is the prompt and the output together: such a request cannot be served, and
+        # its KV cache would be estimated at the smaller figure (docs/annotations.md).
+        problems.append(AnnotationProblem(
+            "prompt-tokens", f"prompt-tokens {prompt} is larger than context-tokens {context} (the "
+                             "context holds the prompt and the output)"))
     stage_set = fields.get("stage")
     if "serving_group" in fields and stage_set is not None and stage_set is not Stage.SERVING:
         problems.append(AnnotationProblem(

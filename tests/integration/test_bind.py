@@ -93,3 +93,54 @@ def test_direct_binds_of_other_pods_are_refused(
     assert "is not known to the extender" in _bind(control_plane, pod, "no-such-node")["Error"]
     assert get_pod(cluster.core, cluster.namespace, ours)["spec"]["nodeName"] == node
     assert not get_pod(cluster.core, cluster.namespace, other)["spec"].get("nodeName")
+
+
+def _filter_names(cp: ControlPlane, pod: dict[str, Any], node: str) -> list[str]:
+    body = {"Pod": pod, "Nodes": None, "NodeNames": [node]}
+    r = httpx.post(f"{cp.extender_url}/filter", json=body, timeout=10)
+    assert r.status_code == 200, r.text
+    return list(r.json().get("NodeNames") or [])
+
+
+def _pinned(name: str, node: str, **kw: Any) -> dict[str, Any]:
+    pod = llm_pod(name, stage="serving", model_params="7B", precision="int8", gpus=1, **kw)
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return pod
+
+
+FORGED_CASES = {
+    # node changes, pod changes, the words of the refusal
+    "taint": ({"spec": {"taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}}, {},
+              "has taint dedicated=infra:NoSchedule"),
+    "cordoned": ({"spec": {"unschedulable": True}}, {}, "is cordoned"),
+    "node_selector": ({}, {"nodeSelector": {"pool": "reserved"}}, "nodeSelector pool"),
+    "cpu": ({"status_cpu": "4"}, {"cpu": "64"}, "4000m CPU free; the pod requests 64000m"),
+}
+
+
+@pytest.mark.parametrize("case", list(FORGED_CASES))
+def test_forged_filter_and_bind_onto_a_node_kube_scheduler_refuses(
+    cluster: ClusterScope, control_plane: ControlPlane, unique: Callable[[str], str], case: str
+) -> None:
+    # A tenant with pods create rights (no pods/binding) pins its pod to a node kube-scheduler will
+    # not use, then calls the verbs itself: filter (ours judges GPUs, so the node passes), then bind
+    # with the pod's real UID. The bind must be refused by the node rules, not performed.
+    node_change, pod_change, words = FORGED_CASES[case]
+    name = cluster.node_name(f"forged-{case}")
+    manifest = gpu_node(name, "L4", gpus=4, cpu=str(node_change.get("status_cpu", "96")), index=20)
+    manifest["spec"] = dict(node_change.get("spec") or {})
+    [node] = cluster.add_nodes([manifest])
+    pod_name = unique(f"forged-{case}")
+    pod = _pinned(pod_name, node, cpu=str(pod_change.get("cpu", "100m")))
+    if "nodeSelector" in pod_change:
+        pod["spec"]["nodeSelector"] = {**pod["spec"]["nodeSelector"], **pod_change["nodeSelector"]}
+    stored = create_pod(cluster.core, cluster.namespace, pod)
+    before = control_plane.metric_value("llm_placement_bind_refusals_total", {"reason": case})
+    assert _filter_names(control_plane, stored, node) == [node]
+    err = _bind(control_plane, stored, node)["Error"]
+    assert "bind refused" in err and words in err, err
+    assert not get_pod(cluster.core, cluster.namespace, pod_name)["spec"].get("nodeName")
+    after = control_plane.metric_value("llm_placement_bind_refusals_total", {"reason": case})
+    assert after == (before or 0) + 1
+    cluster.core.delete_namespaced_pod(pod_name, cluster.namespace, grace_period_seconds=0)
+    cluster.remove_nodes([node])
