@@ -107,3 +107,14 @@ def extender_url_path(chart: dict[str, Any]) -> str:
 def write_yaml(path: Path, doc: Any) -> Path:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def with_verbs_tls(ext: dict[str, Any], cert: Path, key: Path, ca: Path) -> dict[str, Any]:
+    """The extender entry over TLS with kube-scheduler's client certificate, the fields the chart
+    sets (tests/deploy/test_chart.py checks the chart renders the same keys)."""
+    out = copy.deepcopy(ext)
+    parts = urlsplit(out["urlPrefix"])
+    out["urlPrefix"] = urlunsplit(("https", parts.netloc, parts.path, parts.query, parts.fragment))
+    out["enableHTTPS"] = True
+    out["tlsConfig"] = {"certFile": str(cert), "keyFile": str(key), "caFile": str(ca)}
+    return out
