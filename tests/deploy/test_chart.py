@@ -27,6 +27,7 @@ CHART_RBAC_RULES = yaml.safe_load((FILES / "extender-rbac-rules.yaml").read_text
 # Settings the chart writes itself (from structured values), so they must not be in extender.settings.
 CHART_MANAGED_SETTINGS = {
     "host", "port", "metrics_host", "metrics_port", "url_prefix", "scheduler_name", "log_level",
+    "tls_cert_file", "tls_key_file", "tls_client_ca_file",
 }
 NON_DEFAULT_SETS = [
     "replicas=3",
@@ -700,3 +701,125 @@ def test_schema_bounds_match_app_settings() -> None:
         le = next((m.le for m in info.metadata if isinstance(m, Le)), None)
         if name in props and le is not None:
             assert props[name].get("maximum") == le, name
+
+
+# --- TLS of the verbs (docs/security.md) --------------------------------------------------------------
+
+
+def _volume_mounts(r: Rendered, container: str) -> dict[str, str]:
+    return {m["name"]: m["mountPath"] for m in r.containers()[container].get("volumeMounts", [])}
+
+
+def _secret_volumes(r: Rendered) -> dict[str, str]:
+    vols = r.deployment()["spec"]["template"]["spec"]["volumes"]
+    return {v["name"]: v["secret"]["secretName"] for v in vols if "secret" in v}
+
+
+def _pem(secret: dict[str, Any], key: str, where: Path) -> Path:
+    import base64
+    path = where / f"{secret['metadata']['name']}-{key}"
+    path.write_bytes(base64.b64decode(secret["data"][key]))
+    return path
+
+
+def _openssl(*args: str) -> str:
+    proc = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("fixture", ["default", "ds"])
+def test_helm_source_makes_a_ca_a_serving_and_a_client_certificate(
+        fixture: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    r: Rendered = request.getfixturevalue(fixture)
+    serving, client = r.one("Secret", "-verbs-serving"), r.one("Secret", "-verbs-client")
+    for s in (serving, client):
+        assert s["type"] == "kubernetes.io/tls" and set(s["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert serving["data"]["ca.crt"] == client["data"]["ca.crt"], "one CA signs both"
+    ca = _pem(serving, "ca.crt", tmp_path)
+    for s in (serving, client):
+        assert "OK" in _openssl("verify", "-CAfile", str(ca), str(_pem(s, "tls.crt", tmp_path)))
+    text = _openssl("x509", "-noout", "-text", "-in", str(_pem(serving, "tls.crt", tmp_path)))
+    assert "IP Address:127.0.0.1" in text  # the sidecar's URL
+    assert f"DNS:llm-placement.{NAMESPACE}.svc" in text  # default-scheduler mode's serverName
+    subject = _openssl("x509", "-noout", "-subject", "-in", str(_pem(client, "tls.crt", tmp_path)))
+    assert "kube-scheduler" in subject
+
+
+def test_scheduler_mode_calls_the_sidecar_over_tls_with_its_client_certificate(default: Rendered) -> None:
+    from tests.integration.harness.schedconfig import with_verbs_tls
+
+    ext = sched_config(default)["extenders"][0]
+    assert ext["urlPrefix"].startswith("https://127.0.0.1:") and ext["enableHTTPS"] is True
+    # The same fields the integration harness gives the real kube-scheduler.
+    expected = with_verbs_tls({"urlPrefix": "http://x"}, Path("c"), Path("k"), Path("a"))
+    assert set(ext["tlsConfig"]) == set(expected["tlsConfig"])
+    sched_dir = _volume_mounts(default, "kube-scheduler")["verbs-client"]
+    assert ext["tlsConfig"] == {"certFile": f"{sched_dir}/tls.crt", "keyFile": f"{sched_dir}/tls.key",
+                                "caFile": f"{sched_dir}/ca.crt"}
+    ext_dir = _volume_mounts(default, "extender")["verbs-serving"]
+    settings = extender_config(default)
+    assert settings["tls_cert_file"] == f"{ext_dir}/tls.crt" and settings["tls_key_file"] == f"{ext_dir}/tls.key"
+    assert settings["tls_client_ca_file"] == f"{ext_dir}/ca.crt"
+    assert _secret_volumes(default) == {"verbs-serving": "llm-placement-verbs-serving",
+                                        "verbs-client": "llm-placement-verbs-client"}
+    assert "verbs-client" not in _volume_mounts(default, "extender"), "the extender never holds the client key"
+    probe = default.containers()["extender"]["readinessProbe"]["exec"]["command"][-1]
+    assert "https://127.0.0.1:8888/readyz" in probe
+
+
+def test_default_scheduler_mode_stanza_uses_tls_and_a_network_policy_admits_only_the_scheduler(
+        ds: Rendered) -> None:
+    snippet = yaml.safe_load(ds.one("ConfigMap", "-extenders-snippet")["data"]["extenders.yaml"])
+    [ext] = snippet["extenders"]
+    svc = f"llm-placement.{NAMESPACE}.svc"
+    assert ext["urlPrefix"].startswith(f"https://{svc}:") and ext["enableHTTPS"] is True
+    assert ext["tlsConfig"] == {"certFile": "/etc/kubernetes/llm-placement-extender/tls.crt",
+                                "keyFile": "/etc/kubernetes/llm-placement-extender/tls.key",
+                                "caFile": "/etc/kubernetes/llm-placement-extender/ca.crt",
+                                "serverName": svc}
+    assert _secret_volumes(ds) == {"verbs-serving": "llm-placement-verbs-serving"}
+    probe = ds.containers()["extender"]["readinessProbe"]["httpGet"]
+    assert probe["scheme"] == "HTTPS"
+    policy = ds.one("NetworkPolicy", "-verbs")
+    assert policy["spec"]["podSelector"]["matchLabels"] == ds.deployment()["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    verbs, metrics = policy["spec"]["ingress"]
+    assert verbs["ports"] == [{"port": 8888, "protocol": "TCP"}]
+    assert verbs["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                              "podSelector": {"matchLabels": {"component": "kube-scheduler"}}}]
+    assert metrics == {"ports": [{"port": 9090, "protocol": "TCP"}]}
+
+
+def test_scheduler_mode_has_no_network_policy(default: Rendered) -> None:
+    # Loopback: nothing outside the pod reaches the verbs, so there is nothing to admit.
+    assert not default.all("NetworkPolicy")
+
+
+def test_tls_off_renders_plain_http_and_no_certificates(render: Callable[..., Rendered]) -> None:
+    for mode in ("scheduler", "default-scheduler"):
+        r = render(sets=[f"mode={mode}", "extender.tls.enabled=false"])
+        assert not r.all("Secret") and not _secret_volumes(r)
+        assert not {"tls_cert_file", "tls_client_ca_file"} & set(extender_config(r))
+        if mode == "scheduler":
+            ext = sched_config(r)["extenders"][0]
+        else:
+            ext = yaml.safe_load(r.one("ConfigMap", "-extenders-snippet")["data"]["extenders.yaml"])["extenders"][0]
+        assert ext["urlPrefix"].startswith("http://") and "tlsConfig" not in ext and "enableHTTPS" not in ext
+
+
+def test_cert_manager_and_existing_sources_make_no_keys_in_the_chart(render: Callable[..., Rendered]) -> None:
+    cm = render(sets=["extender.tls.source=cert-manager"])
+    assert not cm.all("Secret")
+    certs = {c["metadata"]["name"]: c["spec"] for c in cm.all("Certificate")}
+    assert certs["llm-placement-verbs-ca"]["isCA"] is True
+    assert certs["llm-placement-verbs-serving"]["secretName"] == "llm-placement-verbs-serving"
+    assert "127.0.0.1" in certs["llm-placement-verbs-serving"]["ipAddresses"]
+    assert certs["llm-placement-verbs-client"]["usages"][0] == "client auth"
+    assert {i["metadata"]["name"] for i in cm.all("Issuer")} == {"llm-placement-verbs-selfsigned",
+                                                               "llm-placement-verbs-ca"}
+    assert _secret_volumes(cm) == {"verbs-serving": "llm-placement-verbs-serving",
+                                   "verbs-client": "llm-placement-verbs-client"}
+    existing = render(sets=["extender.tls.source=existing"])
+    assert not existing.all("Secret") and not existing.all("Certificate")
+    assert _secret_volumes(existing) == _secret_volumes(cm)
