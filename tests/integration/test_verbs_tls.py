@@ -15,21 +15,30 @@ import pytest
 
 from .conftest import ClusterScope
 from .harness import ControlPlane, create_pod, get_pod, gpu_node, llm_pod, wait_for_node_name
-from .harness.pki import VerbsPKI, make_verbs_pki
+from .harness.pki import SERVICE_DNS, VerbsPKI, make_verbs_pki
 from .harness.schedconfig import with_verbs_tls
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def tls(control_plane: ControlPlane, cluster: ClusterScope) -> Iterator[VerbsPKI]:
-    pki = make_verbs_pki(control_plane.workdir / "verbs-pki")
+# The two chart modes' stanzas: the sidecar's (https://127.0.0.1, no serverName) and the
+# default-scheduler mode's (managedResources, the Service's DNS name as serverName).
+MODES = {
+    "scheduler": {},
+    "default-scheduler": {"managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}]},
+}
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def tls(request: pytest.FixtureRequest, control_plane: ControlPlane, cluster: ClusterScope) -> Iterator[VerbsPKI]:
+    pki = make_verbs_pki(control_plane.workdir / f"verbs-pki-{request.param}")
     env = {"LLMP_TLS_CERT_FILE": str(pki.serving.cert), "LLMP_TLS_KEY_FILE": str(pki.serving.key),
            "LLMP_TLS_CLIENT_CA_FILE": str(pki.ca.cert)}
     with control_plane.extender_settings(env):
-        ext = control_plane.scheduler_config()["extenders"][0]
+        ext = {**control_plane.scheduler_config()["extenders"][0], **MODES[request.param]}
+        server_name = SERVICE_DNS if request.param == "default-scheduler" else None
         control_plane.restart_scheduler(overrides={"extenders": [
-            with_verbs_tls(ext, pki.scheduler.cert, pki.scheduler.key, pki.ca.cert)]})
+            with_verbs_tls(ext, pki.scheduler.cert, pki.scheduler.key, pki.ca.cert, server_name)]})
         try:
             yield pki
         finally:
@@ -53,18 +62,20 @@ def _forged(stored: dict[str, Any], node: str) -> dict[str, dict[str, Any]]:
 def test_kube_scheduler_with_its_certificate_places_pods(
         cluster: ClusterScope, control_plane: ControlPlane, tls: VerbsPKI, unique: Callable[[str], str]) -> None:
     assert control_plane.extender_url.startswith("https://")
-    [node] = cluster.add_nodes([gpu_node(cluster.node_name("tls-l4"), "L4", gpus=4, index=30)])
+    [node] = cluster.add_nodes([gpu_node(cluster.node_name(unique("tls-l4")), "L4", gpus=4, index=30)])
     name = unique("tls")
     create_pod(cluster.core, cluster.namespace,
                llm_pod(name, stage="serving", model_params="7B", precision="int8", gpus=1))
     assert wait_for_node_name(cluster.core, cluster.namespace, name) == node
+    cluster.core.delete_namespaced_pod(name, cluster.namespace, grace_period_seconds=0)
+    cluster.remove_nodes([node])
 
 
 def test_a_client_without_the_certificate_is_refused_for_filter_and_bind(
         cluster: ClusterScope, control_plane: ControlPlane, tls: VerbsPKI, unique: Callable[[str], str]) -> None:
     # The forged sequence of a tenant that can reach the port: its own pod, pinned to a tainted node
     # kube-scheduler will not use, then filter and bind by hand.
-    manifest = gpu_node(cluster.node_name("tls-tainted"), "L4", gpus=4, index=31)
+    manifest = gpu_node(cluster.node_name(unique("tls-tainted")), "L4", gpus=4, index=31)
     manifest["spec"] = {"taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}
     [node] = cluster.add_nodes([manifest])
     name = unique("tls-forged")
@@ -91,3 +102,5 @@ def test_a_client_without_the_certificate_is_refused_for_filter_and_bind(
         err = c.post(f"{control_plane.extender_url}/bind", json=calls["bind"]).json()["Error"]
     assert "has taint dedicated=infra:NoSchedule" in err
     assert not get_pod(cluster.core, cluster.namespace, name)["spec"].get("nodeName")
+    cluster.core.delete_namespaced_pod(name, cluster.namespace, grace_period_seconds=0)
+    cluster.remove_nodes([node])

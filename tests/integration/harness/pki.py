@@ -172,6 +172,10 @@ def kubeconfig(path: Path, server: str, ca: Path, client: KeyPair, user: str) ->
     return path
 
 
+# The name the chart's default-scheduler stanza verifies the extender by (tlsConfig.serverName).
+SERVICE_DNS = "llm-placement.llm-placement.svc"
+
+
 @dataclass(frozen=True)
 class VerbsPKI:
     """TLS for the extender's verbs, as the chart makes it: a CA of its own, the extender's serving
@@ -198,7 +202,7 @@ def make_verbs_pki(d: Path) -> VerbsPKI:
     ca = _ca("verbs-ca", d)
     serving = _leaf("verbs-serving", "/CN=llm-placement", ca,
                     ["keyUsage=critical,digitalSignature,keyEncipherment", "extendedKeyUsage=serverAuth",
-                     "subjectAltName=IP:127.0.0.1,DNS:localhost"], d)
+                     f"subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:{SERVICE_DNS}"], d)
     scheduler = client_cert("verbs-scheduler", "kube-scheduler", ca, d)
     other = _ca("other-ca", d)
     stranger = client_cert("stranger", "kube-scheduler", other, d)
