@@ -109,38 +109,50 @@ def _pinned(name: str, node: str, **kw: Any) -> dict[str, Any]:
 
 
 FORGED_CASES = {
-    # node changes, pod changes, the words of the refusal
-    "taint": ({"spec": {"taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}}, {},
+    # node spec, node CPUs, pod changes, the words of the refusal
+    "taint": ({"taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}, "96", {},
               "has taint dedicated=infra:NoSchedule"),
-    "cordoned": ({"spec": {"unschedulable": True}}, {}, "is cordoned"),
-    "node_selector": ({}, {"nodeSelector": {"pool": "reserved"}}, "nodeSelector pool"),
-    "cpu": ({"status_cpu": "4"}, {"cpu": "64"}, "4000m CPU free; the pod requests 64000m"),
+    "cordoned": ({"unschedulable": True}, "96", {}, "is cordoned"),
+    "node_selector": ({}, "96", {"nodeSelector": {"pool": "reserved"}}, "nodeSelector pool"),
+    "cpu": ({}, "4", {"cpu": "64"}, "4000m CPU free; the pod requests 64000m"),
 }
+
+
+@pytest.fixture(scope="module")
+def forged_nodes(cluster: ClusterScope) -> dict[str, str]:
+    """One node per case, as the case's spec says (the harness creates nodes untainted, so the spec
+    is patched in afterwards)."""
+    names = {case: cluster.node_name("forged-" + case.replace("_", "-")) for case in FORGED_CASES}
+    cluster.add_nodes([gpu_node(names[case], "L4", gpus=4, cpu=cpus, index=20 + i)
+                       for i, (case, (_, cpus, _, _)) in enumerate(FORGED_CASES.items())])
+    for case, (spec, _, _, _) in FORGED_CASES.items():
+        if spec:
+            cluster.core.patch_node(names[case], {"spec": spec})
+    # Node events reach the extender in order on one watch: once it has seen a node created after
+    # the patches, it has seen the patches.
+    cluster.add_nodes([gpu_node(cluster.node_name("forged-sentinel"), "T4", gpus=0, index=29)])
+    return names
 
 
 @pytest.mark.parametrize("case", list(FORGED_CASES))
 def test_forged_filter_and_bind_onto_a_node_kube_scheduler_refuses(
-    cluster: ClusterScope, control_plane: ControlPlane, unique: Callable[[str], str], case: str
+    cluster: ClusterScope, control_plane: ControlPlane, unique: Callable[[str], str],
+    forged_nodes: dict[str, str], case: str
 ) -> None:
     # A tenant with pods create rights (no pods/binding) pins its pod to a node kube-scheduler will
-    # not use, then calls the verbs itself: filter (ours judges GPUs, so the node passes), then bind
-    # with the pod's real UID. The bind must be refused by the node rules, not performed.
-    node_change, pod_change, words = FORGED_CASES[case]
-    name = cluster.node_name(f"forged-{case}")
-    manifest = gpu_node(name, "L4", gpus=4, cpu=str(node_change.get("status_cpu", "96")), index=20)
-    manifest["spec"] = dict(node_change.get("spec") or {})
-    [node] = cluster.add_nodes([manifest])
-    pod_name = unique(f"forged-{case}")
+    # not use, then calls the verbs itself over loopback: filter (ours judges GPUs, so the node
+    # passes), then bind with the pod's real UID. The node rules refuse the bind.
+    _, _, pod_change, words = FORGED_CASES[case]
+    node = forged_nodes[case]
+    pod_name = unique("forged-" + case.replace("_", "-"))
     pod = _pinned(pod_name, node, cpu=str(pod_change.get("cpu", "100m")))
     if "nodeSelector" in pod_change:
         pod["spec"]["nodeSelector"] = {**pod["spec"]["nodeSelector"], **pod_change["nodeSelector"]}
     stored = create_pod(cluster.core, cluster.namespace, pod)
-    before = control_plane.metric_value("llm_placement_bind_refusals_total", {"reason": case})
+    before = control_plane.metric_value("llm_placement_bind_refusals_total", {"reason": case}) or 0.0
     assert _filter_names(control_plane, stored, node) == [node]
     err = _bind(control_plane, stored, node)["Error"]
     assert "bind refused" in err and words in err, err
     assert not get_pod(cluster.core, cluster.namespace, pod_name)["spec"].get("nodeName")
-    after = control_plane.metric_value("llm_placement_bind_refusals_total", {"reason": case})
-    assert after == (before or 0) + 1
+    assert control_plane.metric_value("llm_placement_bind_refusals_total", {"reason": case}) == before + 1
     cluster.core.delete_namespaced_pod(pod_name, cluster.namespace, grace_period_seconds=0)
-    cluster.remove_nodes([node])
