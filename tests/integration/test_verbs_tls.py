@@ -64,20 +64,34 @@ def test_kube_scheduler_with_its_certificate_places_pods(
     assert control_plane.extender_url.startswith("https://")
     [node] = cluster.add_nodes([gpu_node(cluster.node_name(unique("tls-l4")), "L4", gpus=4, index=30)])
     name = unique("tls")
-    create_pod(cluster.core, cluster.namespace,
-               llm_pod(name, stage="serving", model_params="7B", precision="int8", gpus=1))
-    assert wait_for_node_name(cluster.core, cluster.namespace, name) == node
-    cluster.core.delete_namespaced_pod(name, cluster.namespace, grace_period_seconds=0)
-    cluster.remove_nodes([node])
+    try:
+        create_pod(cluster.core, cluster.namespace,
+                   llm_pod(name, stage="serving", model_params="7B", precision="int8", gpus=1))
+        assert wait_for_node_name(cluster.core, cluster.namespace, name) == node
+    finally:
+        cluster.core.delete_namespaced_pod(name, cluster.namespace, grace_period_seconds=0)
+        cluster.remove_nodes([node])
 
 
 def test_a_client_without_the_certificate_is_refused_for_filter_and_bind(
         cluster: ClusterScope, control_plane: ControlPlane, tls: VerbsPKI, unique: Callable[[str], str]) -> None:
     # The forged sequence of a tenant that can reach the port: its own pod, pinned to a tainted node
     # kube-scheduler will not use, then filter and bind by hand.
-    manifest = gpu_node(cluster.node_name(unique("tls-tainted")), "L4", gpus=4, index=31)
-    manifest["spec"] = {"taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}
-    [node] = cluster.add_nodes([manifest])
+    [node] = cluster.add_nodes([gpu_node(cluster.node_name(unique("tls-tainted")), "L4", gpus=4, index=31)])
+    sentinel = cluster.node_name(unique("tls-sentinel"))
+    # The harness creates nodes untainted: taint it, then flush the extender's node watch with a
+    # later node (events arrive in order on one watch).
+    cluster.core.patch_node(node, {"spec": {"taints": [
+        {"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}})
+    cluster.add_nodes([gpu_node(sentinel, "T4", gpus=0, index=32)])
+    try:
+        _forge(cluster, control_plane, tls, unique, node)
+    finally:
+        cluster.remove_nodes([node, sentinel])
+
+
+def _forge(cluster: ClusterScope, control_plane: ControlPlane, tls: VerbsPKI, unique: Callable[[str], str],
+           node: str) -> None:
     name = unique("tls-forged")
     pod = llm_pod(name, stage="serving", model_params="7B", precision="int8", gpus=1)
     pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
@@ -103,4 +117,3 @@ def test_a_client_without_the_certificate_is_refused_for_filter_and_bind(
     assert "has taint dedicated=infra:NoSchedule" in err
     assert not get_pod(cluster.core, cluster.namespace, name)["spec"].get("nodeName")
     cluster.core.delete_namespaced_pod(name, cluster.namespace, grace_period_seconds=0)
-    cluster.remove_nodes([node])
