@@ -241,11 +241,13 @@ def test_real_extender_serves_the_rendered_config_and_passes_the_rendered_probes
     config.write_text(cm["data"]["config.yaml"].replace(mount, str(tls_dir)))
     assert str(tls_dir) in config.read_text(), "the rendered settings do not read the mounted Secret"
     assert ext["command"][:2] == ["llm-placement", "serve"]
-    script = Path(sys.executable).parent / "llm-placement"
-    argv = [str(script), *ext["command"][1:-1], str(config)]  # same argv, the file at a local path
+    # Same argv, the file at a local path; this tree's app (python -m, as the harness starts it),
+    # not whatever the venv's console script imports.
+    argv = [sys.executable, "-m", "app.cli", *ext["command"][1:-1], str(config)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     log = (tmp_path / "extender.log").open("w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
     def probe(name: str) -> int:
         cmd = ext[name]["exec"]["command"]
