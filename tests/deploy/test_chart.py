@@ -877,3 +877,28 @@ def test_cert_manager_and_existing_sources_make_no_keys_in_the_chart(render: Cal
     existing = render(sets=["extender.tls.source=existing"])
     assert not existing.all("Secret") and not existing.all("Certificate")
     assert _secret_volumes(existing) == _secret_volumes(cm)
+
+
+# --- pod guard (docs/gangs.md, "Refused at admission") ----------------------------------------------------
+
+
+MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+
+
+def test_pod_guard_is_the_file_scoped_to_the_scheduler_and_leaving_out_the_extender(
+        render: Callable[..., Rendered]) -> None:
+    guard_file = yaml.safe_load((FILES / "pod-guard-policy.yaml").read_text())
+    for mode in ("scheduler", "default-scheduler"):
+        r = render(sets=[f"mode={mode}"], api_versions=(MAP_API,))
+        policy = r.one("ValidatingAdmissionPolicy", "-pod-guard")["spec"]
+        binding = r.one("ValidatingAdmissionPolicyBinding", "-pod-guard")["spec"]
+        assert binding == {"policyName": "llm-placement-pod-guard", "validationActions": ["Deny"]}
+        conds = {c["name"]: c["expression"] for c in policy.pop("matchConditions")}
+        assert policy == guard_file
+        assert conds["not-llm-placement"] == (
+            f"request.userInfo.username != 'system:serviceaccount:{NAMESPACE}:llm-placement'")
+        assert ("llm-placement-scheduler" in conds) is (mode == "scheduler")
+    # Without the gang gate's API (before 1.36) there is no gate to guard: nothing rendered.
+    assert not [p for p in render().all("ValidatingAdmissionPolicy") if p["metadata"]["name"].endswith("-pod-guard")]
+    off = render(sets=["podGuard.enabled=false"], api_versions=(MAP_API,))
+    assert not [p for p in off.all("ValidatingAdmissionPolicy") if p["metadata"]["name"].endswith("-pod-guard")]
