@@ -169,3 +169,22 @@ def test_in_and_not_in_are_complements(labels: dict[str, str], key: str, vals: l
     inside = label_requirement_matches((key, "In", tuple(vals)), labels)
     outside = label_requirement_matches((key, "NotIn", tuple(vals)), labels)
     assert inside != outside
+
+
+def test_tolerations_and_affinity_reach_the_spec_but_do_not_split_a_gangs_shapes() -> None:
+    # kube-scheduler applies them through the nodes it offers each member; the gang plan treats
+    # members that differ only there as interchangeable (a member tolerating a taint later, as
+    # the integration suite's held members do, must not change the plan).
+    from app.core.workload import parse_workload
+    from app.gang.instance import shape_key
+    from app.objects import pod_object
+
+    plain = pod_object("m-0", gpus=8, stage="pretraining")
+    tolerant = pod_object("m-1", gpus=8, stage="pretraining")
+    tolerant["spec"]["tolerations"] = [{"key": "hold", "operator": "Exists", "effect": "NoSchedule"}]
+    tolerant["spec"].update(_affinity({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}))
+    a, b = parse_workload(plain), parse_workload(tolerant)
+    assert b.tolerations == (("hold", "Exists", "", "NoSchedule"),)
+    assert b.required_terms == (((("zone", "In", ("a",)),), ()),)
+    assert a.tolerations == () and a.required_terms is None
+    assert shape_key(a) == shape_key(b)
