@@ -266,6 +266,7 @@ class ExtenderService:
                 if facts is None:
                     continue
                 self.snapshot.upsert_node(facts)
+                self.snapshot.node_inputs[name] = node_inputs(n)
                 self._node_rv[name] = rv
 
     def _facts_or_skip(self, node: dict[str, Any]) -> NodeFacts | None:
