@@ -201,8 +201,13 @@ def explain(
     token: Annotated[str | None, typer.Option(
         envvar="LLMP_EXPLAIN_TOKEN",
         help="Bearer token of someone who may get the pod (e.g. $(kubectl create token NAME)).")] = None,
+    ca_file: Annotated[str | None, typer.Option(
+        envvar="LLMP_EXPLAIN_CA_FILE",
+        help="CA of the extender's serving certificate, for an https URL (docs/security.md).")] = None,
 ) -> None:
     """Explain why a pod went where it did (or why it waits), from a running extender."""
+    import ssl
+
     import httpx
 
     ns, _, name = pod.partition("/")
@@ -211,8 +216,10 @@ def explain(
         raise typer.Exit(2)
     try:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        resp = httpx.get(f"{url.rstrip('/')}/explain/{ns}/{name}", headers=headers, timeout=10)
-    except httpx.HTTPError as exc:
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
+        resp = httpx.get(f"{url.rstrip('/')}/explain/{ns}/{name}", headers=headers, timeout=10,
+                         verify=verify)
+    except (httpx.HTTPError, OSError) as exc:
         console.print(f"[red]cannot reach the extender at {url}: {exc}[/red]")
         raise typer.Exit(1) from None
     if resp.status_code != 200:

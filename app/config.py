@@ -122,6 +122,14 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9090, ge=0, le=65535)
     url_prefix: str = "/scheduler"
+    # TLS for the verbs (docs/security.md): the serving certificate and key (PEM). With
+    # tls_client_ca_file, a verb call must present a client certificate that CA signed
+    # (kube-scheduler's, from the extender's tlsConfig): a certificate of another CA fails the TLS
+    # handshake, none at all is answered 403. /healthz, /readyz and /explain need none (probes, and
+    # explain has its own bearer-token check).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
     kubeconfig: str | None = None
     # "kubernetes": list+watch the API server; "none": serve only from request bodies (non-cache mode).
     cluster_source: Literal["kubernetes", "none"] = "kubernetes"
@@ -223,6 +231,19 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"gang_reservation_ttl_seconds ({self.gang_reservation_ttl_seconds:g}) must be longer "
                 f"than gang_bind_timeout_seconds ({self.gang_bind_timeout_seconds:g})")
+        return self
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> Settings:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file: client "
+                             "certificates are only asked for over TLS")
+        for key in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+            path = getattr(self, key)
+            if path and not Path(path).is_file():
+                raise ValueError(f"{key}: {path} is not a readable file")
         return self
 
     @model_validator(mode="after")

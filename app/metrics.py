@@ -68,6 +68,12 @@ class Metrics:
         Counter, "llm_placement_request_errors_total",
         "Extender requests answered with an Error (malformed input, internal failure).", ("verb", "kind"),
     )
+    bind_refusals = _Declared(
+        Counter, "llm_placement_bind_refusals_total",
+        "Binds the extender refused, by reason: the pod or node unknown, another scheduler's pod, "
+        "not filtered for that node, GPUs, or a node rule kube-scheduler's filters would have "
+        "applied (cordoned, taint, node_selector, node_affinity, cpu, memory).", ("reason",),
+    )
     decisions = _Declared(
         Counter, "llm_placement_decisions_total",
         "Placement decisions by stage and outcome (bound, unschedulable, invalid, bind_failed).",

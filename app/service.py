@@ -19,7 +19,7 @@ from app.binding import BinderLike, PodBinding
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import GravityModel
-from app.core.nodes import NodeFacts, facts_for
+from app.core.nodes import NodeFacts, facts_for, node_inputs
 from app.core.placer import FilterDecision, GangHook, Placer
 from app.core.reasons import MESSAGE_PREFIX, problem_key
 from app.core.score_list import ScoreList
@@ -175,13 +175,14 @@ class ExtenderService:
             spec = await asyncio.to_thread(
                 self.gate.spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
             refusal = self.gate.refuse(args, spec, early)
-            if refusal:
+            if refusal is not None:
                 self.metrics.request_errors.labels("bind", "refused").inc()
+                self.metrics.bind_refusals.labels(refusal.reason).inc()
                 if early:
                     with self.lock:
                         self.snapshot.unassume(uid)
-                log.warning("bind refused: %s", refusal)
-                return wire.binding_result(MESSAGE_PREFIX + refusal)
+                _RATE_LOG.warning(f"bind:{refusal.reason}", quote(refusal.message))
+                return wire.binding_result(MESSAGE_PREFIX + refusal.message)
             if spec is not None and spec.gang is not None and self.gang_binder is not None:
                 err = await self.gang_binder.bind_member(spec, args.node)
             else:
@@ -243,13 +244,20 @@ class ExtenderService:
 
     # --- helpers -------------------------------------------------------------------------------
     def absorb_node(self, node: dict[str, Any]) -> None:
+        """A node from a trusted source (the demo, tests): its facts and what bind checks read."""
         with self.lock:
-            self.snapshot.upsert_node(
-                facts_for(node, self.catalog, self.policies.node_facts)
-            )
+            facts = facts_for(node, self.catalog, self.policies.node_facts)
+            self.snapshot.upsert_node(facts)
+            self.snapshot.node_inputs[facts.name] = node_inputs(node)
 
     def _absorb_nodes(self, args: wire.ExtenderArgs) -> None:
-        """Non-cache mode: take node facts from the request (only when the node object changed)."""
+        """Non-cache mode: take node facts from the request (only when the node object changed).
+
+        Only without a cluster watch (``cluster_source: none``): with one, the watch is the one
+        source of node facts, and nodes in a request body are ignored, since anyone who can reach
+        the verbs can send a filter request (docs/extender-protocol.md, "Who may bind")."""
+        if self.settings.cluster_source != "none":
+            return
         for n in args.nodes or []:
             meta = n.get("metadata") or {}
             name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
@@ -258,6 +266,7 @@ class ExtenderService:
                 if facts is None:
                     continue
                 self.snapshot.upsert_node(facts)
+                self.snapshot.node_inputs[name] = node_inputs(n)
                 self._node_rv[name] = rv
 
     def _facts_or_skip(self, node: dict[str, Any]) -> NodeFacts | None:

@@ -47,10 +47,12 @@ sys.stdout.write(docs[0]["data"][key])
 # Dashboards are left out of the raw manifests: without Helm, import deploy/grafana/*.json into
 # Grafana directly (the chart ships the same JSON as sidecar ConfigMaps). The manifests are for the
 # Kubernetes version the chart's scheduler image is (1.36), which serves MutatingAdmissionPolicy v1:
-# the gang gate is rendered (docs/gangs.md, "Held at admission").
+# the gang gate is rendered (docs/gangs.md, "Held at admission"). The verbs' TLS Secrets are yours
+# to create (extender.tls.source=existing, docs/security.md): a rendered file must carry no keys.
 render() {  # render MODE [helm args...]
   local mode=$1; shift
   "$helm" template "$release" "$chart" --namespace "$ns" --set "mode=$mode" --set dashboards.enabled=false \
+    --set extender.tls.source=existing \
     --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy "$@"
 }
 

@@ -26,11 +26,13 @@ import contextlib
 import io
 import logging
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass
 from socketserver import BaseServer
 from typing import Any, ClassVar
+from urllib.parse import unquote
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import httptools
@@ -46,6 +48,9 @@ _log = RateLimitedLog(logging.getLogger(__name__))
 # Prometheus scrapes one request at a time; past this many open metrics connections new ones are
 # closed at once, so slow clients cannot make the metrics server start a thread each.
 METRICS_MAX_CONNECTIONS = 32
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+REFUSED_403 = (b"HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain\r\ncontent-length: 45\r\n"
+               b"connection: close\r\n\r\nthe verbs need kube-scheduler's certificate\r\n")
 REFUSED_431 = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\n"
                b"content-length: 33\r\nconnection: close\r\n\r\nrequest header fields too large\r\n")
 
@@ -55,15 +60,22 @@ class HttpLimits:
     idle_timeout: float
     request_timeout: float
     max_header_bytes: int
+    # Every path but OPEN_PATHS (the verbs above all) needs a verified client certificate.
+    client_cert_required: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HttpLimits:
         return cls(settings.http_idle_timeout_seconds, settings.http_request_timeout_seconds,
-                   settings.http_max_header_bytes)
+                   settings.http_max_header_bytes, bool(settings.tls_client_ca_file))
 
 
 class _HeadTooLarge(Exception):
     """Raised from the parser callback to stop parsing a request whose head is over the limit."""
+
+
+class _NoClientCertificate(Exception):
+    """Raised from the parser callback for a verb call over a connection without a verified
+    client certificate."""
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -114,6 +126,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if isinstance(exc.__context__, _HeadTooLarge):
                 self._refuse_head()
                 return
+            if isinstance(exc.__context__, _NoClientCertificate):
+                self._refuse(REFUSED_403, "http:cert", "verb call without a client certificate refused "
+                                                      "(403; tls_client_ca_file)")
+                return
             _log.warning("http:invalid", "invalid HTTP request received (answered 400)")
             self.send_400_response("Invalid HTTP request received.")
             return
@@ -127,7 +143,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
         if size > self.limits.max_header_bytes:
             raise _HeadTooLarge()
+        if self.limits.client_cert_required and not _open_path(self.url) and not self._client_verified():
+            # Refused before the request reaches the application: the verbs bind pods with the
+            # extender's credentials, so only kube-scheduler's certificate opens them.
+            raise _NoClientCertificate()
         super().on_headers_complete()
+
+    def _client_verified(self) -> bool:
+        """The TLS handshake verified a client certificate against tls_client_ca_file (a
+        certificate of another CA never gets this far: the handshake fails)."""
+        return bool(self.transport.get_extra_info("peercert"))
 
     def on_message_complete(self) -> None:
         self._cancel_deadline()  # the whole request is in; its processing time is ours
@@ -151,11 +176,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._stalled = None
 
     def _refuse_head(self) -> None:
+        self._refuse(REFUSED_431, "http:head", f"request head over {self.limits.max_header_bytes} bytes "
+                                               "refused (431; http_max_header_bytes)")
+
+    def _refuse(self, answer: bytes, key: str, line: str) -> None:
         self._cancel_deadline()
-        _log.warning("http:head", f"request head over {self.limits.max_header_bytes} bytes refused "
-                                  "(431; http_max_header_bytes)")
+        _log.warning(key, line)
         if not self.transport.is_closing():
-            self.transport.write(REFUSED_431)
+            self.transport.write(answer)
             self.transport.close()
 
     def _expired(self) -> None:
@@ -173,15 +201,35 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._deadline = None
 
 
+def _open_path(url: bytes) -> bool:
+    """Served without a client certificate: the probes' paths and explain (bearer tokens). Judged
+    on the path as uvicorn hands it to the application (percent-decoded), so that no spelling of a
+    verb's path passes for one of these; anything else, unknown paths included, needs one."""
+    try:
+        path = unquote(httptools.parse_url(url).path.decode("ascii"), errors="strict")
+    except (httptools.HttpParserInvalidURLError, UnicodeDecodeError, ValueError):
+        return False
+    return path in OPEN_PATHS or (path.startswith("/explain/") and "/.." not in path)
+
+
 def limited_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
     """The protocol class for uvicorn's ``http`` option (uvicorn instantiates it per connection)."""
     return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
-    """``uvicorn.run`` keywords for the verbs: the limits above, no access log (a call per pod)."""
-    return {"host": settings.host, "port": settings.port, "log_level": settings.log_level,
-            "access_log": False, "http": limited_protocol(HttpLimits.from_settings(settings))}
+    """``uvicorn.run`` keywords for the verbs: the limits above, no access log (a call per pod),
+    and TLS when the settings give a certificate (docs/security.md)."""
+    options: dict[str, Any] = {
+        "host": settings.host, "port": settings.port, "log_level": settings.log_level,
+        "access_log": False, "http": limited_protocol(HttpLimits.from_settings(settings))}
+    if settings.tls_cert_file:
+        options.update(ssl_certfile=settings.tls_cert_file, ssl_keyfile=settings.tls_key_file)
+    if settings.tls_client_ca_file:
+        # Optional at the handshake, so that kubelet's probes reach /healthz and /readyz; a
+        # certificate that is presented must verify, and the verbs refuse a connection without one.
+        options.update(ssl_ca_certs=settings.tls_client_ca_file, ssl_cert_reqs=ssl.CERT_OPTIONAL)
+    return options
 
 
 # --- metrics --------------------------------------------------------------------------------------

@@ -254,9 +254,10 @@ def _valid_mig(mig: MigSlices, warnings: list[str]) -> MigSlices:
 
 
 def node_inputs(node: dict[str, Any]) -> dict[str, Any]:
-    """Just what ``node_facts`` reads of a Node: kept per node so that facts can be computed again
-    when something else they depend on changes (DRA slices and claims, docs/dra.md) without asking
-    the API server for the Node again. Other annotations and taints are left out (memory)."""
+    """Just what ``node_facts`` and the bind checks (app.core.bind_checks) read of a Node: kept per
+    node so that facts can be computed again when something else they depend on changes (DRA
+    slices and claims, docs/dra.md) without asking the API server for the Node again. Other
+    annotations are left out (memory)."""
     def part(obj: Any, key: str) -> dict[str, Any]:
         v = obj.get(key) if isinstance(obj, dict) else None
         return v if isinstance(v, dict) else {}
@@ -270,7 +271,7 @@ def node_inputs(node: dict[str, Any]) -> dict[str, Any]:
                      "annotations": {k: v for k, v in ann.items() if str(k).startswith(ANN)}},
         "spec": {"unschedulable": spec.get("unschedulable"),
                  "taints": [t for t in taints if isinstance(t, dict)
-                            and t.get("effect") == "PreferNoSchedule"]},
+                            and t.get("effect") in ("PreferNoSchedule", "NoSchedule", "NoExecute")]},
         "status": {"allocatable": status.get("allocatable"), "capacity": status.get("capacity")},
     }
 

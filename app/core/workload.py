@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from app.core.bind_checks import Term, Toleration, required_terms_of, tolerations_of
 from app.core.reasons import AnnotationProblem
 from app.core.units import (
     parse_param_count,
@@ -219,6 +220,10 @@ class WorkloadSpec(ClaimedDevices):
     # plan needs it for the other members, which may each be pinned elsewhere (Kueue's topology-
     # aware scheduling pins every member to its own node, docs/gangs.md).
     node_selector: tuple[tuple[str, str], ...] = ()
+    # spec.tolerations and the required node affinity: checked again at bind, where a bind that did
+    # not come through kube-scheduler's filters is refused (app/core/bind_checks.py).
+    tolerations: tuple[Toleration, ...] = ()
+    required_terms: tuple[Term, ...] | None = None
 
     @property
     def key(self) -> str:
@@ -609,6 +614,10 @@ def _object_fields(meta: dict[str, Any], spec: dict[str, Any], problems: list[st
         # The API server only admits string keys and values; anything else cannot match a node.
         fields["node_selector"] = tuple(sorted((str(k), v) for k, v in selector.items()
                                                if isinstance(v, str)))
+    if (tolerations := tolerations_of(spec)):
+        fields["tolerations"] = tolerations
+    if (terms := required_terms_of(spec)) is not None:
+        fields["required_terms"] = terms
     return fields
 
 
@@ -659,6 +668,13 @@ def _cross_check(fields: dict[str, Any], problems: list[str]) -> None:
             problems.append(AnnotationProblem(key, f"{key} is set but model-params is missing"))
         elif part > total:
             problems.append(AnnotationProblem(key, f"{key} is larger than model-params"))
+    prompt, context = fields.get("prompt_tokens"), fields.get("context_tokens")
+    if prompt is not None and context is not None and prompt > context:
+        # The context is the prompt and the output together: such a request cannot be served, and
+        # its KV cache would be estimated at the smaller figure (docs/annotations.md).
+        problems.append(AnnotationProblem(
+            "prompt-tokens", f"prompt-tokens {prompt} is larger than context-tokens {context} (the "
+                             "context holds the prompt and the output)"))
     stage_set = fields.get("stage")
     if "serving_group" in fields and stage_set is not None and stage_set is not Stage.SERVING:
         problems.append(AnnotationProblem(

@@ -38,8 +38,13 @@ class GangInstance:
 
 
 def shape_key(spec: WorkloadSpec) -> str:
-    """Members with the same key are interchangeable: same resources and same placement rules."""
-    data = spec.model_dump(exclude={"name", "uid", "node_name", "gang", "depends_on", "input_data_gb"})
+    """Members with the same key are interchangeable: same resources and same placement rules.
+
+    Tolerations and required node affinity are left out: kube-scheduler applies them (the nodes it
+    offers each member), the plan does not; they are read again only at bind
+    (app/core/bind_checks.py)."""
+    data = spec.model_dump(exclude={"name", "uid", "node_name", "gang", "depends_on", "input_data_gb",
+                                    "tolerations", "required_terms"})
     return hashlib.blake2b(repr(sorted(data.items())).encode(), digest_size=5).hexdigest()
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import shutil
+import ssl
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -27,6 +29,7 @@ CHART_RBAC_RULES = yaml.safe_load((FILES / "extender-rbac-rules.yaml").read_text
 # Settings the chart writes itself (from structured values), so they must not be in extender.settings.
 CHART_MANAGED_SETTINGS = {
     "host", "port", "metrics_host", "metrics_port", "url_prefix", "scheduler_name", "log_level",
+    "tls_cert_file", "tls_key_file", "tls_client_ca_file",
 }
 NON_DEFAULT_SETS = [
     "replicas=3",
@@ -60,6 +63,38 @@ def sched_config(r: Rendered) -> dict[str, Any]:
 
 def extender_config(r: Rendered) -> dict[str, Any]:
     return r.configmap_yaml("-extender-config", "config.yaml")
+
+
+def tls_files(r: Rendered, which: str, where: Path) -> Path:
+    """The files of the Secret <fullname>-verbs-<which> in a folder, as kubelet mounts them."""
+    import base64
+    folder = where / f"verbs-{which}"
+    folder.mkdir(exist_ok=True)
+    for key, value in r.one("Secret", f"-verbs-{which}")["data"].items():
+        (folder / key).write_bytes(base64.b64decode(value))
+    return folder
+
+
+def local_scheduler_tls(r: Rendered, cfg: dict[str, Any], where: Path) -> dict[str, Any]:
+    """``cfg`` with its tlsConfig files at the rendered client Secret's files (kube-scheduler opens
+    them when it reads the configuration)."""
+    ext = cfg["extenders"][0]
+    if "tlsConfig" in ext:
+        folder = tls_files(r, "client", where)
+        ext["tlsConfig"] = {k: str(folder / Path(v).name) if k.endswith("File") else v
+                            for k, v in ext["tlsConfig"].items()}
+    return cfg
+
+
+def local_settings(r: Rendered, where: Path) -> Path:
+    """The rendered extender settings file, reading the serving Secret where the test put it."""
+    text = r.one("ConfigMap", "-extender-config")["data"]["config.yaml"]
+    mounts = _volume_mounts(r, "extender")
+    if "verbs-serving" in mounts:
+        text = text.replace(mounts["verbs-serving"], str(tls_files(r, "serving", where)))
+    path = where / "config.yaml"
+    path.write_text(text)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +148,8 @@ def test_scheduler_config_has_the_extender_as_designed(default: Rendered) -> Non
     assert disabled == {"NodeResourcesFit", "NodeResourcesBalancedAllocation", "ImageLocality"}
     assert "filter" not in profile["plugins"]
     [ext] = cfg["extenders"]
-    assert ext["urlPrefix"] == "http://127.0.0.1:8888/scheduler"
+    # Over TLS with kube-scheduler's client certificate (docs/security.md); plain with tls off.
+    assert ext["urlPrefix"] == "https://127.0.0.1:8888/scheduler"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
     assert ext["nodeCacheCapable"] is True
     assert ext["ignorable"] is False
@@ -155,7 +191,7 @@ def in_tree_score_weights(cfg: dict[str, Any], tmp_path: Path) -> dict[str, int]
 
 
 def test_one_band_outweighs_every_in_tree_scorer_kube_scheduler_enables(default: Rendered, tmp_path: Path) -> None:
-    cfg = sched_config(default)
+    cfg = local_scheduler_tls(default, sched_config(default), tmp_path)
     weights = in_tree_score_weights(cfg, tmp_path)
     # What 1.36 enables by default for this profile; DynamicResources is the one a comment once missed.
     assert {"TaintToleration", "NodeAffinity", "PodTopologySpread", "InterPodAffinity",
@@ -174,6 +210,11 @@ def test_scheduler_config_is_the_chart_file_with_only_the_documented_overrides(d
     base = json.loads(json.dumps(CHART_SCHED_CONFIG))
     # The only differences allowed: the lease namespace (release namespace) ...
     base["leaderElection"]["resourceNamespace"] = NAMESPACE
+    # ... and TLS for the verbs (docs/security.md).
+    [ext] = base["extenders"]
+    ext["urlPrefix"] = ext["urlPrefix"].replace("http://", "https://")
+    ext["enableHTTPS"] = True
+    ext["tlsConfig"] = cfg["extenders"][0]["tlsConfig"]
     assert cfg == base, "the chart must render files/scheduler-config.yaml, not a second copy of it"
 
 
@@ -181,7 +222,7 @@ def test_non_default_values_reach_every_consumer(custom: Rendered) -> None:
     cfg = sched_config(custom)
     assert [p["schedulerName"] for p in cfg["profiles"]] == ["gpu-placement"]
     [ext] = cfg["extenders"]
-    assert ext["urlPrefix"] == "http://127.0.0.1:9999/scheduler"
+    assert ext["urlPrefix"] == "https://127.0.0.1:9999/scheduler"
     assert ext["weight"] == 20
     assert cfg["leaderElection"]["resourceName"] == "gpu-placement-lease"
     # The extender listens where the scheduler calls it, and knows its profile name.
@@ -198,7 +239,7 @@ def test_non_default_values_reach_every_consumer(custom: Rendered) -> None:
     assert c["extender"]["image"] == "example.org/llmp/extender:1.2.3"
     assert {p["name"]: p["containerPort"] for p in c["extender"]["ports"]} == {"metrics": 9191}
     probe_cmd = c["extender"]["readinessProbe"]["exec"]["command"][-1]
-    assert "http://127.0.0.1:9999/readyz" in probe_cmd
+    assert "https://127.0.0.1:9999/readyz" in probe_cmd
     # Only the lease the scheduler uses can be updated.
     role = custom.one("Role", "-leader-election")
     named = [r for r in role["rules"] if r.get("resourceNames")]
@@ -281,8 +322,7 @@ def test_profiles_become_a_mounted_configmap_the_extender_reads(
     book = ProfileBook.load(local)
     assert [(p.model, p.model_params, p.gpus, p.precision.value) for p in book.entries] == [
         ("llama-3.1-8b-instruct", 8e9, 1, "int8"), ("llama-3.1-70b", 70e9, 4, "bf16")]
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(r.one("ConfigMap", "-extender-config")["data"]["config.yaml"])
+    cfg = local_settings(r, tmp_path)
     assert load_settings(cfg, profiles_file=str(local)).policies().placement.feasibility.profiles is not None
     # A change of profiles rolls the pods (the extender reads them once, at start).
     ann = r.deployment()["spec"]["template"]["metadata"]["annotations"]
@@ -407,20 +447,31 @@ class _Health(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def health_server() -> Iterator[int]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+@contextlib.contextmanager
+def health_server(r: Rendered | None, port: int, where: Path) -> Iterator[int]:
+    """A stub on ``port``, over TLS with the rendered serving certificate when ``r`` is given."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Health)
+    if r is not None:
+        folder = tls_files(r, "serving", where)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(folder / "tls.crt", folder / "tls.key")
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        yield srv.server_address[1]
+        yield port
     finally:
         srv.shutdown()
 
 
+@pytest.mark.parametrize("tls", [True, False])
 def test_scheduler_mode_probes_exec_to_loopback_and_really_fail(
-    render: Callable[..., Rendered], health_server: int
+    render: Callable[..., Rendered], tmp_path: Path, tls: bool
 ) -> None:
-    r = render(sets=[f"extender.port={health_server}"])
+    from tests.integration.harness import free_port
+    port = free_port()
+    r = render(sets=[f"extender.port={port}", f"extender.tls.enabled={str(tls).lower()}"])
+    stack = contextlib.ExitStack()
+    stack.enter_context(health_server(r if tls else None, port, tmp_path))
     assert extender_config(r)["host"] == "127.0.0.1"
     ext = r.containers()["extender"]
     live, ready = ext["livenessProbe"], ext["readinessProbe"]
@@ -433,16 +484,17 @@ def test_scheduler_mode_probes_exec_to_loopback_and_really_fail(
         return subprocess.run([shutil.which("python3") or "python3", *cmd[1:]],
                               capture_output=True, timeout=30).returncode
 
-    assert run(live["exec"]["command"]) == 0
-    assert run(ready["exec"]["command"]) != 0
-    assert run(ext["startupProbe"]["exec"]["command"]) == 0
+    with stack:
+        assert run(live["exec"]["command"]) == 0
+        assert run(ready["exec"]["command"]) != 0
+        assert run(ext["startupProbe"]["exec"]["command"]) == 0
 
 
 def test_default_scheduler_mode_probes_http_on_all_interfaces(ds: Rendered) -> None:
     assert extender_config(ds)["host"] == "0.0.0.0"
     ext = ds.containers()["extender"]
-    assert ext["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert ext["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTPS"}
+    assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTPS"}
     assert {p["name"]: p["containerPort"] for p in ext["ports"]} == {"http": 8888, "metrics": 9090}
 
 
@@ -454,9 +506,7 @@ def test_rendered_extender_settings_load_in_the_app(
     fixture: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     r: Rendered = request.getfixturevalue(fixture)
-    path = tmp_path / "config.yaml"
-    path.write_text(r.one("ConfigMap", "-extender-config")["data"]["config.yaml"])
-    settings = load_settings(path)
+    settings = load_settings(local_settings(r, tmp_path))
     assert settings.metrics_host == "0.0.0.0"
     if fixture == "ds":
         assert settings.scheduler_name == "default-scheduler"
@@ -530,11 +580,12 @@ def test_default_scheduler_mode_renders_only_the_extender_and_the_stanza(ds: Ren
     data = ds.one("ConfigMap", "-extenders-snippet")["data"]
     [ext] = yaml.safe_load(data["extenders.yaml"])["extenders"]
     assert ext["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}]
-    assert ext["urlPrefix"] == f"http://{RELEASE}.{NAMESPACE}.svc:8888/scheduler"
+    assert ext["urlPrefix"] == f"https://{RELEASE}.{NAMESPACE}.svc:8888/scheduler"
     assert ext["bindVerb"] == "bind" and ext["nodeCacheCapable"] is True and ext["weight"] >= 10
     # Same entry as the chart file apart from where it points and what it manages.
     base = dict(CHART_SCHED_CONFIG["extenders"][0])
-    assert {k: v for k, v in ext.items() if k not in ("urlPrefix", "managedResources")} == {
+    assert {k: v for k, v in ext.items() if k not in ("urlPrefix", "managedResources", "enableHTTPS",
+                                                         "tlsConfig")} == {
         k: v for k, v in base.items() if k != "urlPrefix"}
     full = yaml.safe_load(data["kube-scheduler-config.yaml"])
     assert full["extenders"] == [ext]
@@ -550,7 +601,7 @@ def test_default_scheduler_mode_renders_only_the_extender_and_the_stanza(ds: Ren
 def test_default_scheduler_mode_uses_a_pinned_cluster_ip(render: Callable[..., Rendered]) -> None:
     r = render(sets=["mode=default-scheduler", "defaultScheduler.service.clusterIP=10.96.0.50"])
     [ext] = yaml.safe_load(r.one("ConfigMap", "-extenders-snippet")["data"]["extenders.yaml"])["extenders"]
-    assert ext["urlPrefix"] == "http://10.96.0.50:8888/scheduler"
+    assert ext["urlPrefix"] == "https://10.96.0.50:8888/scheduler"
     assert r.one("Service", RELEASE)["spec"]["clusterIP"] == "10.96.0.50"
 
 
@@ -574,6 +625,8 @@ def test_notes_explain_how_to_opt_in_and_debug(helm_bin: Path, tmp_path: Path) -
     assert "schedulerName: llm-placement" in text
     assert "llm-placement explain <namespace>/<pod>" in text
     assert "get events" in text
+    # explain reaches the extender over TLS, checking it by the chart's CA (docs/security.md).
+    assert "--url https://127.0.0.1:8888 --ca-file /etc/llm-placement-tls/ca.crt" in text
 
 
 def test_notes_of_default_scheduler_mode_warn_cpu_pods_bypass(helm_bin: Path, tmp_path: Path) -> None:
@@ -581,6 +634,7 @@ def test_notes_of_default_scheduler_mode_warn_cpu_pods_bypass(helm_bin: Path, tm
     assert "CPU-only LLM pods" in text and "bypass the extender" in text
     assert f"{RELEASE}-extenders-snippet" in text and "percentageOfNodesToScore: 100" in text
     assert "schedulerName: llm-placement" not in text
+    assert f"{RELEASE}-verbs-client to /etc/kubernetes/llm-placement-extender" in text
 
 
 # --- dashboards and Prometheus rules -------------------------------------------------------------------
@@ -668,6 +722,7 @@ def test_kube_scheduler_accepts_the_rendered_configuration(
         cfg = r.configmap_yaml("-extenders-snippet", "kube-scheduler-config.yaml")
     else:
         cfg = sched_config(r)
+    cfg = local_scheduler_tls(r, cfg, tmp_path)
     proc = _kube_scheduler_accepts(kube_scheduler_bin, cfg, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = yaml.safe_load((tmp_path / "out.yaml").read_text())
@@ -680,11 +735,11 @@ def test_kube_scheduler_accepts_the_rendered_configuration(
 def test_kube_scheduler_check_is_not_a_rubber_stamp(
     default: Rendered, kube_scheduler_bin: Path, tmp_path: Path
 ) -> None:
-    cfg = sched_config(default)
+    cfg = local_scheduler_tls(default, sched_config(default), tmp_path)
     cfg["extenders"][0]["weight"] = 0  # invalid with a prioritizeVerb
     proc = _kube_scheduler_accepts(kube_scheduler_bin, cfg, tmp_path)
     assert proc.returncode != 0 and "weight" in proc.stderr
-    cfg = sched_config(default)
+    cfg = local_scheduler_tls(default, sched_config(default), tmp_path)
     cfg["extenders"][0]["nodeCacheCapabel"] = True  # strict decoding rejects unknown keys
     proc = _kube_scheduler_accepts(kube_scheduler_bin, cfg, tmp_path)
     assert proc.returncode != 0 and "nodeCacheCapabel" in proc.stderr
@@ -700,3 +755,150 @@ def test_schema_bounds_match_app_settings() -> None:
         le = next((m.le for m in info.metadata if isinstance(m, Le)), None)
         if name in props and le is not None:
             assert props[name].get("maximum") == le, name
+
+
+# --- TLS of the verbs (docs/security.md) --------------------------------------------------------------
+
+
+def _volume_mounts(r: Rendered, container: str) -> dict[str, str]:
+    return {m["name"]: m["mountPath"] for m in r.containers()[container].get("volumeMounts", [])}
+
+
+def _secret_volumes(r: Rendered) -> dict[str, str]:
+    vols = r.deployment()["spec"]["template"]["spec"]["volumes"]
+    return {v["name"]: v["secret"]["secretName"] for v in vols if "secret" in v}
+
+
+def _pem(secret: dict[str, Any], key: str, where: Path) -> Path:
+    import base64
+    path = where / f"{secret['metadata']['name']}-{key}"
+    path.write_bytes(base64.b64decode(secret["data"][key]))
+    return path
+
+
+def _openssl(*args: str) -> str:
+    proc = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("fixture", ["default", "ds"])
+def test_helm_source_makes_a_ca_a_serving_and_a_client_certificate(
+        fixture: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    r: Rendered = request.getfixturevalue(fixture)
+    serving, client = r.one("Secret", "-verbs-serving"), r.one("Secret", "-verbs-client")
+    for s in (serving, client):
+        assert s["type"] == "kubernetes.io/tls" and set(s["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert serving["data"]["ca.crt"] == client["data"]["ca.crt"], "one CA signs both"
+    ca = _pem(serving, "ca.crt", tmp_path)
+    for s in (serving, client):
+        assert "OK" in _openssl("verify", "-CAfile", str(ca), str(_pem(s, "tls.crt", tmp_path)))
+    text = _openssl("x509", "-noout", "-text", "-in", str(_pem(serving, "tls.crt", tmp_path)))
+    assert "IP Address:127.0.0.1" in text  # the sidecar's URL
+    assert f"DNS:llm-placement.{NAMESPACE}.svc" in text  # default-scheduler mode's serverName
+    subject = _openssl("x509", "-noout", "-subject", "-in", str(_pem(client, "tls.crt", tmp_path)))
+    assert "kube-scheduler" in subject
+
+
+def test_scheduler_mode_calls_the_sidecar_over_tls_with_its_client_certificate(default: Rendered) -> None:
+    from tests.integration.harness.schedconfig import with_verbs_tls
+
+    ext = sched_config(default)["extenders"][0]
+    assert ext["urlPrefix"].startswith("https://127.0.0.1:") and ext["enableHTTPS"] is True
+    # The same fields the integration harness gives the real kube-scheduler.
+    expected = with_verbs_tls({"urlPrefix": "http://x"}, Path("c"), Path("k"), Path("a"))
+    assert set(ext["tlsConfig"]) == set(expected["tlsConfig"])
+    sched_dir = _volume_mounts(default, "kube-scheduler")["verbs-client"]
+    assert ext["tlsConfig"] == {"certFile": f"{sched_dir}/tls.crt", "keyFile": f"{sched_dir}/tls.key",
+                                "caFile": f"{sched_dir}/ca.crt"}
+    ext_dir = _volume_mounts(default, "extender")["verbs-serving"]
+    settings = extender_config(default)
+    assert settings["tls_cert_file"] == f"{ext_dir}/tls.crt" and settings["tls_key_file"] == f"{ext_dir}/tls.key"
+    assert settings["tls_client_ca_file"] == f"{ext_dir}/ca.crt"
+    assert _secret_volumes(default) == {"verbs-serving": "llm-placement-verbs-serving",
+                                        "verbs-client": "llm-placement-verbs-client"}
+    assert "verbs-client" not in _volume_mounts(default, "extender"), "the extender never holds the client key"
+    probe = default.containers()["extender"]["readinessProbe"]["exec"]["command"][-1]
+    assert "https://127.0.0.1:8888/readyz" in probe
+
+
+def test_default_scheduler_mode_stanza_uses_tls_and_a_network_policy_admits_only_the_scheduler(
+        ds: Rendered) -> None:
+    snippet = yaml.safe_load(ds.one("ConfigMap", "-extenders-snippet")["data"]["extenders.yaml"])
+    [ext] = snippet["extenders"]
+    svc = f"llm-placement.{NAMESPACE}.svc"
+    assert ext["urlPrefix"].startswith(f"https://{svc}:") and ext["enableHTTPS"] is True
+    assert ext["tlsConfig"] == {"certFile": "/etc/kubernetes/llm-placement-extender/tls.crt",
+                                "keyFile": "/etc/kubernetes/llm-placement-extender/tls.key",
+                                "caFile": "/etc/kubernetes/llm-placement-extender/ca.crt",
+                                "serverName": svc}
+    assert _secret_volumes(ds) == {"verbs-serving": "llm-placement-verbs-serving"}
+    probe = ds.containers()["extender"]["readinessProbe"]["httpGet"]
+    assert probe["scheme"] == "HTTPS"
+    policy = ds.one("NetworkPolicy", "-verbs")
+    assert policy["spec"]["podSelector"]["matchLabels"] == ds.deployment()["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    verbs, metrics = policy["spec"]["ingress"]
+    assert verbs["ports"] == [{"port": 8888, "protocol": "TCP"}]
+    assert verbs["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                              "podSelector": {"matchLabels": {"component": "kube-scheduler"}}}]
+    assert metrics == {"ports": [{"port": 9090, "protocol": "TCP"}]}
+
+
+def test_scheduler_mode_has_no_network_policy(default: Rendered) -> None:
+    # Loopback: nothing outside the pod reaches the verbs, so there is nothing to admit.
+    assert not default.all("NetworkPolicy")
+
+
+def test_tls_off_renders_plain_http_and_no_certificates(render: Callable[..., Rendered]) -> None:
+    for mode in ("scheduler", "default-scheduler"):
+        r = render(sets=[f"mode={mode}", "extender.tls.enabled=false"])
+        assert not r.all("Secret") and not _secret_volumes(r)
+        assert not {"tls_cert_file", "tls_client_ca_file"} & set(extender_config(r))
+        if mode == "scheduler":
+            ext = sched_config(r)["extenders"][0]
+        else:
+            ext = yaml.safe_load(r.one("ConfigMap", "-extenders-snippet")["data"]["extenders.yaml"])["extenders"][0]
+        assert ext["urlPrefix"].startswith("http://") and "tlsConfig" not in ext and "enableHTTPS" not in ext
+
+
+def test_cert_manager_and_existing_sources_make_no_keys_in_the_chart(render: Callable[..., Rendered]) -> None:
+    cm = render(sets=["extender.tls.source=cert-manager"])
+    assert not cm.all("Secret")
+    certs = {c["metadata"]["name"]: c["spec"] for c in cm.all("Certificate")}
+    assert certs["llm-placement-verbs-ca"]["isCA"] is True
+    assert certs["llm-placement-verbs-serving"]["secretName"] == "llm-placement-verbs-serving"
+    assert "127.0.0.1" in certs["llm-placement-verbs-serving"]["ipAddresses"]
+    assert certs["llm-placement-verbs-client"]["usages"][0] == "client auth"
+    assert {i["metadata"]["name"] for i in cm.all("Issuer")} == {"llm-placement-verbs-selfsigned",
+                                                               "llm-placement-verbs-ca"}
+    assert _secret_volumes(cm) == {"verbs-serving": "llm-placement-verbs-serving",
+                                   "verbs-client": "llm-placement-verbs-client"}
+    existing = render(sets=["extender.tls.source=existing"])
+    assert not existing.all("Secret") and not existing.all("Certificate")
+    assert _secret_volumes(existing) == _secret_volumes(cm)
+
+
+# --- pod guard (docs/gangs.md, "Refused at admission") ----------------------------------------------------
+
+
+MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+
+
+def test_pod_guard_is_the_file_scoped_to_the_scheduler_and_leaving_out_the_extender(
+        render: Callable[..., Rendered]) -> None:
+    guard_file = yaml.safe_load((FILES / "pod-guard-policy.yaml").read_text())
+    for mode in ("scheduler", "default-scheduler"):
+        r = render(sets=[f"mode={mode}"], api_versions=(MAP_API,))
+        policy = r.one("ValidatingAdmissionPolicy", "-pod-guard")["spec"]
+        binding = r.one("ValidatingAdmissionPolicyBinding", "-pod-guard")["spec"]
+        assert binding == {"policyName": "llm-placement-pod-guard", "validationActions": ["Deny"]}
+        conds = {c["name"]: c["expression"] for c in policy.pop("matchConditions")}
+        assert policy == guard_file
+        assert conds["not-llm-placement"] == (
+            f"request.userInfo.username != 'system:serviceaccount:{NAMESPACE}:llm-placement'")
+        assert ("llm-placement-scheduler" in conds) is (mode == "scheduler")
+    # Without the gang gate's API (before 1.36) there is no gate to guard: nothing rendered.
+    assert not [p for p in render().all("ValidatingAdmissionPolicy") if p["metadata"]["name"].endswith("-pod-guard")]
+    off = render(sets=["podGuard.enabled=false"], api_versions=(MAP_API,))
+    assert not [p for p in off.all("ValidatingAdmissionPolicy") if p["metadata"]["name"].endswith("-pod-guard")]

@@ -68,6 +68,11 @@ def test_raw_manifests_are_complete_installs() -> None:
 def test_scheduler_folder_holds_the_chart_config_and_the_stanza() -> None:
     chart = yaml.safe_load((REPO / "helm/llm-placement/files/scheduler-config.yaml").read_text())
     cfg = yaml.safe_load((DEPLOY / "scheduler" / "scheduler-config.yaml").read_text())
+    # The chart's one override here: the verbs over TLS with kube-scheduler's client certificate.
+    [ext] = chart["extenders"]
+    ext.update(urlPrefix=ext["urlPrefix"].replace("http://", "https://"), enableHTTPS=True,
+               tlsConfig={k: f"/etc/kubernetes/llm-placement-tls/{f}"
+                          for k, f in (("certFile", "tls.crt"), ("keyFile", "tls.key"), ("caFile", "ca.crt"))})
     assert cfg == chart, "deploy/scheduler/scheduler-config.yaml must be the chart file (lease in kube-system)"
     stanza = yaml.safe_load((DEPLOY / "scheduler" / "extenders-default-scheduler.yaml").read_text())
     [ext] = stanza["extenders"]

@@ -93,3 +93,66 @@ def test_direct_binds_of_other_pods_are_refused(
     assert "is not known to the extender" in _bind(control_plane, pod, "no-such-node")["Error"]
     assert get_pod(cluster.core, cluster.namespace, ours)["spec"]["nodeName"] == node
     assert not get_pod(cluster.core, cluster.namespace, other)["spec"].get("nodeName")
+
+
+def _filter_names(cp: ControlPlane, pod: dict[str, Any], node: str) -> list[str]:
+    body = {"Pod": pod, "Nodes": None, "NodeNames": [node]}
+    r = httpx.post(f"{cp.extender_url}/filter", json=body, timeout=10)
+    assert r.status_code == 200, r.text
+    return list(r.json().get("NodeNames") or [])
+
+
+def _pinned(name: str, node: str, **kw: Any) -> dict[str, Any]:
+    pod = llm_pod(name, stage="serving", model_params="7B", precision="int8", gpus=1, **kw)
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return pod
+
+
+FORGED_CASES = {
+    # node spec, node CPUs, pod changes, the words of the refusal
+    "taint": ({"taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}, "96", {},
+              "has taint dedicated=infra:NoSchedule"),
+    "cordoned": ({"unschedulable": True}, "96", {}, "is cordoned"),
+    "node_selector": ({}, "96", {"nodeSelector": {"pool": "reserved"}}, "nodeSelector pool"),
+    "cpu": ({}, "4", {"cpu": "64"}, "4000m CPU free; the pod requests 64000m"),
+}
+
+
+@pytest.fixture(scope="module")
+def forged_nodes(cluster: ClusterScope) -> dict[str, str]:
+    """One node per case, as the case's spec says (the harness creates nodes untainted, so the spec
+    is patched in afterwards)."""
+    names = {case: cluster.node_name("forged-" + case.replace("_", "-")) for case in FORGED_CASES}
+    cluster.add_nodes([gpu_node(names[case], "L4", gpus=4, cpu=cpus, index=20 + i)
+                       for i, (case, (_, cpus, _, _)) in enumerate(FORGED_CASES.items())])
+    for case, (spec, _, _, _) in FORGED_CASES.items():
+        if spec:
+            cluster.core.patch_node(names[case], {"spec": spec})
+    # Node events reach the extender in order on one watch: once it has seen a node created after
+    # the patches, it has seen the patches.
+    cluster.add_nodes([gpu_node(cluster.node_name("forged-sentinel"), "T4", gpus=0, index=29)])
+    return names
+
+
+@pytest.mark.parametrize("case", list(FORGED_CASES))
+def test_forged_filter_and_bind_onto_a_node_kube_scheduler_refuses(
+    cluster: ClusterScope, control_plane: ControlPlane, unique: Callable[[str], str],
+    forged_nodes: dict[str, str], case: str
+) -> None:
+    # A tenant with pods create rights (no pods/binding) pins its pod to a node kube-scheduler will
+    # not use, then calls the verbs itself over loopback: filter (ours judges GPUs, so the node
+    # passes), then bind with the pod's real UID. The node rules refuse the bind.
+    _, _, pod_change, words = FORGED_CASES[case]
+    node = forged_nodes[case]
+    pod_name = unique("forged-" + case.replace("_", "-"))
+    pod = _pinned(pod_name, node, cpu=str(pod_change.get("cpu", "100m")))
+    if "nodeSelector" in pod_change:
+        pod["spec"]["nodeSelector"] = {**pod["spec"]["nodeSelector"], **pod_change["nodeSelector"]}
+    stored = create_pod(cluster.core, cluster.namespace, pod)
+    before = control_plane.metric_value("llm_placement_bind_refusals_total", {"reason": case}) or 0.0
+    assert _filter_names(control_plane, stored, node) == [node]
+    err = _bind(control_plane, stored, node)["Error"]
+    assert "bind refused" in err and words in err, err
+    assert not get_pod(cluster.core, cluster.namespace, pod_name)["spec"].get("nodeName")
+    assert control_plane.metric_value("llm_placement_bind_refusals_total", {"reason": case}) == before + 1
+    cluster.core.delete_namespaced_pod(pod_name, cluster.namespace, grace_period_seconds=0)

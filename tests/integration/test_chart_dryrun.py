@@ -8,6 +8,7 @@ cluster lacks (ServiceMonitor, PrometheusRule) are skipped by name, and only tho
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -228,15 +229,25 @@ def test_real_extender_serves_the_rendered_config_and_passes_the_rendered_probes
         d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-extender-config")
     ]
     config = tmp_path / "config.yaml"
-    config.write_text(cm["data"]["config.yaml"])
     [dep] = [d for d in docs if d["kind"] == "Deployment"]
     [ext] = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"]
+    # The verbs' serving Secret where kubelet would mount it: its files in a local folder.
+    [mount] = [m["mountPath"] for m in ext["volumeMounts"] if m["name"] == "verbs-serving"]
+    [secret] = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-verbs-serving")]
+    tls_dir = tmp_path / "tls"
+    tls_dir.mkdir()
+    for key, value in secret["data"].items():
+        (tls_dir / key).write_bytes(base64.b64decode(value))
+    config.write_text(cm["data"]["config.yaml"].replace(mount, str(tls_dir)))
+    assert str(tls_dir) in config.read_text(), "the rendered settings do not read the mounted Secret"
     assert ext["command"][:2] == ["llm-placement", "serve"]
-    script = Path(sys.executable).parent / "llm-placement"
-    argv = [str(script), *ext["command"][1:-1], str(config)]  # same argv, the file at a local path
+    # Same argv, the file at a local path; this tree's app (python -m, as the harness starts it),
+    # not whatever the venv's console script imports.
+    argv = [sys.executable, "-m", "app.cli", *ext["command"][1:-1], str(config)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     log = (tmp_path / "extender.log").open("w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
     def probe(name: str) -> int:
         cmd = ext[name]["exec"]["command"]

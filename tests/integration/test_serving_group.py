@@ -69,7 +69,8 @@ def test_prefill_and_decode_of_one_group_share_a_leaf(
                "the extender to see the ungrouped decode pod go")
 
     prefill = unique("prefill")
-    create_pod(core, ns, _pod(prefill, "prefill", group, **{"prompt-tokens": "8000", "max-ttft-ms": "300"}))
+    create_pod(core, ns, _pod(prefill, "prefill", group, **{"prompt-tokens": "8000", "context-tokens": "8192",
+                                                           "max-ttft-ms": "300"}))
     assert wait_for_node_name(core, ns, prefill) == h100  # the only GPU meeting the TTFT target
 
     decode = unique("decode")

@@ -170,3 +170,38 @@ def test_node_selector_is_read_sorted_and_makes_members_distinct_shapes() -> Non
     assert shape_key(sa) != shape_key(sb)
     b["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "n1", "a/zone": "z"}
     assert shape_key(sa) == shape_key(parse_workload(b))
+
+
+@pytest.mark.parametrize(("ann", "refused"), [
+    ({"prompt-tokens": "8192", "context-tokens": "4096"}, True),
+    ({"prompt-tokens": "4097", "context-tokens": "4096"}, True),
+    ({"prompt-tokens": "4096", "context-tokens": "4096"}, False),  # a prompt may fill the context
+    ({"prompt-tokens": "1024", "context-tokens": "4096"}, False),
+    ({"prompt-tokens": "100000"}, False),  # no context given: documented, not refused
+])
+def test_prompt_longer_than_the_context_is_refused(ann: dict[str, str], refused: bool) -> None:
+    p = pod(**{"stage": "serving", "model-params": "7B", **ann})
+    if not refused:
+        assert parse_workload(p).prompt_tokens == int(ann["prompt-tokens"])
+        return
+    with pytest.raises(WorkloadError) as exc:
+        parse_workload(p)
+    assert any(f"prompt-tokens {ann['prompt-tokens']} is larger than context-tokens 4096" in str(problem)
+               for problem in exc.value.problems), exc.value.problems
+
+
+def test_prompt_longer_than_the_context_reaches_the_filter_answer() -> None:
+    # The reason kube-scheduler quotes in the pod's FailedScheduling event.
+    import orjson
+
+    from app.config import Settings
+    from app.core.catalog import GpuCatalog
+    from app.objects import node_object
+    from app.service import ExtenderService
+
+    svc = ExtenderService(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
+    node = node_object("n", gpus=8, product="NVIDIA-H100-80GB-HBM3")
+    p = pod(**{"stage": "serving", "model-params": "7B", "prompt-tokens": "9000", "context-tokens": "2048"})
+    out = orjson.loads(svc.filter(orjson.dumps({"Pod": p, "Nodes": {"items": [node]}, "NodeNames": None})))
+    reasons = {**out["FailedNodes"], **out["FailedAndUnresolvableNodes"]}
+    assert "prompt-tokens 9000 is larger than context-tokens 2048" in reasons["n"]

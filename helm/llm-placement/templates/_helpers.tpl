@@ -91,8 +91,12 @@ The extenders[0] entry with the values' overrides. Argument: dict "ctx" $ "url" 
 {{/* The KubeSchedulerConfiguration the chart's kube-scheduler runs with. */}}
 {{- define "llm-placement.schedulerConfig" -}}
 {{- $cfg := include "llm-placement.baseSchedulerConfig" . | fromYaml -}}
-{{- $url := printf "http://127.0.0.1:%d%s" (int .Values.extender.port) (include "llm-placement.urlPath" .) -}}
+{{- $url := printf "%s://127.0.0.1:%d%s" (include "llm-placement.verbsScheme" .) (int .Values.extender.port) (include "llm-placement.urlPath" .) -}}
 {{- $ext := include "llm-placement.extenderEntry" (dict "ctx" . "url" $url) | fromYaml -}}
+{{- if .Values.extender.tls.enabled -}}
+{{- $_ := set $ext "enableHTTPS" true -}}
+{{- $_ := set $ext "tlsConfig" (include "llm-placement.schedulerTLSConfig" (dict "dir" (include "llm-placement.schedulerTLSDir" .) "serverName" "")  | fromYaml) -}}
+{{- end -}}
 {{- $_ := set $cfg "extenders" (list $ext) -}}
 {{- $profile := index $cfg.profiles 0 -}}
 {{- $_ := set $profile "schedulerName" .Values.scheduler.name -}}
@@ -107,15 +111,79 @@ The extenders[0] entry with the values' overrides. Argument: dict "ctx" $ "url" 
 
 {{/* URL the cluster's default scheduler uses to reach the extender Service. */}}
 {{- define "llm-placement.serviceURL" -}}
-{{- $host := .Values.defaultScheduler.service.clusterIP | default (printf "%s.%s.svc" (include "llm-placement.fullname" .) .Release.Namespace) -}}
-{{- printf "http://%s:%d%s" $host (int .Values.extender.port) (include "llm-placement.urlPath" .) -}}
+{{- $host := .Values.defaultScheduler.service.clusterIP | default (include "llm-placement.serviceDNS" .) -}}
+{{- printf "%s://%s:%d%s" (include "llm-placement.verbsScheme" .) $host (int .Values.extender.port) (include "llm-placement.urlPath" .) -}}
+{{- end -}}
+
+{{- define "llm-placement.serviceDNS" -}}
+{{- printf "%s.%s.svc" (include "llm-placement.fullname" .) .Release.Namespace -}}
 {{- end -}}
 
 {{/* The extenders stanza for the default-scheduler mode, with managedResources. */}}
 {{- define "llm-placement.defaultSchedulerExtender" -}}
 {{- $ext := include "llm-placement.extenderEntry" (dict "ctx" . "url" (include "llm-placement.serviceURL" .)) | fromYaml -}}
 {{- $_ := set $ext "managedResources" .Values.defaultScheduler.managedResources -}}
+{{- if .Values.extender.tls.enabled -}}
+{{- $_ := set $ext "enableHTTPS" true -}}
+{{- /* The Service's DNS name is in the serving certificate whether the URL names it or a ClusterIP. */ -}}
+{{- $_ := set $ext "tlsConfig" (include "llm-placement.schedulerTLSConfig" (dict "dir" .Values.defaultScheduler.tls.clientCertDir "serverName" (include "llm-placement.serviceDNS" .)) | fromYaml) -}}
+{{- end -}}
 {{- toYaml $ext -}}
+{{- end -}}
+
+{{/* TLS of the verbs (docs/security.md). */}}
+{{- define "llm-placement.verbsScheme" -}}
+{{- if .Values.extender.tls.enabled -}}https{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/* Where the chart's own kube-scheduler container mounts the client Secret. */}}
+{{- define "llm-placement.schedulerTLSDir" -}}
+/etc/kubernetes/llm-placement-tls
+{{- end -}}
+
+{{/* Where the extender container mounts the serving Secret. */}}
+{{- define "llm-placement.extenderTLSDir" -}}
+/etc/llm-placement-tls
+{{- end -}}
+
+{{/* kube-scheduler's tlsConfig for the extender (KubeSchedulerConfiguration v1 ExtenderTLSConfig).
+Argument: dict "dir" <directory of tls.crt, tls.key, ca.crt> "serverName" <name or "">. */}}
+{{- define "llm-placement.schedulerTLSConfig" -}}
+certFile: {{ printf "%s/tls.crt" .dir }}
+keyFile: {{ printf "%s/tls.key" .dir }}
+caFile: {{ printf "%s/ca.crt" .dir }}
+{{- if .serverName }}
+serverName: {{ .serverName }}
+{{- end }}
+{{- end -}}
+
+{{/* The two Secrets' data for source helm: those in the cluster when both exist (upgrades keep
+them; delete both to rotate), else a new CA, serving and client certificate. */}}
+{{- define "llm-placement.verbsTLSData" -}}
+{{- $fullname := include "llm-placement.fullname" . -}}
+{{- $serving := lookup "v1" "Secret" .Release.Namespace (printf "%s-verbs-serving" $fullname) -}}
+{{- $client := lookup "v1" "Secret" .Release.Namespace (printf "%s-verbs-client" $fullname) -}}
+{{- if and $serving $client (($serving).data) (($client).data) -}}
+serving: {{- toYaml $serving.data | nindent 2 }}
+client: {{- toYaml $client.data | nindent 2 }}
+{{- else -}}
+{{- $days := int .Values.extender.tls.validityDays -}}
+{{- $ca := genCA (printf "%s-verbs-ca" $fullname) $days -}}
+{{- $svc := include "llm-placement.serviceDNS" . -}}
+{{- $ips := list "127.0.0.1" -}}
+{{- with .Values.defaultScheduler.service.clusterIP }}{{ $ips = append $ips . }}{{ end -}}
+{{- $dns := list "localhost" $fullname (printf "%s.%s" $fullname .Release.Namespace) $svc (printf "%s.cluster.local" $svc) -}}
+{{- $s := genSignedCert $fullname $ips $dns $days $ca -}}
+{{- $c := genSignedCert "kube-scheduler" nil nil $days $ca -}}
+serving:
+  tls.crt: {{ $s.Cert | b64enc }}
+  tls.key: {{ $s.Key | b64enc }}
+  ca.crt: {{ $ca.Cert | b64enc }}
+client:
+  tls.crt: {{ $c.Cert | b64enc }}
+  tls.key: {{ $c.Key | b64enc }}
+  ca.crt: {{ $ca.Cert | b64enc }}
+{{- end -}}
 {{- end -}}
 
 {{/* The extender's settings file (app/config.py keys). */}}
@@ -129,6 +197,12 @@ The extenders[0] entry with the values' overrides. Argument: dict "ctx" $ "url" 
   "scheduler_name" (ternary .Values.scheduler.name "default-scheduler" (eq .Values.mode "scheduler"))
   "log_level" .Values.extender.logLevel
 -}}
+{{- if .Values.extender.tls.enabled }}
+{{- $dir := include "llm-placement.extenderTLSDir" . }}
+{{- $_ := set $managed "tls_cert_file" (printf "%s/tls.crt" $dir) }}
+{{- $_ := set $managed "tls_key_file" (printf "%s/tls.key" $dir) }}
+{{- $_ := set $managed "tls_client_ca_file" (printf "%s/ca.crt" $dir) }}
+{{- end }}
 {{- if .Values.extender.profiles }}
 {{- if .Values.extender.settings.profiles_file }}
 {{- fail "set extender.profiles or extender.settings.profiles_file, not both: the chart points profiles_file at the ConfigMap it renders from extender.profiles" }}
@@ -160,13 +234,30 @@ exec:
   command:
     - python
     - -c
+    {{- if .ctx.Values.extender.tls.enabled }}
+    # The probe checks the extender answers, not who it is: the certificate is not verified here.
+    - {{ printf "import ssl, urllib.request; urllib.request.urlopen('https://127.0.0.1:%d%s', timeout=%d, context=ssl._create_unverified_context())" (int .ctx.Values.extender.port) .path (int .probe.timeoutSeconds) | quote }}
+    {{- else }}
     - {{ printf "import urllib.request; urllib.request.urlopen('http://127.0.0.1:%d%s', timeout=%d)" (int .ctx.Values.extender.port) .path (int .probe.timeoutSeconds) | quote }}
+    {{- end }}
 {{- else -}}
 httpGet:
   path: {{ .path }}
   port: http
+  {{- if .ctx.Values.extender.tls.enabled }}
+  scheme: HTTPS
+  {{- end }}
 {{- end }}
 periodSeconds: {{ .probe.periodSeconds }}
 failureThreshold: {{ .probe.failureThreshold }}
 timeoutSeconds: {{ .probe.timeoutSeconds }}
+{{- end -}}
+
+{{/* Flags of `llm-placement explain` run inside the extender container (NOTES). */}}
+{{- define "llm-placement.explainFlags" -}}
+{{- if .Values.extender.tls.enabled -}}
+{{ printf " --url https://127.0.0.1:%d --ca-file %s/ca.crt" (int .Values.extender.port) (include "llm-placement.extenderTLSDir" .) }}
+{{- else if ne (int .Values.extender.port) 8888 -}}
+{{ printf " --url http://127.0.0.1:%d" (int .Values.extender.port) }}
+{{- end -}}
 {{- end -}}

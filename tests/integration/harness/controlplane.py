@@ -180,11 +180,17 @@ class ControlPlane:
     @property
     def extender_url(self) -> str:
         """Base URL of the extender's verbs, e.g. ``http://127.0.0.1:PORT/scheduler``."""
-        return f"http://127.0.0.1:{self.ports.extender}{self.extender_path}"
+        return f"{self.extender_base}{self.extender_path}"
+
+    @property
+    def extender_tls(self) -> bool:
+        """The extender runs with a serving certificate (``extender_settings`` with LLMP_TLS_*)."""
+        return bool(self.extender_extra_env.get("LLMP_TLS_CERT_FILE"))
 
     @property
     def extender_base(self) -> str:
-        return f"http://127.0.0.1:{self.ports.extender}"
+        scheme = "https" if self.extender_tls else "http"
+        return f"{scheme}://127.0.0.1:{self.ports.extender}"
 
     @property
     def metrics_url(self) -> str:
@@ -456,7 +462,8 @@ class ControlPlane:
         self.extender.start()
 
         def ready() -> bool:
-            return httpx.get(f"{self.extender_base}/readyz", timeout=2).status_code == 200
+            # /readyz needs no client certificate; the serving certificate is the test's own.
+            return httpx.get(f"{self.extender_base}/readyz", timeout=2, verify=False).status_code == 200
 
         wait_until(ready, timeout, "extender /readyz", interval=0.2, watch=[self.extender])
         self.timings.setdefault("extender", time.monotonic() - t0)

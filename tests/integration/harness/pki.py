@@ -170,3 +170,40 @@ def kubeconfig(path: Path, server: str, ca: Path, client: KeyPair, user: str) ->
     }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+# The name the chart's default-scheduler stanza verifies the extender by (tlsConfig.serverName).
+SERVICE_DNS = "llm-placement.llm-placement.svc"
+
+
+@dataclass(frozen=True)
+class VerbsPKI:
+    """TLS for the extender's verbs, as the chart makes it: a CA of its own, the extender's serving
+    certificate (loopback names) and kube-scheduler's client certificate; plus a client certificate
+    of another CA, which must be refused."""
+
+    ca: KeyPair
+    serving: KeyPair
+    scheduler: KeyPair
+    stranger: KeyPair
+
+
+def _ca(name: str, d: Path) -> KeyPair:
+    ca = KeyPair(d / f"{name}.crt", d / f"{name}.key")
+    _ec_key(ca.key, d)
+    _openssl("req", "-x509", "-new", "-key", str(ca.key), "-subj", f"/CN={name}", "-days", "3", "-sha256",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", "-out", str(ca.cert), cwd=d)
+    return ca
+
+
+def make_verbs_pki(d: Path) -> VerbsPKI:
+    d.mkdir(parents=True, exist_ok=True)
+    ca = _ca("verbs-ca", d)
+    serving = _leaf("verbs-serving", "/CN=llm-placement", ca,
+                    ["keyUsage=critical,digitalSignature,keyEncipherment", "extendedKeyUsage=serverAuth",
+                     f"subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:{SERVICE_DNS}"], d)
+    scheduler = client_cert("verbs-scheduler", "kube-scheduler", ca, d)
+    other = _ca("other-ca", d)
+    stranger = client_cert("stranger", "kube-scheduler", other, d)
+    return VerbsPKI(ca, serving, scheduler, stranger)

@@ -107,3 +107,18 @@ def extender_url_path(chart: dict[str, Any]) -> str:
 def write_yaml(path: Path, doc: Any) -> Path:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def with_verbs_tls(ext: dict[str, Any], cert: Path, key: Path, ca: Path,
+                   server_name: str | None = None) -> dict[str, Any]:
+    """The extender entry over TLS with kube-scheduler's client certificate, the fields the chart
+    sets (tests/deploy/test_chart.py checks the chart renders the same keys); ``server_name`` as
+    the default-scheduler stanza sets it (the Service's DNS name)."""
+    out = copy.deepcopy(ext)
+    parts = urlsplit(out["urlPrefix"])
+    out["urlPrefix"] = urlunsplit(("https", parts.netloc, parts.path, parts.query, parts.fragment))
+    out["enableHTTPS"] = True
+    out["tlsConfig"] = {"certFile": str(cert), "keyFile": str(key), "caFile": str(ca)}
+    if server_name:
+        out["tlsConfig"]["serverName"] = server_name
+    return out
