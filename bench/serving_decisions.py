@@ -18,6 +18,7 @@ target; each one is known to run, so every memory refusal is false.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from app.core.catalog import default_catalog
 from app.core.feasibility import NodeFit, evaluate
 from app.core.nodes import NodeFacts, NodeLabelKeys, node_facts
 from app.core.reasons import ReasonCode
-from app.core.serving_model import ServingCalibration
+from app.core.serving_model import DEFAULT_CONFIDENCE, ErrorQuantiles, ServingCalibration, target_quantile
 from app.core.snapshot import NodeUsage
 from app.core.workload import Stage, WorkloadSpec
 
@@ -67,8 +68,15 @@ Rule = Callable[[ServingCalibration, Sequence[Measurement], Sequence[fit.Ratio]]
 
 def margin_rule(cal: ServingCalibration, rest: Sequence[Measurement], _cv: Sequence[fit.Ratio]
                 ) -> Callable[[fit.Ratio], float]:
-    """Each group's worst-point margin, made from the fit's in-sample errors on the other sources."""
-    table = fit.margins(fit.predict(rest, cal))
+    """The former rule: per metric and narrowest group, the smallest factor (at least 1) under which
+    no point of the other sources, estimated in-sample, is accepted at a target it misses by more
+    than 1.3x (its worst point sets it)."""
+    table: dict[str, dict[str, float]] = {}
+    for r in fit.predict(rest, cal):
+        need = max(1.0, r.measured / r.estimated / 1.3)
+        for key in (fit.group_of(r.row), "all"):
+            got = table.setdefault(r.metric, {})
+            got[key] = max(got.get(key, 1.0), math.ceil(need * 100 - 1e-9) / 100)
 
     def factor(r: fit.Ratio) -> float:
         got = table.get(r.metric, {})
@@ -76,7 +84,20 @@ def margin_rule(cal: ServingCalibration, rest: Sequence[Measurement], _cv: Seque
     return factor
 
 
-RULES: dict[str, Rule] = {"margin": margin_rule}
+def quantile_rule(confidence: float) -> Rule:
+    """The filter's rule: the group's quantile of measured / estimate at ``confidence`` over the
+    other sources' cross-validated errors (what ``llm-placement calibrate`` records)."""
+    def rule(cal: ServingCalibration, _rest: Sequence[Measurement], cv: Sequence[fit.Ratio]
+             ) -> Callable[[fit.Ratio], float]:
+        recorded = cal.model_copy(update={"error_quantiles": fit.error_quantiles(cv)})
+        return fit.quantile_factor(recorded, confidence)
+    return rule
+
+
+RULES: dict[str, Rule] = {"worst-point margin (former)": margin_rule,
+                          f"quantile at {DEFAULT_CONFIDENCE:g} (default confidence)":
+                          quantile_rule(DEFAULT_CONFIDENCE)}
+SWEEP = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 
 
 def judge(rows: Sequence[Measurement], rules: dict[str, Rule],
@@ -101,6 +122,37 @@ def judge(rows: Sequence[Measurement], rules: dict[str, Rule],
             factor = rule(fits[source], rest, cv)
             out[name].extend(Judged(r, factor(r)) for r in held[source])
     return out
+
+
+def judge_sweep(rows: Sequence[Measurement], judged: dict[str, list[Judged]]) -> list[dict[str, object]]:
+    """The quantile rule at each confidence of SWEEP, from the same held-out estimates."""
+    base = next(iter(judged.values()))
+    by_source: dict[str, list[fit.Ratio]] = {}
+    for j in base:
+        by_source.setdefault(j.ratio.row.source.id, []).append(j.ratio)
+    tables = {s: fit.error_quantiles([r for o, got in by_source.items() if o != s for r in got])
+              for s in by_source}
+    out: list[dict[str, object]] = []
+    for confidence in SWEEP:
+        got = [Judged(r, target_quantile_of(tables[r.row.source.id], r, confidence)) for r in
+               (j.ratio for j in base)]
+        for metric in ("tpot", "ttft"):
+            table = [t for t in rates(got) if t["metric"] == metric]
+            overall = next(t for t in table if t["group"] == "all")
+            big = [t for t in table if int(str(t["n"])) >= MIN_GROUP]
+            fr = max(big, key=lambda t: float(str(t["false_refusal"])))
+            fa = max(big, key=lambda t: float(str(t["false_accept"])))
+            out.append({"confidence": confidence, "metric": metric,
+                        "false_refusal": overall["false_refusal"], "false_accept": overall["false_accept"],
+                        "worst_refusal": f"{fr['group']} {float(str(fr['false_refusal'])):.0%}",
+                        "worst_accept": f"{fa['group']} {float(str(fa['false_accept'])):.0%}"})
+    return out
+
+
+def target_quantile_of(table: dict[str, dict[str, ErrorQuantiles]], r: fit.Ratio, confidence: float
+                       ) -> float:
+    cal = ServingCalibration(error_quantiles=table)
+    return target_quantile(cal, fit.group_of(r.row), r.metric, confidence).factor
 
 
 def groups(j: Judged) -> list[str]:
@@ -176,6 +228,16 @@ def main(
         table = rates(got)
         print(markdown(name, table))
         results[name] = table
+    sweep = judge_sweep(rows, judged)
+    print("**the quantile rule at other confidences** (overall, and the worst group of >= "
+          f"{MIN_GROUP} points)\n")
+    print("| confidence | metric | false refusals | worst group | false accepts | worst group |")
+    print("|---:|---|---:|---|---:|---|")
+    for line in sweep:
+        print(f"| {line['confidence']:g} | {line['metric']} | {line['false_refusal']:.0%} | "
+              f"{line['worst_refusal']} | {line['false_accept']:.1%} | {line['worst_accept']} |")
+    print()
+    results["sweep"] = sweep
     refused = memory_refusals(rows)
     print(f"memory false refusals (each deployment with its own concurrency and lengths): "
           f"{len(refused)} of {len(rows)}")

@@ -16,7 +16,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.calibration.corpus import Measurement
-from app.core.serving_model import MISS, ServingCalibration, estimate, narrowest_group, target_margin
+from app.core.serving_model import (
+    DECISION_PARENT,
+    MISS,
+    QUANTILE_LEVELS,
+    ErrorQuantiles,
+    ServingCalibration,
+    decision_group,
+    estimate,
+    narrowest_group,
+    target_quantile,
+)
 
 # Bounds per parameter family: shares of a peak figure, or times.
 _BOUNDS = {
@@ -170,62 +180,63 @@ def group_of(row: Measurement) -> str:
     return narrowest_group(row.moe, p.precision, p.gpus, p.concurrency)
 
 
-def margins(ratios: Sequence[Ratio]) -> dict[str, dict[str, float]]:
-    """Per metric and group, the smallest factor (at least 1, rounded up to a hundredth) that keeps
-    every point's verdict right: estimate x margin never more than MISS below the measurement."""
-    out: dict[str, dict[str, float]] = {}
+def decision_keys(row: Measurement) -> tuple[str, ...]:
+    """The error-distribution groups a measurement counts in: its narrowest, its parents."""
+    keys = [decision_group(group_of(row))]
+    while (parent := DECISION_PARENT.get(keys[-1])) is not None:
+        keys.append(parent)
+    return tuple(keys)
+
+
+def error_quantiles(ratios: Sequence[Ratio]) -> dict[str, dict[str, ErrorQuantiles]]:
+    """Per metric and group, quantiles of measured / estimate at QUANTILE_LEVELS (rounded up to a
+    thousandth, so a recorded quantile never claims more than the points show)."""
+    grouped: dict[str, dict[str, list[float]]] = {}
     for r in ratios:
-        need = max(1.0, r.measured / r.estimated / MISS)
-        table = out.setdefault(r.metric, {})
-        for key in (group_of(r.row), "all"):
-            table[key] = max(table.get(key, 1.0), math.ceil(need * 100 - 1e-9) / 100)
+        for key in decision_keys(r.row):
+            grouped.setdefault(r.metric, {}).setdefault(key, []).append(r.measured / r.estimated)
+    out: dict[str, dict[str, ErrorQuantiles]] = {}
+    for metric, groups in grouped.items():
+        for key, values in groups.items():
+            got = np.quantile(np.asarray(values), QUANTILE_LEVELS)
+            out.setdefault(metric, {})[key] = ErrorQuantiles(
+                n=len(values), q={f"{p:g}": math.ceil(float(v) * 1000 - 1e-9) / 1000
+                                  for p, v in zip(QUANTILE_LEVELS, got, strict=True)})
     return out
+
+
+# A target the hardware meets with this much to spare, and one it misses by this much: refusing
+# the first and accepting the second are the decision's two errors (docs/stage-policy.md).
+MET, MISSED = 1.2, 0.75
 
 
 @dataclass(frozen=True, slots=True)
 class Verdicts:
-    """How the filter's target check fares on the points of one group, margin applied."""
+    """How the filter's target check fares on the points of one group."""
 
     group: str
     metric: str
     n: int
-    margin: float  # the largest margin applied in the group
-    accepted_but_misses: int  # estimate x margin meets a target the measurement misses by > MISS
-    refused_but_runs: int  # estimate x margin exceeds a target the measurement meets with MISS to spare
+    factor: float  # the median factor applied in the group
+    false_accepts: int  # estimate x factor within a target at MISSED x measured
+    false_refusals: int  # estimate x factor over a target at MET x measured
 
 
-def verdicts(ratios: Sequence[Ratio], cal: ServingCalibration | None,
-             per_row: Callable[[Ratio], float] | None = None) -> list[Verdicts]:
-    """Verdict counts per group with ``cal``'s margins (or ``per_row``'s, for cross-validation)."""
-    def margin(r: Ratio) -> float:
-        if per_row is not None:
-            return per_row(r)
-        return target_margin(cal, group_of(r.row), r.metric) if cal is not None else 1.0
-
+def verdicts(ratios: Sequence[Ratio], factor: Callable[[Ratio], float]) -> list[Verdicts]:
+    """Verdict counts per group, each point's estimate multiplied by ``factor``."""
     out = []
     for metric in ("tpot", "ttft"):
         for name, member in GROUPS.items():
             rows = [r for r in ratios if r.metric == metric and member(r)]
             if not rows:
                 continue
-            judged = [(r.ratio * margin(r), margin(r)) for r in rows]
-            out.append(Verdicts(name, metric, len(rows), max(m for _, m in judged),
-                                sum(1 for v, _ in judged if v < 1 / MISS),
-                                sum(1 for v, _ in judged if v > MISS)))
+            judged = sorted((r.ratio * factor(r), factor(r)) for r in rows)
+            out.append(Verdicts(name, metric, len(rows), float(np.median([f for _, f in judged])),
+                                sum(1 for v, _ in judged if v <= MISSED),
+                                sum(1 for v, _ in judged if v > MET)))
     return out
 
 
-def cross_validated_verdicts(rows: Sequence[Measurement], start: ServingCalibration | None = None
-                             ) -> list[Verdicts]:
-    """Each source judged by a fit and margins made from every other source."""
-    judged: list[tuple[Ratio, float]] = []
-    for source in sorted({r.source.id for r in rows}):
-        held = [r for r in rows if r.source.id == source]
-        rest = [r for r in rows if r.source.id != source]
-        cal = fit(rest, start)
-        table = margins(predict(rest, cal))
-        for ratio in predict(held, cal):
-            got = table.get(ratio.metric, {})
-            judged.append((ratio, got.get(group_of(ratio.row), got.get("all", 1.0))))
-    lookup = {id(r): m for r, m in judged}
-    return verdicts([r for r, _ in judged], None, per_row=lambda r: lookup[id(r)])
+def quantile_factor(cal: ServingCalibration, confidence: float) -> Callable[[Ratio], float]:
+    """The filter's factor for a corpus point: its group's quantile at ``confidence``."""
+    return lambda r: target_quantile(cal, group_of(r.row), r.metric, confidence).factor

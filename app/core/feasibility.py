@@ -16,10 +16,11 @@ from app.core.profiles import Profile
 from app.core.reasons import ReasonCode, Rejection, reject
 from app.core.serving_model import (
     Estimate,
+    TargetQuantile,
     error_group,
     serving_estimate,
     serving_lengths,
-    target_margin,
+    target_quantile,
     tp_link,
 )
 from app.core.sizing import Sizing, TensorParallel, decode_ms_per_token, size
@@ -270,27 +271,32 @@ def _at_precision(spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, precisi
                    estimate=est)
 
 
+def _quantile(spec: WorkloadSpec, precision: Precision, policy: FeasibilityPolicy, metric: str
+              ) -> TargetQuantile:
+    return target_quantile(policy.serving, error_group(spec, precision, policy.default_concurrency),
+                           metric, policy.serving_confidence)
+
+
 def _decode_target(spec: WorkloadSpec, precision: Precision, ms: float | None, est: Estimate | None,
                    tp: TensorParallel | None, profile: Profile | None, policy: FeasibilityPolicy, at: str
                    ) -> Rejection | None:
-    """``max-ms-per-token``: a measurement as it is, an estimate with its group's margin (the
-    published measurements of similar setups were that much slower at worst; docs/stage-policy.md)."""
+    """``max-ms-per-token``: a measurement as it is; an estimate times its group's quantile of
+    measured / estimate at the configured confidence (docs/stage-policy.md, "Target decision")."""
     if spec.serving_role is ServingRole.PREFILL or spec.max_ms_per_token is None:
         return None
     measured = profile is not None and profile.ms_per_token is not None
-    margin = 1.0 if measured or est is None else target_margin(
-        policy.serving, error_group(spec, precision, policy.default_concurrency))
-    if ms is not None and ms * margin <= spec.max_ms_per_token:
+    q = None if measured or est is None else _quantile(spec, precision, policy, "tpot")
+    factor = 1.0 if q is None else q.factor
+    if ms is not None and ms * factor <= spec.max_ms_per_token:
         return None
     # Name the cause: bandwidth alone would have met the target, the all-reduces did not.
     comm = (not measured and ms is not None and tp is not None
-            and (ms - tp.per_token_ms) * margin <= spec.max_ms_per_token)
+            and (ms - tp.per_token_ms) * factor <= spec.max_ms_per_token)
     why = ("measured too slow" if measured
            else f"tensor-parallel all-reduce over {tp.link.kind} too slow" if comm and tp
            else "memory bandwidth too low")
-    shown = f" (estimate {ms:.1f} ms x margin {margin:g})" if margin > 1 and ms else ""
-    return reject(ReasonCode.LATENCY_SLO,
-                  f"cannot meet {spec.max_ms_per_token:g} ms/token: {why}{at}{shown}")
+    shown = f" ({q.says(ms)})" if q is not None and ms else ""
+    return reject(ReasonCode.LATENCY_SLO, f"cannot meet {spec.max_ms_per_token:g} ms/token: {why}{at}{shown}")
 
 
 def _first_token_target(spec: WorkloadSpec, precision: Precision, ttft: float | None,
@@ -300,17 +306,18 @@ def _first_token_target(spec: WorkloadSpec, precision: Precision, ttft: float | 
     assert spec.max_ttft_ms is not None
     if measured_ttft is not None:
         ttft = measured_ttft
-    margin = 1.0 if measured_ttft is not None or est is None else target_margin(
-        policy.serving, error_group(spec, precision, policy.default_concurrency), "ttft")
-    if ttft is not None and ttft * margin <= spec.max_ttft_ms:
+    q = None if measured_ttft is not None or est is None else _quantile(spec, precision, policy, "ttft")
+    factor = 1.0 if q is None else q.factor
+    if ttft is not None and ttft * factor <= spec.max_ttft_ms:
         return None
     comm = (measured_ttft is None and ttft is not None and tp is not None
-            and (ttft - tp.prefill_ms) * margin <= spec.max_ttft_ms)
+            and (ttft - tp.prefill_ms) * factor <= spec.max_ttft_ms)
     why = ("GPU compute unknown" if ttft is None
            else "measured too slow" if measured_ttft is not None
            else f"tensor-parallel all-reduce over {tp.link.kind} too slow" if comm and tp
            else "compute too low")
-    return reject(ReasonCode.LATENCY_SLO, f"cannot meet {spec.max_ttft_ms:g} ms to first token: {why}")
+    shown = f" ({q.says(ttft)})" if q is not None and ttft is not None else ""
+    return reject(ReasonCode.LATENCY_SLO, f"cannot meet {spec.max_ttft_ms:g} ms to first token: {why}{shown}")
 
 
 def apply_default_target(

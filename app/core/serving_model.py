@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Protocol
@@ -64,6 +65,36 @@ def weight_kind(precision: Precision, gpu: GpuSpec) -> str:
     if precision in (Precision.INT8, Precision.INT4):
         return precision.value
     return "w16"
+
+
+# Probabilities at which the calibrate command records the error distribution; the confidence
+# setting must lie within them (app/config.py validates it) and is interpolated between them.
+QUANTILE_LEVELS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99)
+# The ``serving_confidence`` setting's default and range (app/config.py).
+DEFAULT_CONFIDENCE = 0.9
+# A group's own distribution is used from this many cross-validated points; below it the group
+# borrows its parent's (docs/stage-policy.md, "Target decision").
+MIN_GROUP_POINTS = 20
+
+
+class ErrorQuantiles(BaseModel):
+    """One group's cross-validated distribution of measured / estimate, as quantiles."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n: Annotated[int, Field(ge=1)]
+    # probability (as written, "0.9") -> measured / estimate at that quantile
+    q: dict[str, Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)]]
+
+    def at(self, confidence: float) -> float:
+        """The quantile at ``confidence``, linear between the recorded levels (clamped)."""
+        levels = sorted((float(k), v) for k, v in self.q.items())
+        if confidence <= levels[0][0]:
+            return levels[0][1]
+        for (p0, v0), (p1, v1) in itertools.pairwise(levels):
+            if confidence <= p1:
+                return v0 + (v1 - v0) * (confidence - p0) / (p1 - p0)
+        return levels[-1][1]
 
 
 class ServingCalibration(BaseModel):
@@ -97,12 +128,12 @@ class ServingCalibration(BaseModel):
     # Prompt tokens the engine computes in one prefill step: prompts that arrive together are
     # taken this many tokens at a time (a starting value; the fit moves it).
     prefill_token_budget: Positive = 8192.0
-    # Per metric ("tpot", "ttft") and corpus group: the factor an estimate is multiplied by before it
-    # is compared with a pod's target, so that no published measurement of the group would miss a
-    # target the filter accepts by more than MISS (docs/stage-policy.md, "Target margin"). Written by
-    # the calibrate command from the fit's own errors; not a fitted parameter.
-    target_margin: dict[str, dict[str, Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)]]] = \
-        Field(default_factory=dict)
+    # Per metric ("tpot", "ttft") and corpus group: quantiles of measured / estimate over the
+    # cross-validated errors (each source predicted by a fit to the others), at the probabilities
+    # of QUANTILE_LEVELS, and how many points they were taken from. A target is met when the
+    # estimate times the quantile at the ``serving_confidence`` setting is within it
+    # (docs/stage-policy.md, "Target decision"). Written by the calibrate command; not fitted.
+    error_quantiles: dict[str, dict[str, ErrorQuantiles]] = Field(default_factory=dict)
     # Where the values came from (the calibrate command writes the corpus and the fit's figures).
     provenance: dict[str, Any] = Field(default_factory=dict)
 
@@ -373,10 +404,48 @@ def error_group(spec: WorkloadSpec, precision: Precision, default_concurrency: i
     return narrowest_group(moe, precision, spec.gpus, spec.concurrency or default_concurrency)
 
 
-def target_margin(cal: ServingCalibration, group: str, metric: str = "tpot") -> float:
-    """What an estimate of ``group`` is multiplied by before it is compared with a target."""
-    table = cal.target_margin.get(metric, {})
-    return table.get(group, table.get("all", 1.0))
+# Where a group with fewer than MIN_GROUP_POINTS cross-validated points borrows its distribution:
+# every narrow dense group from all dense models, those and mixtures of experts from the pool.
+DECISION_PARENT: dict[str, str] = {
+    "int4": "dense", "int8/fp8": "dense", "tp>=4": "dense", "concurrency>=16": "dense",
+    "dense-16bit": "dense", "dense": "all", "moe": "all"}
+
+
+def decision_group(group: str) -> str:
+    """The error-distribution key of a narrowest group: the narrow 16-bit dense group is recorded as
+    ``dense-16bit`` so that ``dense`` can name every dense model, its parent."""
+    return "dense-16bit" if group == "dense" else group
+
+
+@dataclass(frozen=True, slots=True)
+class TargetQuantile:
+    """What an estimate is multiplied by before it is compared with a target, and why."""
+
+    factor: float  # measured / estimate at ``confidence`` (1 without a recorded distribution)
+    confidence: float
+    group: str  # the group whose distribution was used (the pod's own, or a parent)
+    n: int  # cross-validated points behind it (0: none recorded)
+
+    def says(self, estimate_ms: float) -> str:
+        """``estimate 31 ms x q90 1.18 = 36.6 ms``."""
+        if self.n == 0:
+            return f"estimate {estimate_ms:.3g} ms (no error distribution recorded)"
+        return (f"estimate {estimate_ms:.3g} ms x q{self.confidence * 100:g} {self.factor:.2f} = "
+                f"{estimate_ms * self.factor:.1f} ms")
+
+
+def target_quantile(cal: ServingCalibration, group: str, metric: str, confidence: float
+                    ) -> TargetQuantile:
+    """The quantile of measured / estimate at ``confidence`` for a pod of narrowest ``group``: its
+    own group's when it has MIN_GROUP_POINTS, else the nearest parent's that has (never one point's)."""
+    table = cal.error_quantiles.get(metric, {})
+    key: str | None = decision_group(group)
+    while key is not None:
+        got = table.get(key)
+        if got is not None and got.n >= MIN_GROUP_POINTS:
+            return TargetQuantile(got.at(confidence), confidence, key, got.n)
+        key = DECISION_PARENT.get(key)
+    return TargetQuantile(1.0, confidence, "none", 0)
 
 
 def error_band(cal: ServingCalibration, group: str, metric: str = "tpot") -> dict[str, Any] | None:

@@ -80,7 +80,7 @@ def test_moe_is_placed_by_its_active_parameters(
 ) -> None:
     # 30B total at int4 is 15 GB: it fits a 24 GB L4. A token of a 30B-A3B mixture of experts reads
     # ~3B parameters (Qwen3-30B-A3B's model card: 30.5B total, 3.3B active), inside 60 ms on the L4's
-    # 300 GB/s even with the MoE target margin (docs/stage-policy.md); a dense 30B reads all 15 GB
+    # 300 GB/s even with the MoE error quantile (docs/stage-policy.md); a dense 30B reads all 15 GB
     # (over 100 ms there), so only the L40S or H100 meet the target for it.
     common: dict[str, Any] = {"stage": "serving", "model_params": "30B", "precision": "int4",
                               "max_ms_per_token": 60, "gpus": 1, "cpu": "4", "memory": "32Gi",
