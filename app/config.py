@@ -172,7 +172,10 @@ class Settings(BaseSettings):
     # or 65,536 sequences at once the KV-cache estimate outgrows every GPU, and no un-annotated
     # serving pod could be placed.
     default_context_tokens: int = Field(4096, gt=0, le=10_000_000)
-    default_concurrency: int = Field(8, gt=0, le=65_536)
+    # A serving pod without a `concurrency` annotation is judged at one request at a time: the load
+    # of the single-client measurements engines publish, which such a pod's targets are usually
+    # read from (docs/stage-policy.md, "Default load"). A pod serving more states it.
+    default_concurrency: int = Field(1, gt=0, le=65_536)
     # Latency an interactive (chat) service should reach when the pod sets no max-ms-per-token:
     # ~20 tokens/s, faster than people read. A soft target: slower nodes score lower, not zero.
     # 1 ms (faster than any GPU decodes) to 10 s per token; outside that the target means nothing.

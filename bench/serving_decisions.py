@@ -84,19 +84,22 @@ def margin_rule(cal: ServingCalibration, rest: Sequence[Measurement], _cv: Seque
     return factor
 
 
-def quantile_rule(confidence: float) -> Rule:
+def quantile_rule(confidence: float, engine: bool = False) -> Rule:
     """The filter's rule: the group's quantile of measured / estimate at ``confidence`` over the
-    other sources' cross-validated errors (what ``llm-placement calibrate`` records)."""
+    other sources' cross-validated errors (what ``llm-placement calibrate`` records); ``engine``:
+    each pod names its engine (the corpus row's), as the ``serving-engine`` annotation does."""
     def rule(cal: ServingCalibration, _rest: Sequence[Measurement], cv: Sequence[fit.Ratio]
              ) -> Callable[[fit.Ratio], float]:
         recorded = cal.model_copy(update={"error_quantiles": fit.error_quantiles(cv)})
-        return fit.quantile_factor(recorded, confidence)
+        return (fit.engine_factor if engine else fit.quantile_factor)(recorded, confidence)
     return rule
 
 
 RULES: dict[str, Rule] = {"worst-point margin (former)": margin_rule,
                           f"quantile at {DEFAULT_CONFIDENCE:g} (default confidence)":
-                          quantile_rule(DEFAULT_CONFIDENCE)}
+                          quantile_rule(DEFAULT_CONFIDENCE),
+                          f"quantile at {DEFAULT_CONFIDENCE:g}, engine named (serving-engine)":
+                          quantile_rule(DEFAULT_CONFIDENCE, engine=True)}
 SWEEP = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 
 
@@ -152,7 +155,7 @@ def judge_sweep(rows: Sequence[Measurement], judged: dict[str, list[Judged]]) ->
 def target_quantile_of(table: dict[str, dict[str, ErrorQuantiles]], r: fit.Ratio, confidence: float
                        ) -> float:
     cal = ServingCalibration(error_quantiles=table)
-    return target_quantile(cal, fit.group_of(r.row), r.metric, confidence).factor
+    return target_quantile(cal, fit.group_of(r.row), r.metric, confidence, r.row.point.concurrency).factor
 
 
 def groups(j: Judged) -> list[str]:

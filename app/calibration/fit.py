@@ -17,16 +17,19 @@ import numpy as np
 
 from app.calibration.corpus import Measurement
 from app.core.serving_model import (
-    DECISION_PARENT,
     MISS,
     QUANTILE_LEVELS,
     ErrorQuantiles,
     ServingCalibration,
-    decision_group,
+    engine_key,
     estimate,
     narrowest_group,
     target_quantile,
 )
+from app.core.serving_model import (
+    decision_keys as serving_decision_keys,
+)
+from app.core.workload import ServingEngine
 
 # Bounds per parameter family: shares of a peak figure, or times.
 _BOUNDS = {
@@ -181,11 +184,14 @@ def group_of(row: Measurement) -> str:
 
 
 def decision_keys(row: Measurement) -> tuple[str, ...]:
-    """The error-distribution groups a measurement counts in: its narrowest, its parents."""
-    keys = [decision_group(group_of(row))]
-    while (parent := DECISION_PARENT.get(keys[-1])) is not None:
-        keys.append(parent)
-    return tuple(keys)
+    """The error-distribution groups a measurement counts in: its narrowest and its parents, and a
+    one-client measurement also in its one-client groups (so the narrow groups of pods under load
+    keep every point of their kind, and a pod alone gets the tighter one-client figures)."""
+    keys = serving_decision_keys(group_of(row), 2)
+    if row.point.concurrency <= 1:
+        keys = serving_decision_keys(group_of(row), 1)[:2] + keys
+    engine = row.point.engine
+    return (engine_key(engine), *keys) if engine.split("-", 1)[0] in ENGINES else keys
 
 
 def error_quantiles(ratios: Sequence[Ratio]) -> dict[str, dict[str, ErrorQuantiles]]:
@@ -204,6 +210,8 @@ def error_quantiles(ratios: Sequence[Ratio]) -> dict[str, dict[str, ErrorQuantil
                                   for p, v in zip(QUANTILE_LEVELS, got, strict=True)})
     return out
 
+
+ENGINES = frozenset(e.value for e in ServingEngine)
 
 # A target the hardware meets with this much to spare, and one it misses by this much: refusing
 # the first and accepting the second are the decision's two errors (docs/stage-policy.md).
@@ -239,4 +247,11 @@ def verdicts(ratios: Sequence[Ratio], factor: Callable[[Ratio], float]) -> list[
 
 def quantile_factor(cal: ServingCalibration, confidence: float) -> Callable[[Ratio], float]:
     """The filter's factor for a corpus point: its group's quantile at ``confidence``."""
-    return lambda r: target_quantile(cal, group_of(r.row), r.metric, confidence).factor
+    return lambda r: target_quantile(cal, group_of(r.row), r.metric, confidence,
+                                     r.row.point.concurrency).factor
+
+
+def engine_factor(cal: ServingCalibration, confidence: float) -> Callable[[Ratio], float]:
+    """The same, for a pod that names its engine (the corpus row's)."""
+    return lambda r: target_quantile(cal, group_of(r.row), r.metric, confidence, r.row.point.concurrency,
+                                     r.row.point.engine).factor

@@ -194,10 +194,12 @@ class Shape:
 
     @property
     def moe_layers(self) -> int:
-        """Layers with routed experts (0 for dense models and models without routing facts)."""
-        if self.arch is None or self.params != self.arch.params:
-            return 0
-        return self.arch.moe_layers
+        """Layers with routed experts: the registry's, else every layer of a pod whose active
+        parameters are fewer than its total (a mixture of experts given by counts; the published
+        ones route in every layer or nearly: Mixtral 32 of 32, DeepSeek-V3 58 of 61)."""
+        if self.arch is not None and self.params == self.arch.params:
+            return self.arch.moe_layers
+        return round(self.layers) if self.active_params < self.params else 0
 
     @classmethod
     def of(cls, params: float, active_params: float | None, arch: ModelArch | None) -> Shape:
@@ -365,15 +367,16 @@ def serving_lengths(spec: WorkloadSpec, defaults: ServingDefaults) -> tuple[int,
 
 
 def serving_estimate(spec: WorkloadSpec, precision: Precision, gpu: GpuSpec, bandwidth_tbs: float,
-                     defaults: ServingDefaults) -> Estimate:
-    """The estimate for a serving pod on ``spec.gpus`` GPUs of one product."""
+                     defaults: ServingDefaults, clients: int | None = None) -> Estimate:
+    """The estimate for a serving pod on ``spec.gpus`` GPUs of one product, ``clients`` served at
+    once (default: the pod's concurrency; fewer when the KV cache holds fewer and the rest queue)."""
     from app.core.model_registry import default_registry
 
     arch = default_registry().get(spec.model) if spec.model else None
     params = spec.model_params or (arch.params if arch else 0.0)
     prompt, output = serving_lengths(spec, defaults)
     case = Case(Shape.of(params, spec.active_params, arch), precision, gpu, max(spec.gpus, 1),
-                spec.concurrency or defaults.default_concurrency, prompt, output,
+                clients or spec.concurrency or defaults.default_concurrency, prompt, output,
                 bandwidth_tbs=bandwidth_tbs or None)
     return estimate(case, defaults.serving)
 
@@ -397,24 +400,42 @@ def narrowest_group(moe: bool, precision: Precision, gpus: int, concurrency: int
     return "dense"
 
 
-def error_group(spec: WorkloadSpec, precision: Precision, default_concurrency: int) -> str:
-    """The corpus group whose cross-validated error describes this pod best (the narrowest)."""
+def error_group(spec: WorkloadSpec, precision: Precision, clients: int) -> str:
+    """The corpus group whose cross-validated error describes this pod best (the narrowest), served
+    to ``clients`` at once (its concurrency, or the default, or what its KV cache holds)."""
     moe = (spec.active_params is not None and bool(spec.model_params)
            and spec.active_params < (spec.model_params or 0))
-    return narrowest_group(moe, precision, spec.gpus, spec.concurrency or default_concurrency)
+    return narrowest_group(moe, precision, spec.gpus, clients)
 
 
 # Where a group with fewer than MIN_GROUP_POINTS cross-validated points borrows its distribution:
-# every narrow dense group from all dense models, those and mixtures of experts from the pool.
+# every narrow dense group from all dense models, those and mixtures of experts from the pool; a
+# group at one client (a request alone: no queueing behind other prompts, the tighter regime) from
+# every one-client point, then the pool.
 DECISION_PARENT: dict[str, str] = {
     "int4": "dense", "int8/fp8": "dense", "tp>=4": "dense", "concurrency>=16": "dense",
-    "dense-16bit": "dense", "dense": "all", "moe": "all"}
+    "dense-16bit": "dense", "dense": "all", "moe": "all", "1 client": "all"}
+ONE_CLIENT = ", 1 client"
 
 
-def decision_group(group: str) -> str:
-    """The error-distribution key of a narrowest group: the narrow 16-bit dense group is recorded as
-    ``dense-16bit`` so that ``dense`` can name every dense model, its parent."""
-    return "dense-16bit" if group == "dense" else group
+def decision_keys(group: str, clients: int, engine: str | None = None) -> tuple[str, ...]:
+    """The error-distribution groups of a configuration, narrowest first: the engine's own
+    (``engine vllm``, when the pod names it), its narrowest group (the narrow 16-bit dense group is
+    recorded as ``dense-16bit`` so that ``dense`` names every dense model), at one client its own
+    one-client group first, then the parents."""
+    base = "dense-16bit" if group == "dense" else group
+    keys = [f"{base}{ONE_CLIENT}", "1 client"] if clients <= 1 else [base]
+    while (parent := DECISION_PARENT.get(keys[-1])) is not None:
+        keys.append(parent)
+    if engine:
+        keys.insert(0, engine_key(engine))
+    return tuple(keys)
+
+
+def engine_key(engine: str) -> str:
+    """``engine vllm`` for ``vllm/0.11.0`` or a corpus row's ``vllm``; ``lmdeploy-turbomind`` is
+    LMDeploy's TurboMind backend."""
+    return "engine " + engine.split("/", 1)[0].split("-", 1)[0].lower()
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,6 +447,13 @@ class TargetQuantile:
     group: str  # the group whose distribution was used (the pod's own, or a parent)
     n: int  # cross-validated points behind it (0: none recorded)
 
+    def rule(self) -> str:
+        """``estimate x q90 1.18``: the same for every node of the pod's group, so a rejection's
+        text stays one reason across GPU products (explain gives each node's figures)."""
+        if self.n == 0:
+            return "bare estimate: no error distribution recorded"
+        return f"estimate x q{self.confidence * 100:g} {self.factor:.2f}"
+
     def says(self, estimate_ms: float) -> str:
         """``estimate 31 ms x q90 1.18 = 36.6 ms``."""
         if self.n == 0:
@@ -434,17 +462,16 @@ class TargetQuantile:
                 f"{estimate_ms * self.factor:.1f} ms")
 
 
-def target_quantile(cal: ServingCalibration, group: str, metric: str, confidence: float
-                    ) -> TargetQuantile:
-    """The quantile of measured / estimate at ``confidence`` for a pod of narrowest ``group``: its
-    own group's when it has MIN_GROUP_POINTS, else the nearest parent's that has (never one point's)."""
+def target_quantile(cal: ServingCalibration, group: str, metric: str, confidence: float, clients: int,
+                    engine: str | None = None) -> TargetQuantile:
+    """The quantile of measured / estimate at ``confidence`` for a pod of narrowest ``group`` served
+    to ``clients`` at once by ``engine`` (None: unstated): the engine's when it has MIN_GROUP_POINTS,
+    else its own group's when that has, else the nearest parent's that has (never one point's)."""
     table = cal.error_quantiles.get(metric, {})
-    key: str | None = decision_group(group)
-    while key is not None:
+    for key in decision_keys(group, clients, engine):
         got = table.get(key)
         if got is not None and got.n >= MIN_GROUP_POINTS:
             return TargetQuantile(got.at(confidence), confidence, key, got.n)
-        key = DECISION_PARENT.get(key)
     return TargetQuantile(1.0, confidence, "none", 0)
 
 

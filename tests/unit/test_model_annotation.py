@@ -86,9 +86,9 @@ def test_explain_shows_the_quantile_its_targets_were_checked_with() -> None:
                                  max_ms_per_token="500"))
     note = next(e for e in out["nodes"] if e["node"] == "h100")["serving_model"]
     for metric in ("tpot", "ttft"):
-        want = target_quantile(default_calibration(), "int4", metric, 0.9)
+        want = target_quantile(default_calibration(), "int4", metric, 0.9, 1)
         assert note["target_quantile"][metric] == {"confidence": 0.9, "quantile": round(want.factor, 3),
                                                    "group": want.group, "points": want.n}
     line = note["target_decision"][0]
     assert line.startswith("meets 500 ms/token at 90 % confidence: estimate ")
-    assert f"x q90 {target_quantile(default_calibration(), 'int4', 'tpot', 0.9).factor:.2f} =" in line
+    assert f"x q90 {target_quantile(default_calibration(), 'int4', 'tpot', 0.9, 1).factor:.2f} =" in line
