@@ -111,12 +111,13 @@ def profiles(control_plane: ControlPlane, tmp_path: Path) -> Iterator[None]:
 def test_without_a_profile_the_estimate_keeps_8b_int8_chat_off_the_l4(
     cluster: ClusterScope, gpus: dict[str, str], unique: Callable[[str], str], clean: None,
 ) -> None:
-    # Interactive 8B int8 without a target is held to the 50 ms/token default. The estimate puts the
-    # L4 at ~58 ms, so it goes to a pricier GPU; a measured 41 ms on the L4 makes the L4 the cheapest
-    # node that meets the target.
+    # Interactive 8B int8 to eight clients without a target is held to the 50 ms/token default. The
+    # estimate puts the L4 above it, so it goes to a pricier GPU; a measured 41 ms on the L4 makes
+    # the L4 the cheapest node that meets the target.
     def chat(name: str) -> dict[str, Any]:
         return llm_pod(name, stage="serving", model_params="8B", precision="int8", gpus=1, cpu="4",
-                       memory="32Gi", annotations={ANN + "latency-class": "interactive"})
+                       memory="32Gi", annotations={ANN + "latency-class": "interactive",
+                                                   ANN + "concurrency": "8"})
 
     assert gpus[_land(cluster, chat(unique("estimated")))] in {"L40S", "H100"}
 
@@ -126,5 +127,6 @@ def test_a_measured_profile_moves_the_same_pod_to_the_l4(
     profiles: None,
 ) -> None:
     pod = llm_pod(unique("measured"), stage="serving", model_params="8B", precision="int8", gpus=1,
-                  cpu="4", memory="32Gi", annotations={ANN + "latency-class": "interactive"})
+                  cpu="4", memory="32Gi", annotations={ANN + "latency-class": "interactive",
+                                                       ANN + "concurrency": "8"})
     assert gpus[_land(cluster, pod)] == "L4"
