@@ -40,7 +40,12 @@ from app.core.policy import (
 )
 from app.core.profiles import ProfileBook, ProfileError
 from app.core.ranking import ScoreMapping
-from app.core.serving_model import ServingCalibration, default_calibration
+from app.core.serving_model import (
+    DEFAULT_CONFIDENCE,
+    QUANTILE_LEVELS,
+    ServingCalibration,
+    default_calibration,
+)
 
 __all__ = ["ConfigError", "NodeLabelKeys", "Settings", "StageWeights", "TierBandwidth", "load_settings"]
 
@@ -175,7 +180,10 @@ class Settings(BaseSettings):
     # or 65,536 sequences at once the KV-cache estimate outgrows every GPU, and no un-annotated
     # serving pod could be placed.
     default_context_tokens: int = Field(4096, gt=0, le=10_000_000)
-    default_concurrency: int = Field(8, gt=0, le=65_536)
+    # A serving pod without a `concurrency` annotation is judged at one request at a time: the load
+    # of the single-client measurements engines publish, which such a pod's targets are usually
+    # read from (docs/stage-policy.md, "Default load"). A pod serving more states it.
+    default_concurrency: int = Field(1, gt=0, le=65_536)
     # Latency an interactive (chat) service should reach when the pod sets no max-ms-per-token:
     # ~20 tokens/s, faster than people read. A soft target: slower nodes score lower, not zero.
     # 1 ms (faster than any GPU decodes) to 10 s per token; outside that the target means nothing.
@@ -187,6 +195,11 @@ class Settings(BaseSettings):
     # as written by `llm-placement calibrate` from your own measurements; none: the shipped
     # calibration from the packaged corpus (docs/stage-policy.md, "The serving model").
     serving_calibration_file: str | None = None
+    # How sure the filter must be that an estimated serving pod meets its latency targets: the
+    # estimate is multiplied by this quantile of its group's cross-validated measured / estimate
+    # before it is compared with the target (docs/stage-policy.md, "Target decision"). Within the
+    # levels the calibration records (0.5-0.99); higher refuses more targets the hardware meets.
+    serving_confidence: float = Field(DEFAULT_CONFIDENCE, ge=QUANTILE_LEVELS[0], le=QUANTILE_LEVELS[-1])
     # Measured serving profiles (YAML or JSON) that replace the estimates for the pods they match:
     # docs/stage-policy.md, "Measured profiles". Read and validated once, at start.
     profiles_file: str | None = None
@@ -274,6 +287,7 @@ class Settings(BaseSettings):
                 default_interactive_ms_per_token=self.default_interactive_ms_per_token,
                 default_target_filter=self.default_target_filter,
                 serving=self._calibration,
+                serving_confidence=self.serving_confidence,
                 profiles=self._profiles if self.live_profiles is None
                 else LiveProfileBook(self.live_profiles.learn_policy(), file=self._profiles),
             )

@@ -17,8 +17,8 @@ from app.core.placer import UNKNOWN
 from app.core.reasons import problem_key
 from app.core.score_list import NodeScore
 from app.core.scoring import GRAVITY_OPENS_AT_MOST
-from app.core.serving_model import error_band, error_group, target_margin
-from app.core.workload import TRAINING_STAGES, WorkloadError, WorkloadSpec
+from app.core.serving_model import ServingCalibration, error_band, error_group, target_quantile
+from app.core.workload import TRAINING_STAGES, ServingRole, WorkloadError, WorkloadSpec
 from app.service import ExtenderService
 
 
@@ -231,10 +231,46 @@ def _guard_note(service: ExtenderService, node: str, sibling: str) -> str:
             "GPUs this node would strand) fits")
 
 
+def _holds(fit: NodeFit) -> str | None:
+    clients, held = fit.sizing.clients, fit.clients_held
+    if not clients or held is None:
+        return None
+    if held >= clients:
+        return f"all {clients} clients at once"
+    return f"{held} of {clients} clients at once; the rest queue (latency estimated at {held})"
+
+
+def _quantile_note(cal: ServingCalibration, group: str, metric: str, confidence: float, clients: int,
+                   engine: str | None) -> dict[str, Any]:
+    q = target_quantile(cal, group, metric, confidence, clients, engine)
+    return {"confidence": confidence, "quantile": round(q.factor, 3), "group": q.group, "points": q.n}
+
+
+def _decisions(spec: WorkloadSpec, fit: NodeFit, group: str, cal: ServingCalibration,
+               confidence: float, clients: int) -> list[str]:
+    """One line per estimated target: ``meets 40 ms/token at 90 % confidence: estimate 31 ms x q90
+    1.18 = 36.6 ms`` (docs/stage-policy.md, "Target decision")."""
+    assert fit.estimate is not None
+    out = []
+    pct = f"{confidence * 100:g} %"
+    if (spec.max_ms_per_token is not None and spec.serving_role is not ServingRole.PREFILL
+            and (fit.profile is None or fit.profile.ms_per_token is None)):
+        q = target_quantile(cal, group, "tpot", confidence, clients, spec.serving_engine)
+        out.append(f"meets {spec.max_ms_per_token:g} ms/token at {pct} confidence: "
+                   f"{q.says(fit.estimate.ms_per_token)} ({q.group}, {q.n} points)")
+    if spec.max_ttft_ms is not None and fit.ttft_ms is not None and fit.estimated_ttft_ms is not None \
+            and fit.ttft_ms == fit.estimated_ttft_ms:
+        q = target_quantile(cal, group, "ttft", confidence, clients, spec.serving_engine)
+        out.append(f"meets {spec.max_ttft_ms:g} ms to first token at {pct} confidence: "
+                   f"{q.says(fit.estimate.ttft_ms)} ({q.group}, {q.n} points)")
+    return out
+
+
 def _serving_note(service: ExtenderService, spec: WorkloadSpec, fit: NodeFit) -> dict[str, Any]:
     assert fit.estimate is not None
     policy = service.placer.policy.feasibility
-    group = error_group(spec, fit.sizing.precision, policy.default_concurrency)
+    clients = fit.clients_held or spec.concurrency or policy.default_concurrency
+    group = error_group(spec, fit.sizing.precision, clients)
     learnt = fit.profile is not None and fit.profile.source.startswith(LIVE_SOURCE_PREFIX)
     decided = ("estimate" if fit.profile is None
                else "learnt profile (live serving metrics)" if learnt else "measured profile")
@@ -242,9 +278,14 @@ def _serving_note(service: ExtenderService, spec: WorkloadSpec, fit: NodeFit) ->
         "estimated_ms_per_token": round(fit.estimate.ms_per_token, 2),
         "estimated_ttft_ms": round(fit.estimate.ttft_ms, 1),
         "parts_ms": {k: round(v, 3) for k, v in fit.estimate.parts},
+        # Engines page the KV cache and queue what it cannot hold (docs/stage-policy.md).
+        "kv_cache_holds": _holds(fit),
         "error_band": error_band(policy.serving, group),
-        # What the estimate was multiplied by before it met the pod's targets (1 for measured).
-        "target_margin": {m: target_margin(policy.serving, group, m) for m in ("tpot", "ttft")},
+        # What the estimate was multiplied by before it was compared with the pod's targets: the
+        # quantile of measured / estimate at the configured confidence (unused for measured).
+        "target_quantile": {m: _quantile_note(policy.serving, group, m, policy.serving_confidence, clients,
+                                              spec.serving_engine) for m in ("tpot", "ttft")},
+        "target_decision": _decisions(spec, fit, group, policy.serving, policy.serving_confidence, clients),
         "decided_by": decided,
         # Which pods, engine and window a learnt profile came from; a measured one's own source.
         "profile_source": None if fit.profile is None else fit.profile.source,

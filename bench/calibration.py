@@ -10,9 +10,8 @@ and the count of wrong verdicts at a 1.3x margin:
 * after, cross-validated: each source predicted by a fit to all the other sources;
 * after, fit to all: the shipped calibration (what the filter uses).
 
-Then the verdicts of the filter's target check with each group's margin (docs/stage-policy.md,
-"Target margin"): from the shipped calibration, cross-validated (margins made without the judged
-source), and through the real filter.
+Then the verdicts of the filter's target check with each group's error quantile (docs/stage-policy.md,
+"Target decision") on the shipped calibration, and through the real filter.
 
 It also runs every corpus deployment through the real filter (``feasibility.evaluate``, default
 settings, the packaged catalog) with no latency target and counts the ones refused for memory:
@@ -37,7 +36,7 @@ from app.core.catalog import default_catalog
 from app.core.feasibility import NodeFit, evaluate
 from app.core.nodes import NodeFacts, NodeLabelKeys, node_facts
 from app.core.reasons import ReasonCode
-from app.core.serving_model import MISS, ServingCalibration, default_calibration
+from app.core.serving_model import DEFAULT_CONFIDENCE, MISS, ServingCalibration, default_calibration
 from app.core.sizing import allreduce_us, gpu_link, shape
 from app.core.snapshot import NodeUsage
 from app.core.workload import Stage, WorkloadSpec
@@ -176,15 +175,16 @@ def main(
             stats = fit.table(ratios, metric)
             print(markdown(f"{label}, estimate / measured: {name}", stats))
             results[f"{metric}: {name}"] = [dataclasses.asdict(s) for s in stats]
-    print("**target verdicts (a target at MISS from the measurement either way), margins applied**\n")
-    print("| judged by | metric | group | n | margin | accepted, misses > 1.3x | refused, runs |")
-    print("|---|---|---|---:|---:|---:|---:|")
-    for label, got in (("shipped calibration", fit.verdicts(variants[SHIPPED], shipped)),
-                       ("cross-validated", fit.cross_validated_verdicts(rows, ServingCalibration()))):
-        for v in got:
-            print(f"| {label} | {v.metric} | {v.group} | {v.n} | {v.margin:.2f} | {v.accepted_but_misses} "
-                  f"| {v.refused_but_runs} |")
-        results[f"verdicts: {label}"] = [dataclasses.asdict(v) for v in got]
+    print(f"**target verdicts at {DEFAULT_CONFIDENCE:g} confidence over the shipped calibration's own "
+          "errors (in-sample; bench/serving_decisions.py judges each source with figures made "
+          "without it)**\n")
+    print(f"| metric | group | n | quantile (median) | false accepts at {fit.MISSED}x | "
+          f"false refusals at {fit.MET}x |")
+    print("|---|---|---:|---:|---:|---:|")
+    got = fit.verdicts(variants[SHIPPED], fit.quantile_factor(shipped, DEFAULT_CONFIDENCE))
+    for v in got:
+        print(f"| {v.metric} | {v.group} | {v.n} | {v.factor:.2f} | {v.false_accepts} | {v.false_refusals} |")
+    results["verdicts: shipped calibration"] = [dataclasses.asdict(v) for v in got]
     real = filter_verdicts(rows)
     print(f"\nthrough the real filter (shipped settings, each point's concurrency; per-token rows "
           f"measured end to end are left to the table above): {real}\n")

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from app.calibration import corpus, fit
 from app.calibration.bench_results import BenchmarkRows, bench_rows
-from app.core.serving_model import ServingCalibration, default_calibration
+from app.core.serving_model import DEFAULT_CONFIDENCE, ServingCalibration, default_calibration
 
 console = Console()
 
@@ -40,11 +40,12 @@ def render(title: str, stats: list[fit.GroupStats]) -> Table:
 
 def render_verdicts(title: str, rows: list[fit.Verdicts]) -> Table:
     t = Table(title=title, title_justify="left")
-    for col in ("metric", "group", "n", "margin", "accepted, misses >1.3x", "refused, runs"):
+    for col in ("metric", "group", "n", "factor (median)", f"false accepts at {fit.MISSED}x",
+                f"false refusals at {fit.MET}x"):
         t.add_column(col, justify="left" if col in ("metric", "group") else "right")
     for v in rows:
-        t.add_row(v.metric, v.group, str(v.n), f"{v.margin:.2f}", str(v.accepted_but_misses),
-                  str(v.refused_but_runs))
+        t.add_row(v.metric, v.group, str(v.n), f"{v.factor:.2f}", f"{v.false_accepts / v.n:.0%}",
+                  f"{v.false_refusals / v.n:.0%}")
     return t
 
 
@@ -113,9 +114,13 @@ def calibrate(
     before = fit.predict(rows, start)
     fitted = fit.fit(rows, start, provenance=provenance)
     after = fit.predict(rows, fitted)
-    # The filter's target check: each group's estimates scaled until none of its measurements would
-    # miss an accepted target by more than MISS.
-    fitted = fitted.model_copy(update={"target_margin": fit.margins(after)})
+    # The filter's target check: the distribution of measured / estimate per group, from the
+    # cross-validated errors (in-sample when there is a single source: narrower than it should be).
+    errors = cv or after
+    fitted = fitted.model_copy(update={
+        "error_quantiles": fit.error_quantiles(errors),
+        "provenance": {**fitted.provenance,
+                       "error_quantiles_from": "cross-validated" if cv else "in-sample"}})
     for metric, label in (("tpot", "per output token"), ("ttft", "to first token")):
         console.print(render(f"estimate / measured, {label}: before (start values)",
                              fit.table(before, metric)))
@@ -124,11 +129,11 @@ def calibrate(
         if cv:
             console.print(render(f"estimate / measured, {label}: cross-validated (each source "
                                  "predicted by a fit to the others)", fit.table(cv, metric)))
-    console.print(render_verdicts("target verdicts with the fitted margins", fit.verdicts(after, fitted)))
-    if validation is not None and cv:
-        console.print(render_verdicts(
-            "target verdicts, cross-validated (each source judged by a fit and margins from the others)",
-            fit.cross_validated_verdicts(validation)))
+    console.print(render_verdicts(
+        f"target verdicts at {DEFAULT_CONFIDENCE:.0%} confidence over the "
+        + ("cross-validated" if cv else "in-sample") + " errors (bench/serving_decisions.py judges "
+        "each source with figures made without it)",
+        fit.verdicts(errors, fit.quantile_factor(fitted, DEFAULT_CONFIDENCE))))
     text = yaml.safe_dump(fitted.model_dump(), sort_keys=False, width=1000)
     if out is None:
         console.print(escape(text), highlight=False)

@@ -17,7 +17,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.calibration.corpus import Measurement
-from app.core.serving_model import MISS, ServingCalibration, estimate, narrowest_group, target_margin
+from app.core.serving_model import (
+    MISS,
+    QUANTILE_LEVELS,
+    ErrorQuantiles,
+    ServingCalibration,
+    engine_key,
+    estimate,
+    narrowest_group,
+    target_quantile,
+)
+from app.core.serving_model import (
+    decision_keys as serving_decision_keys,
+)
+from app.core.workload import ServingEngine
 
 # Bounds per parameter family: shares of a peak figure, or times.
 _BOUNDS = {
@@ -120,10 +133,9 @@ CV_BUDGET_S = 300.0  # the default wall-clock budget of the cross-validation
 @dataclass(frozen=True, slots=True)
 class CrossValidation:
     """Held-out predictions: each fold (a source, or a group of sources when there are more than
-    ``MAX_FOLDS``) predicted by a fit to every other fold, judged by margins from those others."""
+    ``MAX_FOLDS``) predicted by a fit to every other fold."""
 
     ratios: list[Ratio]
-    judged: list[tuple[Ratio, float]]  # (held-out ratio, the margin the other folds give it)
     folds: int
     done: int
     sources: int
@@ -160,7 +172,6 @@ def cross_validation(rows: Sequence[Measurement], start: ServingCalibration | No
     folds = folds_of(rows, max_folds)
     began = clock()
     ratios: list[Ratio] = []
-    judged: list[tuple[Ratio, float]] = []
     done = 0
     for fold in folds:
         if budget_s is not None and done and clock() - began >= budget_s:
@@ -171,14 +182,10 @@ def cross_validation(rows: Sequence[Measurement], start: ServingCalibration | No
         held = [r for r in rows if r.source.id in members]
         rest = [r for r in rows if r.source.id not in members]
         cal = fit(rest, start)
-        table_ = margins(predict(rest, cal))
-        for ratio in predict(held, cal):
-            ratios.append(ratio)
-            got = table_.get(ratio.metric, {})
-            judged.append((ratio, got.get(group_of(ratio.row), got.get("all", 1.0))))
+        ratios.extend(predict(held, cal))
         done += 1
     cut = tuple(sorted(s for fold in folds[done:] for s in fold))
-    return CrossValidation(ratios, judged, len(folds), done, sum(len(f) for f in folds), cut)
+    return CrossValidation(ratios, len(folds), done, sum(len(f) for f in folds), cut)
 
 
 def cross_validate(rows: Sequence[Measurement], start: ServingCalibration | None = None,
@@ -232,54 +239,75 @@ def group_of(row: Measurement) -> str:
     return narrowest_group(row.moe, p.precision, p.gpus, p.concurrency)
 
 
-def margins(ratios: Sequence[Ratio]) -> dict[str, dict[str, float]]:
-    """Per metric and group, the smallest factor (at least 1, rounded up to a hundredth) that keeps
-    every point's verdict right: estimate x margin never more than MISS below the measurement."""
-    out: dict[str, dict[str, float]] = {}
+def decision_keys(row: Measurement) -> tuple[str, ...]:
+    """The error-distribution groups a measurement counts in: its narrowest and its parents, and a
+    one-client measurement also in its one-client groups (so the narrow groups of pods under load
+    keep every point of their kind, and a pod alone gets the tighter one-client figures)."""
+    keys = serving_decision_keys(group_of(row), 2)
+    if row.point.concurrency <= 1:
+        keys = serving_decision_keys(group_of(row), 1)[:2] + keys
+    engine = row.point.engine
+    return (engine_key(engine), *keys) if engine.split("-", 1)[0] in ENGINES else keys
+
+
+def error_quantiles(ratios: Sequence[Ratio]) -> dict[str, dict[str, ErrorQuantiles]]:
+    """Per metric and group, quantiles of measured / estimate at QUANTILE_LEVELS (rounded up to a
+    thousandth, so a recorded quantile never claims more than the points show)."""
+    grouped: dict[str, dict[str, list[float]]] = {}
     for r in ratios:
-        need = max(1.0, r.measured / r.estimated / MISS)
-        table = out.setdefault(r.metric, {})
-        for key in (group_of(r.row), "all"):
-            table[key] = max(table.get(key, 1.0), math.ceil(need * 100 - 1e-9) / 100)
+        for key in decision_keys(r.row):
+            grouped.setdefault(r.metric, {}).setdefault(key, []).append(r.measured / r.estimated)
+    out: dict[str, dict[str, ErrorQuantiles]] = {}
+    for metric, groups in grouped.items():
+        for key, values in groups.items():
+            got = np.quantile(np.asarray(values), QUANTILE_LEVELS)
+            out.setdefault(metric, {})[key] = ErrorQuantiles(
+                n=len(values), q={f"{p:g}": math.ceil(float(v) * 1000 - 1e-9) / 1000
+                                  for p, v in zip(QUANTILE_LEVELS, got, strict=True)})
     return out
+
+
+ENGINES = frozenset(e.value for e in ServingEngine)
+
+# A target the hardware meets with this much to spare, and one it misses by this much: refusing
+# the first and accepting the second are the decision's two errors (docs/stage-policy.md).
+MET, MISSED = 1.2, 0.75
 
 
 @dataclass(frozen=True, slots=True)
 class Verdicts:
-    """How the filter's target check fares on the points of one group, margin applied."""
+    """How the filter's target check fares on the points of one group."""
 
     group: str
     metric: str
     n: int
-    margin: float  # the largest margin applied in the group
-    accepted_but_misses: int  # estimate x margin meets a target the measurement misses by > MISS
-    refused_but_runs: int  # estimate x margin exceeds a target the measurement meets with MISS to spare
+    factor: float  # the median factor applied in the group
+    false_accepts: int  # estimate x factor within a target at MISSED x measured
+    false_refusals: int  # estimate x factor over a target at MET x measured
 
 
-def verdicts(ratios: Sequence[Ratio], cal: ServingCalibration | None,
-             per_row: Callable[[Ratio], float] | None = None) -> list[Verdicts]:
-    """Verdict counts per group with ``cal``'s margins (or ``per_row``'s, for cross-validation)."""
-    def margin(r: Ratio) -> float:
-        if per_row is not None:
-            return per_row(r)
-        return target_margin(cal, group_of(r.row), r.metric) if cal is not None else 1.0
-
+def verdicts(ratios: Sequence[Ratio], factor: Callable[[Ratio], float]) -> list[Verdicts]:
+    """Verdict counts per group, each point's estimate multiplied by ``factor``."""
     out = []
     for metric in ("tpot", "ttft"):
         for name, member in GROUPS.items():
             rows = [r for r in ratios if r.metric == metric and member(r)]
             if not rows:
                 continue
-            judged = [(r.ratio * margin(r), margin(r)) for r in rows]
-            out.append(Verdicts(name, metric, len(rows), max(m for _, m in judged),
-                                sum(1 for v, _ in judged if v < 1 / MISS),
-                                sum(1 for v, _ in judged if v > MISS)))
+            judged = sorted((r.ratio * factor(r), factor(r)) for r in rows)
+            out.append(Verdicts(name, metric, len(rows), float(np.median([f for _, f in judged])),
+                                sum(1 for v, _ in judged if v <= MISSED),
+                                sum(1 for v, _ in judged if v > MET)))
     return out
 
 
-def cross_validated_verdicts(rows: Sequence[Measurement] | CrossValidation,
-                             start: ServingCalibration | None = None) -> list[Verdicts]:
-    """Each source judged by a fit and margins made from every other source (or fold)."""
-    cv = rows if isinstance(rows, CrossValidation) else cross_validation(rows, start, budget_s=None)
-    lookup = {id(r): m for r, m in cv.judged}
-    return verdicts([r for r, _ in cv.judged], None, per_row=lambda r: lookup[id(r)])
+def quantile_factor(cal: ServingCalibration, confidence: float) -> Callable[[Ratio], float]:
+    """The filter's factor for a corpus point: its group's quantile at ``confidence``."""
+    return lambda r: target_quantile(cal, group_of(r.row), r.metric, confidence,
+                                     r.row.point.concurrency).factor
+
+
+def engine_factor(cal: ServingCalibration, confidence: float) -> Callable[[Ratio], float]:
+    """The same, for a pod that names its engine (the corpus row's)."""
+    return lambda r: target_quantile(cal, group_of(r.row), r.metric, confidence, r.row.point.concurrency,
+                                     r.row.point.engine).factor

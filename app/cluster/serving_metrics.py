@@ -119,7 +119,7 @@ def estimate_ratios(observations: Iterable[Observation], defaults: ServingDefaul
     out = []
     for obs in observations:
         est = serving_estimate(obs.spec, obs.precision, obs.gpu, obs.gpu.hbm_bandwidth_tbs, defaults)
-        group = error_group(obs.spec, obs.precision, defaults.default_concurrency)
+        group = error_group(obs.spec, obs.precision, obs.spec.concurrency or defaults.default_concurrency)
         if obs.ms_per_token:
             out.append((group, "tpot", est.ms_per_token / obs.ms_per_token))
         if obs.ttft_ms:

@@ -16,10 +16,11 @@ from app.core.profiles import Profile
 from app.core.reasons import ReasonCode, Rejection, reject
 from app.core.serving_model import (
     Estimate,
+    TargetQuantile,
     error_group,
     serving_estimate,
     serving_lengths,
-    target_margin,
+    target_quantile,
     tp_link,
 )
 from app.core.sizing import Sizing, TensorParallel, decode_ms_per_token, size
@@ -58,12 +59,14 @@ class NodeFit:
     estimated_ttft_ms: float | None = None
     # The serving model's figures with their parts (GPU serving pods), for explain.
     estimate: Estimate | None = None
+    # Of the pod's clients, how many the KV cache holds at once there (the rest queue).
+    clients_held: int | None = None
 
     def on(self, node: NodeFacts) -> NodeFit:
         """The same verdict for another node of identical shape."""
         return NodeFit(node, self.sizing, self.ms_per_token, self.pod_hourly_cost, self.fallback_used,
                        self.ttft_ms, self.tp, self.profile, self.estimated_ms_per_token,
-                       self.estimated_ttft_ms, self.estimate)
+                       self.estimated_ttft_ms, self.estimate, self.clients_held)
 
     @property
     def ms_source(self) -> str:
@@ -237,11 +240,15 @@ def _at_precision(spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, precisi
     tp: TensorParallel | None = None
     # A GPU-served pod is estimated by the calibrated serving model (docs/stage-policy.md, "The
     # serving model"); its tensor-parallel share is kept apart so a rejection can name it.
+    held: int | None = None
     if spec.stage is Stage.SERVING and spec.model_params is not None and spec.gpus > 0 and node.gpu:
-        est = serving_estimate(spec, precision, node.gpu, node.gpu_bandwidth_tbs, policy)
+        # Clients beyond what the KV cache holds queue: the others are served at the load that fits.
+        held = sizing.clients_held(node.gpu_memory_gb * (1 - policy.memory_headroom), spec.gpus) or None
+        est = serving_estimate(spec, precision, node.gpu, node.gpu_bandwidth_tbs, policy, held)
         if spec.gpus > 1:
             tp = TensorParallel(tp_link(node.gpu, policy.serving), spec.gpus, est.tp_per_token_ms,
                                 est.tp_prefill_ms)
+    clients = held or spec.concurrency or policy.default_concurrency  # the load latency is judged at
     ms: float | None = None
     estimated_ms: float | None = None
     if spec.stage is Stage.SERVING and spec.model_params is not None:
@@ -253,64 +260,71 @@ def _at_precision(spec: WorkloadSpec, node: NodeFacts, usage: NodeUsage, precisi
         estimated_ms = ms
         if profile is not None and profile.ms_per_token is not None:
             ms = profile.ms_per_token  # a measurement beats the estimate, all-reduces included
-        problem = _decode_target(spec, precision, ms, est, tp, profile, policy, at)
+        problem = _decode_target(spec, precision, ms, est, tp, profile, policy, at, clients)
     ttft: float | None = None
     first_token = (spec.max_ttft_ms is not None and spec.stage is Stage.SERVING
                    and spec.serving_role is not ServingRole.DECODE and spec.model_params is not None)
     if problem is None and first_token:
         ttft = est.ttft_ms if est is not None else None
         measured_ttft = profile.ttft_for(serving_lengths(spec, policy)[0]) if profile is not None else None
-        problem = _first_token_target(spec, precision, ttft, measured_ttft, est, tp, policy)
+        problem = _first_token_target(spec, precision, ttft, measured_ttft, est, tp, policy, clients)
         ttft = measured_ttft if measured_ttft is not None else ttft
     if problem is not None:
         return problem
     return NodeFit(node, sizing, ms, pod_hourly_cost(spec, node), fallback_used=fallback,
                    ttft_ms=ttft, tp=tp, profile=profile, estimated_ms_per_token=estimated_ms,
                    estimated_ttft_ms=est.ttft_ms if est is not None and ttft is not None else None,
-                   estimate=est)
+                   estimate=est, clients_held=held)
+
+
+def _quantile(spec: WorkloadSpec, precision: Precision, policy: FeasibilityPolicy, metric: str,
+              clients: int) -> TargetQuantile:
+    return target_quantile(policy.serving, error_group(spec, precision, clients), metric,
+                           policy.serving_confidence, clients, spec.serving_engine)
 
 
 def _decode_target(spec: WorkloadSpec, precision: Precision, ms: float | None, est: Estimate | None,
-                   tp: TensorParallel | None, profile: Profile | None, policy: FeasibilityPolicy, at: str
-                   ) -> Rejection | None:
-    """``max-ms-per-token``: a measurement as it is, an estimate with its group's margin (the
-    published measurements of similar setups were that much slower at worst; docs/stage-policy.md)."""
+                   tp: TensorParallel | None, profile: Profile | None, policy: FeasibilityPolicy, at: str,
+                   clients: int) -> Rejection | None:
+    """``max-ms-per-token``: a measurement as it is; an estimate times its group's quantile of
+    measured / estimate at the configured confidence (docs/stage-policy.md, "Target decision")."""
     if spec.serving_role is ServingRole.PREFILL or spec.max_ms_per_token is None:
         return None
     measured = profile is not None and profile.ms_per_token is not None
-    margin = 1.0 if measured or est is None else target_margin(
-        policy.serving, error_group(spec, precision, policy.default_concurrency))
-    if ms is not None and ms * margin <= spec.max_ms_per_token:
+    q = None if measured or est is None else _quantile(spec, precision, policy, "tpot", clients)
+    factor = 1.0 if q is None else q.factor
+    if ms is not None and ms * factor <= spec.max_ms_per_token:
         return None
     # Name the cause: bandwidth alone would have met the target, the all-reduces did not.
     comm = (not measured and ms is not None and tp is not None
-            and (ms - tp.per_token_ms) * margin <= spec.max_ms_per_token)
+            and (ms - tp.per_token_ms) * factor <= spec.max_ms_per_token)
     why = ("measured too slow" if measured
            else f"tensor-parallel all-reduce over {tp.link.kind} too slow" if comm and tp
            else "memory bandwidth too low")
-    shown = f" (estimate {ms:.1f} ms x margin {margin:g})" if margin > 1 and ms else ""
-    return reject(ReasonCode.LATENCY_SLO,
-                  f"cannot meet {spec.max_ms_per_token:g} ms/token: {why}{at}{shown}")
+    shown = f" ({q.rule()})" if q is not None and ms else ""
+    return reject(ReasonCode.LATENCY_SLO, f"cannot meet {spec.max_ms_per_token:g} ms/token: {why}{at}{shown}")
 
 
 def _first_token_target(spec: WorkloadSpec, precision: Precision, ttft: float | None,
                         measured_ttft: float | None, est: Estimate | None, tp: TensorParallel | None,
-                        policy: FeasibilityPolicy) -> Rejection | None:
+                        policy: FeasibilityPolicy, clients: int) -> Rejection | None:
     """``max-ttft-ms``, the same way as the per-token target."""
     assert spec.max_ttft_ms is not None
     if measured_ttft is not None:
         ttft = measured_ttft
-    margin = 1.0 if measured_ttft is not None or est is None else target_margin(
-        policy.serving, error_group(spec, precision, policy.default_concurrency), "ttft")
-    if ttft is not None and ttft * margin <= spec.max_ttft_ms:
+    q = (None if measured_ttft is not None or est is None
+         else _quantile(spec, precision, policy, "ttft", clients))
+    factor = 1.0 if q is None else q.factor
+    if ttft is not None and ttft * factor <= spec.max_ttft_ms:
         return None
     comm = (measured_ttft is None and ttft is not None and tp is not None
-            and (ttft - tp.prefill_ms) * margin <= spec.max_ttft_ms)
+            and (ttft - tp.prefill_ms) * factor <= spec.max_ttft_ms)
     why = ("GPU compute unknown" if ttft is None
            else "measured too slow" if measured_ttft is not None
            else f"tensor-parallel all-reduce over {tp.link.kind} too slow" if comm and tp
            else "compute too low")
-    return reject(ReasonCode.LATENCY_SLO, f"cannot meet {spec.max_ttft_ms:g} ms to first token: {why}")
+    shown = f" ({q.rule()})" if q is not None and ttft is not None else ""
+    return reject(ReasonCode.LATENCY_SLO, f"cannot meet {spec.max_ttft_ms:g} ms to first token: {why}{shown}")
 
 
 def apply_default_target(
@@ -346,7 +360,7 @@ def _memory_problem(
     what = f"{_fmt_params(spec.model_params)} {sizing.precision.value}" if spec.model_params else ""
     if sizing.per_gpu_gb > 0:
         usable = node.gpu_memory_gb * (1 - policy.memory_headroom)
-        if sizing.per_gpu_gb > usable:
+        if sizing.needed_per_gpu_gb > usable:
             n = f" on {spec.gpus} GPU" + ("s" if spec.gpus > 1 else "")
             if spec.stage in TRAINING_STAGES:
                 method = spec.effective_finetune_method.value
@@ -354,8 +368,9 @@ def _memory_problem(
                 return reject(ReasonCode.GPU_MEMORY,
                               f"{what} training needs {sizing.per_gpu_gb:.0f} GB per GPU{n}; "
                               "GPU memory too small")
-            return reject(ReasonCode.GPU_MEMORY,
-                          f"{what} needs {sizing.per_gpu_gb:.0f} GB per GPU{n}; GPU memory too small")
+            one = " (weights and one full-length sequence)" if sizing.required_per_gpu_gb is not None else ""
+            return reject(ReasonCode.GPU_MEMORY, f"{what} needs {sizing.needed_per_gpu_gb:.0f} GB per "
+                          f"GPU{n}{one}; GPU memory too small")
     # The pod's own memory request is checked in-tree; this catches nodes that could never hold the
     # weights, whatever the request says.
     if sizing.host_memory_gb > node.memory_bytes / 1e9:

@@ -128,6 +128,9 @@ class FeasibilityPolicy:
     default_target_filter: bool
     # The serving model's fitted parameters (docs/stage-policy.md, "The serving model").
     serving: ServingCalibration
+    # The quantile of the estimate's error distribution a target is checked at (docs/stage-policy.md,
+    # "Target decision").
+    serving_confidence: float
     # Measured ms/token, TTFT and max concurrency that replace the estimates where a pod matches
     # (settings profiles_file, docs/stage-policy.md "Measured profiles"), and those learnt from live
     # serving metrics when live_profiles is set ("Learnt profiles").

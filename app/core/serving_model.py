@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Protocol
@@ -64,6 +65,36 @@ def weight_kind(precision: Precision, gpu: GpuSpec) -> str:
     if precision in (Precision.INT8, Precision.INT4):
         return precision.value
     return "w16"
+
+
+# Probabilities at which the calibrate command records the error distribution; the confidence
+# setting must lie within them (app/config.py validates it) and is interpolated between them.
+QUANTILE_LEVELS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99)
+# The ``serving_confidence`` setting's default and range (app/config.py).
+DEFAULT_CONFIDENCE = 0.9
+# A group's own distribution is used from this many cross-validated points; below it the group
+# borrows its parent's (docs/stage-policy.md, "Target decision").
+MIN_GROUP_POINTS = 20
+
+
+class ErrorQuantiles(BaseModel):
+    """One group's cross-validated distribution of measured / estimate, as quantiles."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n: Annotated[int, Field(ge=1)]
+    # probability (as written, "0.9") -> measured / estimate at that quantile
+    q: dict[str, Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)]]
+
+    def at(self, confidence: float) -> float:
+        """The quantile at ``confidence``, linear between the recorded levels (clamped)."""
+        levels = sorted((float(k), v) for k, v in self.q.items())
+        if confidence <= levels[0][0]:
+            return levels[0][1]
+        for (p0, v0), (p1, v1) in itertools.pairwise(levels):
+            if confidence <= p1:
+                return v0 + (v1 - v0) * (confidence - p0) / (p1 - p0)
+        return levels[-1][1]
 
 
 class ServingCalibration(BaseModel):
@@ -97,12 +128,12 @@ class ServingCalibration(BaseModel):
     # Prompt tokens the engine computes in one prefill step: prompts that arrive together are
     # taken this many tokens at a time (a starting value; the fit moves it).
     prefill_token_budget: Positive = 8192.0
-    # Per metric ("tpot", "ttft") and corpus group: the factor an estimate is multiplied by before it
-    # is compared with a pod's target, so that no published measurement of the group would miss a
-    # target the filter accepts by more than MISS (docs/stage-policy.md, "Target margin"). Written by
-    # the calibrate command from the fit's own errors; not a fitted parameter.
-    target_margin: dict[str, dict[str, Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)]]] = \
-        Field(default_factory=dict)
+    # Per metric ("tpot", "ttft") and corpus group: quantiles of measured / estimate over the
+    # cross-validated errors (each source predicted by a fit to the others), at the probabilities
+    # of QUANTILE_LEVELS, and how many points they were taken from. A target is met when the
+    # estimate times the quantile at the ``serving_confidence`` setting is within it
+    # (docs/stage-policy.md, "Target decision"). Written by the calibrate command; not fitted.
+    error_quantiles: dict[str, dict[str, ErrorQuantiles]] = Field(default_factory=dict)
     # Where the values came from (the calibrate command writes the corpus and the fit's figures).
     provenance: dict[str, Any] = Field(default_factory=dict)
 
@@ -163,10 +194,12 @@ class Shape:
 
     @property
     def moe_layers(self) -> int:
-        """Layers with routed experts (0 for dense models and models without routing facts)."""
-        if self.arch is None or self.params != self.arch.params:
-            return 0
-        return self.arch.moe_layers
+        """Layers with routed experts: the registry's, else every layer of a pod whose active
+        parameters are fewer than its total (a mixture of experts given by counts; the published
+        ones route in every layer or nearly: Mixtral 32 of 32, DeepSeek-V3 58 of 61)."""
+        if self.arch is not None and self.params == self.arch.params:
+            return self.arch.moe_layers
+        return round(self.layers) if self.active_params < self.params else 0
 
     @classmethod
     def of(cls, params: float, active_params: float | None, arch: ModelArch | None) -> Shape:
@@ -334,15 +367,16 @@ def serving_lengths(spec: WorkloadSpec, defaults: ServingDefaults) -> tuple[int,
 
 
 def serving_estimate(spec: WorkloadSpec, precision: Precision, gpu: GpuSpec, bandwidth_tbs: float,
-                     defaults: ServingDefaults) -> Estimate:
-    """The estimate for a serving pod on ``spec.gpus`` GPUs of one product."""
+                     defaults: ServingDefaults, clients: int | None = None) -> Estimate:
+    """The estimate for a serving pod on ``spec.gpus`` GPUs of one product, ``clients`` served at
+    once (default: the pod's concurrency; fewer when the KV cache holds fewer and the rest queue)."""
     from app.core.model_registry import default_registry
 
     arch = default_registry().get(spec.model) if spec.model else None
     params = spec.model_params or (arch.params if arch else 0.0)
     prompt, output = serving_lengths(spec, defaults)
     case = Case(Shape.of(params, spec.active_params, arch), precision, gpu, max(spec.gpus, 1),
-                spec.concurrency or defaults.default_concurrency, prompt, output,
+                clients or spec.concurrency or defaults.default_concurrency, prompt, output,
                 bandwidth_tbs=bandwidth_tbs or None)
     return estimate(case, defaults.serving)
 
@@ -366,17 +400,79 @@ def narrowest_group(moe: bool, precision: Precision, gpus: int, concurrency: int
     return "dense"
 
 
-def error_group(spec: WorkloadSpec, precision: Precision, default_concurrency: int) -> str:
-    """The corpus group whose cross-validated error describes this pod best (the narrowest)."""
+def error_group(spec: WorkloadSpec, precision: Precision, clients: int) -> str:
+    """The corpus group whose cross-validated error describes this pod best (the narrowest), served
+    to ``clients`` at once (its concurrency, or the default, or what its KV cache holds)."""
     moe = (spec.active_params is not None and bool(spec.model_params)
            and spec.active_params < (spec.model_params or 0))
-    return narrowest_group(moe, precision, spec.gpus, spec.concurrency or default_concurrency)
+    return narrowest_group(moe, precision, spec.gpus, clients)
 
 
-def target_margin(cal: ServingCalibration, group: str, metric: str = "tpot") -> float:
-    """What an estimate of ``group`` is multiplied by before it is compared with a target."""
-    table = cal.target_margin.get(metric, {})
-    return table.get(group, table.get("all", 1.0))
+# Where a group with fewer than MIN_GROUP_POINTS cross-validated points borrows its distribution:
+# every narrow dense group from all dense models, those and mixtures of experts from the pool; a
+# group at one client (a request alone: no queueing behind other prompts, the tighter regime) from
+# every one-client point, then the pool.
+DECISION_PARENT: dict[str, str] = {
+    "int4": "dense", "int8/fp8": "dense", "tp>=4": "dense", "concurrency>=16": "dense",
+    "dense-16bit": "dense", "dense": "all", "moe": "all", "1 client": "all"}
+ONE_CLIENT = ", 1 client"
+
+
+def decision_keys(group: str, clients: int, engine: str | None = None) -> tuple[str, ...]:
+    """The error-distribution groups of a configuration, narrowest first: the engine's own
+    (``engine vllm``, when the pod names it), its narrowest group (the narrow 16-bit dense group is
+    recorded as ``dense-16bit`` so that ``dense`` names every dense model), at one client its own
+    one-client group first, then the parents."""
+    base = "dense-16bit" if group == "dense" else group
+    keys = [f"{base}{ONE_CLIENT}", "1 client"] if clients <= 1 else [base]
+    while (parent := DECISION_PARENT.get(keys[-1])) is not None:
+        keys.append(parent)
+    if engine:
+        keys.insert(0, engine_key(engine))
+    return tuple(keys)
+
+
+def engine_key(engine: str) -> str:
+    """``engine vllm`` for ``vllm/0.11.0`` or a corpus row's ``vllm``; ``lmdeploy-turbomind`` is
+    LMDeploy's TurboMind backend."""
+    return "engine " + engine.split("/", 1)[0].split("-", 1)[0].lower()
+
+
+@dataclass(frozen=True, slots=True)
+class TargetQuantile:
+    """What an estimate is multiplied by before it is compared with a target, and why."""
+
+    factor: float  # measured / estimate at ``confidence`` (1 without a recorded distribution)
+    confidence: float
+    group: str  # the group whose distribution was used (the pod's own, or a parent)
+    n: int  # cross-validated points behind it (0: none recorded)
+
+    def rule(self) -> str:
+        """``estimate x q90 1.18``: the same for every node of the pod's group, so a rejection's
+        text stays one reason across GPU products (explain gives each node's figures)."""
+        if self.n == 0:
+            return "bare estimate: no error distribution recorded"
+        return f"estimate x q{self.confidence * 100:g} {self.factor:.2f}"
+
+    def says(self, estimate_ms: float) -> str:
+        """``estimate 31 ms x q90 1.18 = 36.6 ms``."""
+        if self.n == 0:
+            return f"estimate {estimate_ms:.3g} ms (no error distribution recorded)"
+        return (f"estimate {estimate_ms:.3g} ms x q{self.confidence * 100:g} {self.factor:.2f} = "
+                f"{estimate_ms * self.factor:.1f} ms")
+
+
+def target_quantile(cal: ServingCalibration, group: str, metric: str, confidence: float, clients: int,
+                    engine: str | None = None) -> TargetQuantile:
+    """The quantile of measured / estimate at ``confidence`` for a pod of narrowest ``group`` served
+    to ``clients`` at once by ``engine`` (None: unstated): the engine's when it has MIN_GROUP_POINTS,
+    else its own group's when that has, else the nearest parent's that has (never one point's)."""
+    table = cal.error_quantiles.get(metric, {})
+    for key in decision_keys(group, clients, engine):
+        got = table.get(key)
+        if got is not None and got.n >= MIN_GROUP_POINTS:
+            return TargetQuantile(got.at(confidence), confidence, key, got.n)
+    return TargetQuantile(1.0, confidence, "none", 0)
 
 
 def error_band(cal: ServingCalibration, group: str, metric: str = "tpot") -> dict[str, Any] | None:

@@ -89,6 +89,26 @@ class Sizing:
     # Per-GPU (or host) GB by part, for explain: what the total is made of.
     breakdown: tuple[tuple[str, float], ...] = ()
     read_gb: float | None = None  # bytes one decode step reads when not weights + KV (MoE)
+    # Serving on GPUs: what must fit per GPU for the engine to start (weights, runtime and the KV
+    # cache of one full-length sequence; None: per_gpu_gb), one sequence's KV cache and the clients
+    # asked for. Engines page the KV cache and queue the sequences it cannot hold, so
+    # ``per_gpu_gb`` (every client's whole context resident) is what the pod would like, not what
+    # it needs (docs/stage-policy.md, "Memory sizing").
+    required_per_gpu_gb: float | None = None
+    kv_per_sequence_gb: float = 0.0
+    clients: int = 0
+
+    @property
+    def needed_per_gpu_gb(self) -> float:
+        return self.per_gpu_gb if self.required_per_gpu_gb is None else self.required_per_gpu_gb
+
+    def clients_held(self, usable_per_gpu_gb: float, gpus: int) -> int:
+        """How many of the pod's clients the KV cache holds at once on GPUs with this much usable
+        memory each (at least one once the pod fits; all of them when nothing limits it)."""
+        if self.required_per_gpu_gb is None or self.kv_per_sequence_gb <= 0:
+            return self.clients
+        free = usable_per_gpu_gb * gpus - (self.per_gpu_gb * gpus - self.kv_cache_gb)
+        return max(1, min(self.clients, int(free / self.kv_per_sequence_gb + 1e-9)))
 
 
 def weights_gb(params: float, precision: Precision) -> float:
@@ -217,7 +237,13 @@ def size(
         per_gpu = (w + kv) / spec.gpus + RUNTIME_OVERHEAD_GB
         serving = (("weights", w / spec.gpus), ("kv cache", kv / spec.gpus),
                    ("runtime", RUNTIME_OVERHEAD_GB))
-        return Sizing(precision, w, kv, per_gpu, 0.0, serving, read)
+        if spec.kv_cache_gb is not None:  # the user sized the cache: all of it must fit
+            return Sizing(precision, w, kv, per_gpu, 0.0, serving, read)
+        clients = spec.concurrency or default_concurrency
+        one = kv / clients
+        return Sizing(precision, w, kv, per_gpu, 0.0, serving, read,
+                      required_per_gpu_gb=(w + one) / spec.gpus + RUNTIME_OVERHEAD_GB,
+                      kv_per_sequence_gb=one, clients=clients)
     return Sizing(precision, w, kv, 0.0, (w + kv) * 1.1, (("weights", w), ("kv cache", kv)), read)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -108,6 +109,33 @@ class ServingRole(StrEnum):
     BOTH = "both"
 
 
+class ServingEngine(StrEnum):
+    """The serving engine a pod runs (``serving-engine``): selects that engine's calibrated error
+    where the corpus has enough of its points (docs/stage-policy.md, "Target decision")."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+    TGI = "tgi"
+    LMDEPLOY = "lmdeploy"
+    NIM = "nim"
+
+
+_ENGINE_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
+
+
+def parse_serving_engine(raw: str) -> str:
+    """``vllm`` or ``vllm/0.11.0``: a known engine, optionally with a version; kept lower-case."""
+    name, slash, version = raw.strip().partition("/")
+    words = ", ".join(e.value for e in ServingEngine)
+    if name.lower() not in {e.value for e in ServingEngine}:
+        raise ValueError(f'serving-engine "{quote(raw)}" is not one of {words} (optionally /<version>)')
+    if slash and not _ENGINE_VERSION.fullmatch(version):
+        raise ValueError(f'serving-engine "{quote(raw)}": the version after / must be letters, digits '
+                         "and . + _ - (at most 64)")
+    return name.lower() + (f"/{version}" if slash else "")
+
+
 class LatencyClass(StrEnum):
     INTERACTIVE = "interactive"
     BATCH = "batch"
@@ -189,6 +217,7 @@ class WorkloadSpec(ClaimedDevices):
     trainable_params: float | None = None
     active_params: float | None = None  # mixture of experts: parameters read per token
     serving_role: ServingRole = ServingRole.BOTH
+    serving_engine: str | None = None  # "vllm" or "vllm/0.11.0" (parse_serving_engine)
     prompt_tokens: int | None = None
     max_ttft_ms: float | None = None
     # Disaggregated serving: prefill and decode pods of one group (in one namespace) are kept close,
@@ -527,6 +556,7 @@ ANNOTATIONS: tuple[Annotation, ...] = (
         "finetune-method", {m.value: m for m in FinetuneMethod}, "full, lora or qlora")),
     Annotation("serving-role", "serving_role", _choice(
         "serving-role", {r.value: r for r in ServingRole}, "prefill, decode or both")),
+    Annotation("serving-engine", "serving_engine", parse_serving_engine),
     Annotation("prompt-tokens", "prompt_tokens", lambda raw: parse_positive_int("prompt-tokens", raw)),
     Annotation("max-ttft-ms", "max_ttft_ms", lambda raw: parse_positive_number("max-ttft-ms", raw)),
     Annotation("trainable-params", "trainable_params",

@@ -80,7 +80,7 @@ def test_moe_is_placed_by_its_active_parameters(
 ) -> None:
     # 30B total at int4 is 15 GB: it fits a 24 GB L4. A token of a 30B-A3B mixture of experts reads
     # ~3B parameters (Qwen3-30B-A3B's model card: 30.5B total, 3.3B active), inside 60 ms on the L4's
-    # 300 GB/s even with the MoE target margin (docs/stage-policy.md); a dense 30B reads all 15 GB
+    # 300 GB/s even with the MoE error quantile (docs/stage-policy.md); a dense 30B reads all 15 GB
     # (over 100 ms there), so only the L40S or H100 meet the target for it.
     common: dict[str, Any] = {"stage": "serving", "model_params": "30B", "precision": "int4",
                               "max_ms_per_token": 60, "gpus": 1, "cpu": "4", "memory": "32Gi",
@@ -111,12 +111,13 @@ def profiles(control_plane: ControlPlane, tmp_path: Path) -> Iterator[None]:
 def test_without_a_profile_the_estimate_keeps_8b_int8_chat_off_the_l4(
     cluster: ClusterScope, gpus: dict[str, str], unique: Callable[[str], str], clean: None,
 ) -> None:
-    # Interactive 8B int8 without a target is held to the 50 ms/token default. The estimate puts the
-    # L4 at ~58 ms, so it goes to a pricier GPU; a measured 41 ms on the L4 makes the L4 the cheapest
-    # node that meets the target.
+    # Interactive 8B int8 to eight clients without a target is held to the 50 ms/token default. The
+    # estimate puts the L4 above it, so it goes to a pricier GPU; a measured 41 ms on the L4 makes
+    # the L4 the cheapest node that meets the target.
     def chat(name: str) -> dict[str, Any]:
         return llm_pod(name, stage="serving", model_params="8B", precision="int8", gpus=1, cpu="4",
-                       memory="32Gi", annotations={ANN + "latency-class": "interactive"})
+                       memory="32Gi", annotations={ANN + "latency-class": "interactive",
+                                                   ANN + "concurrency": "8"})
 
     assert gpus[_land(cluster, chat(unique("estimated")))] in {"L40S", "H100"}
 
@@ -126,5 +127,6 @@ def test_a_measured_profile_moves_the_same_pod_to_the_l4(
     profiles: None,
 ) -> None:
     pod = llm_pod(unique("measured"), stage="serving", model_params="8B", precision="int8", gpus=1,
-                  cpu="4", memory="32Gi", annotations={ANN + "latency-class": "interactive"})
+                  cpu="4", memory="32Gi", annotations={ANN + "latency-class": "interactive",
+                                                       ANN + "concurrency": "8"})
     assert gpus[_land(cluster, pod)] == "L4"

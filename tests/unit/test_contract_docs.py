@@ -38,6 +38,7 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "trainable-params": ("40M", "trainable_params"),
     "active-params": ("1B", "active_params"),
     "serving-role": ("prefill", "serving_role"),
+    "serving-engine": ("vllm/0.11.0", "serving_engine"),
     "prompt-tokens": ("2000", "prompt_tokens"),
     "max-ttft-ms": ("500", "max_ttft_ms"),
     "serving-group": ("chat-70b", "serving_group"),

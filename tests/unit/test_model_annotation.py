@@ -76,14 +76,19 @@ def test_explain_shows_the_estimate_its_error_band_and_what_decided() -> None:
     assert band is not None and band["group"] == "dense" and band["p10"] <= band["median"] <= band["p90"]
 
 
-def test_explain_shows_the_margin_its_targets_were_checked_with() -> None:
-    from app.core.serving_model import default_calibration
+def test_explain_shows_the_quantile_its_targets_were_checked_with() -> None:
+    from app.core.serving_model import default_calibration, target_quantile
     from app.explain import explain_spec
 
     svc = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
     svc.absorb_node(node_object("h100", gpus=2, product="NVIDIA-H100-80GB-HBM3"))
-    out = explain_spec(svc, spec(model="llama-3.1-8b", precision="int4", latency_class="batch"))
+    out = explain_spec(svc, spec(model="llama-3.1-8b", precision="int4", latency_class="batch",
+                                 max_ms_per_token="500"))
     note = next(e for e in out["nodes"] if e["node"] == "h100")["serving_model"]
-    margins = default_calibration().target_margin
-    assert note["target_margin"]["tpot"] == margins["tpot"]["int4"]
-    assert note["target_margin"]["ttft"] == margins["ttft"].get("int4", margins["ttft"]["all"])
+    for metric in ("tpot", "ttft"):
+        want = target_quantile(default_calibration(), "int4", metric, 0.9, 1)
+        assert note["target_quantile"][metric] == {"confidence": 0.9, "quantile": round(want.factor, 3),
+                                                   "group": want.group, "points": want.n}
+    line = note["target_decision"][0]
+    assert line.startswith("meets 500 ms/token at 90 % confidence: estimate ")
+    assert f"x q90 {target_quantile(default_calibration(), 'int4', 'tpot', 0.9, 1).factor:.2f} =" in line

@@ -50,9 +50,9 @@ def best(svc: ExtenderService, spec: Any) -> tuple[str, dict[str, Any]]:
 
 
 def test_a_measured_profile_changes_the_decision(tmp_path: Path) -> None:
-    chat = spec_of(model_params="7B", precision="int8", max_ms_per_token="40")
-    # Estimated: a T4 (0.32 TB/s) cannot read 7 GB of int8 weights plus the KV cache in 40 ms, the
-    # H100 can, so the T4 is filtered out and the H100 serves it.
+    chat = spec_of(model_params="7B", precision="int8", max_ms_per_token="40", concurrency="8")
+    # Estimated: a T4 (0.32 TB/s) cannot read 7 GB of int8 weights plus eight clients' KV cache in
+    # 40 ms, the H100 can, so the T4 is filtered out and the H100 serves it.
     top, out = best(service_with(tmp_path, None), chat)
     assert top == "h100" and "t4" in out["rejections"]
     assert out["fits"]["h100"].ms_source == "estimated"

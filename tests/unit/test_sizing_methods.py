@@ -143,7 +143,7 @@ def test_moe_kv_cache_follows_the_attention_of_the_active_path() -> None:
 def test_moe_is_placed_by_active_bandwidth(service: ExtenderService) -> None:
     # 30B total / 3B active (Qwen3-30B-A3B) at int4 on one GPU, 40 ms/token: a dense 30B reads 15 GB
     # per token and misses on every GPU but H100; the MoE model meets it on an L4 even with the MoE
-    # target margin (docs/stage-policy.md).
+    # error quantile (docs/stage-policy.md, "Target decision").
     base = {"model_params": "30B", "precision": "int4", "max_ms_per_token": "40", "concurrency": "1",
             "context_tokens": "2048"}
     fits, _ = service.placer.evaluate_nodes(spec_of("serving", **base), ["l4", "h100"])

@@ -20,7 +20,7 @@ import pytest
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog, default_catalog
-from app.core.serving_model import default_calibration, target_margin, tp_link
+from app.core.serving_model import default_calibration, target_quantile, tp_link
 from app.core.sizing import allreduce_us, gpu_link, shape
 from app.core.workload import parse_workload
 from app.objects import node_object, pod_object
@@ -83,7 +83,7 @@ def _tp(spec: Any, gpu: str) -> Any:
 
     class Defaults:
         default_context_tokens = 4096
-        default_concurrency = 8
+        default_concurrency = 1  # the setting's default (docs/stage-policy.md, "Default load")
         serving = default_calibration()
 
     g = CATALOG.by_name(gpu)
@@ -95,7 +95,7 @@ def test_per_token_cost_is_two_allreduces_per_layer_and_pcie_pays_more() -> None
     from app.core.serving_model import default_calibration
 
     cal = default_calibration()
-    spec = spec_of(4, model_params="70B", precision="int8")
+    spec = spec_of(4, model_params="70B", precision="int8", concurrency="8")
     layers, hidden = shape(70e9)
     pcie, nvl = _tp(spec, "L40S"), _tp(spec, "H100-SXM-80GB")
     link = tp_link(CATALOG.by_name("L40S"), cal)  # type: ignore[arg-type]
@@ -131,8 +131,8 @@ def test_the_estimate_includes_the_allreduces_on_pcie_nodes(service: ExtenderSer
 def test_a_target_bandwidth_alone_meets_is_missed_over_pcie(service: ExtenderService) -> None:
     base = spec_of(4, model_params="70B", precision="int8", latency_class="batch")
     est = _tp(base, "L40S")
-    # The filter compares the estimate times its group's target margin (docs/stage-policy.md).
-    margin = target_margin(default_calibration(), "int8/fp8")
+    # The filter compares the estimate times its group's quantile (docs/stage-policy.md).
+    margin = target_quantile(default_calibration(), "int8/fp8", "tpot", 0.9, 1).factor
     target = margin * (est.ms_per_token - est.tp_per_token_ms / 2)
     spec = spec_of(4, model_params="70B", precision="int8", latency_class="batch",
                    max_ms_per_token=f"{target:.3f}")
@@ -144,7 +144,8 @@ def test_a_target_bandwidth_alone_meets_is_missed_over_pcie(service: ExtenderSer
     # all-reduces over PCIe do not.
     probe_spec = spec_of(4, model_params="8B", prompt_tokens="2000", serving_role="prefill")
     probe = _tp(probe_spec, "L40S")
-    limit = target_margin(default_calibration(), "tp>=4", "ttft") * (probe.ttft_ms - probe.tp_prefill_ms / 2)
+    limit = (target_quantile(default_calibration(), "tp>=4", "ttft", 0.9, 1).factor
+             * (probe.ttft_ms - probe.tp_prefill_ms / 2))
     spec = spec_of(4, model_params="8B", prompt_tokens="2000", serving_role="prefill",
                    max_ttft_ms=f"{limit:.3f}")
     fits, rejections = service.placer.evaluate_nodes(spec, ["l40s", "h100"])
