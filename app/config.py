@@ -281,6 +281,7 @@ class Settings(BaseSettings):
                     bind_timeout_seconds=self.gang_bind_timeout_seconds,
                     solver_time_limit_seconds=self.solver_time_limit_seconds,
                     hold_for_oldest=self.gang_hold_for_oldest,
+                    scheduler_name=self.scheduler_name,
                 ),
             )
         return self._policies

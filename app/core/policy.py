@@ -190,6 +190,8 @@ class GangPolicy:
     solver_time_limit_seconds: float
     # The oldest gang that cannot be placed holds whole nodes as they free (app.gang.hold).
     hold_for_oldest: bool = False
+    # Only this scheduler's gangs take part in the gang queue (empty: every gang).
+    scheduler_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

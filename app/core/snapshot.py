@@ -90,6 +90,9 @@ class ClusterSnapshot:
         # ns/name -> native PodGroup (scheduling.k8s.io/v1alpha2) gang minCount, None for the basic
         # policy (not a gang); absent: not seen (docs/gangs.md, native Workload API).
         self.native_min_count: dict[str, int | None] = {}
+        # ns/name -> creationTimestamp (Unix seconds) of a PodGroup of any kind: a gang sized by one
+        # queues from the earlier of it and its first member (docs/gangs.md, "Gang queue").
+        self.gang_created: dict[str, float] = {}
         # namespace -> namespaces it shares its pods' data with (Namespace annotation
         # llm-placement.io/share-with, docs/data-gravity.md); "*" shares with every namespace.
         self.namespace_shares: dict[str, frozenset[str]] = {}

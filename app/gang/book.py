@@ -23,6 +23,9 @@ from app.gang.ledger import Ledger
 # changed: a bound on what a missed signal can cost (a node kube-scheduler offers one member and not
 # another, a change nothing here counts). docs/gangs.md, "Cannot place".
 VERDICT_SECONDS = 60.0
+# A gang's place in the gang queue: (-priority, creation, key); smaller goes first (docs/gangs.md,
+# "Gang queue").
+QueueKey = tuple[int, float, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +54,11 @@ class GangState:
 
 
 class GangBook:
-    def __init__(self, snapshot: ClusterSnapshot, ttl: float) -> None:
+    def __init__(self, snapshot: ClusterSnapshot, ttl: float, scheduler_name: str = "") -> None:
         self.snapshot = snapshot
+        # Only gangs of this scheduler queue (empty: every gang); another scheduler's pods never
+        # reach this extender, so a plan for them would hold GPUs nobody binds.
+        self.scheduler_name = scheduler_name
         self.ledger = Ledger(ttl)
         self.states: dict[str, GangState] = {}
         # Gangs whose plan is being solved right now (with the lock released): another member's
@@ -109,6 +115,37 @@ class GangBook:
     def roster(self, members: Sequence[WorkloadSpec]) -> frozenset[tuple[str, str]]:
         """Who is in the gang and where the bound ones are: a plan is only valid for this roster."""
         return frozenset((m.uid or m.key, member_node(self.snapshot, m)) for m in members)
+
+    # --- the gang queue (docs/gangs.md, "Gang queue") -----------------------------------------------
+    def order(self, key: str, members: Sequence[WorkloadSpec]) -> QueueKey:
+        """Higher pod priority first, then the earlier of the first member's creation and the
+        PodGroup's, then the name: known before any member is filtered, the same in every replica
+        and after a restart, unlike the order kube-scheduler happens to pop the members in."""
+        created = min((m.created for m in members if m.created), default=0.0)
+        group = self.snapshot.gang_created.get(key, 0.0)
+        if group and (not created or group < created):
+            created = group
+        return (-max((m.priority for m in members), default=0), created, key)
+
+    def queue(self) -> list[tuple[QueueKey, str]]:
+        """Complete gangs of this scheduler with members to place and no plan, in queue order."""
+        out = []
+        for key in list(self.snapshot.gang_index):
+            if key in self.ledger.plans:
+                continue
+            members, pending = self.pending(key)
+            if not pending:
+                continue
+            first = pending[0]
+            foreign = self.scheduler_name and first.scheduler_name not in ("", self.scheduler_name)
+            if foreign or self.not_a_gang(first):
+                continue
+            size = self.size(key, first)
+            if size is None or len(members) < size:
+                continue
+            out.append((self.order(key, members), key))
+        out.sort()
+        return out
 
     # --- "cannot be placed" verdicts (docs/gangs.md) ----------------------------------------------
     def stamp(self, key: str, members: Sequence[WorkloadSpec], size: int) -> tuple[object, ...]:

@@ -97,6 +97,7 @@ class GangCoordinator:
         self.writer = writer
         # Given when others must read the reservations before this object exists (data gravity).
         self.book = book or GangBook(snapshot, policy.reservation_ttl_seconds)
+        self.book.scheduler_name = policy.scheduler_name
         self.reporter = Reporter(metrics or NoMetrics(), writer)
         store = PlanStore(writer)
         # Back-edges between the parts go through these lambdas (resolved when called).
@@ -244,11 +245,11 @@ class GangCoordinator:
                     return _reject_gang(fits, rejections, state.last_failure)
                 return _retry(fits, rejections, _being_planned(key))
             if node is None:
-                with book.plan_in_progress(key):  # other members retry while older gangs plan
-                    self.planner.admit_older(key, state, node_names, now)
-                got = self.planner.plan(key, members, spec, fits, node_names, state, now)
+                with book.plan_in_progress(key):  # other members retry while gangs ahead plan
+                    ahead = self.planner.admit_ahead(key, node_names, now)
+                got = ahead or self.planner.plan(key, members, spec, fits, node_names, state, now)
                 if isinstance(got, Rejection):
-                    if got is CHANGED:
+                    if got is CHANGED or not got.unresolvable:
                         return _retry(fits, rejections, got)
                     self.requeue.when_void(key)
                     return _reject_gang(fits, rejections, got)

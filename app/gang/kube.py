@@ -18,6 +18,7 @@ from kubernetes import client
 
 from app.core.snapshot import ClusterSnapshot
 from app.core.units import quote
+from app.core.workload import created_at
 from app.gang.persist import ANNOTATION, PlanRecord, records_from_pods
 from app.ratelog import RateLimitedLog
 from app.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
@@ -77,6 +78,14 @@ def native_min_counts(items: list[dict[str, Any]]) -> dict[str, int | None]:
         except AttributeError:  # metadata, spec or policy of the wrong type: this object only
             continue
     return out
+
+
+def _created(obj: Any) -> tuple[str, float]:
+    """(ns/name, creationTimestamp in Unix seconds) of a PodGroup; ("", 0) when unreadable."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        return "", 0.0
+    return f"{meta.get('namespace') or 'default'}/{meta['name']}", created_at(meta)
 
 
 @dataclass(frozen=True)
@@ -146,10 +155,12 @@ class PodGroupWatcher:
             nonlocal told_absent
             self.present[kind.group], told_absent = True, False
             sizes = kind.parse(items)
+            created = {k: t for k, t in map(_created, items) if k}
             with self.lock:
                 target = kind.target(self.snapshot)
                 target.clear()
                 target.update(sizes)
+                self.snapshot.gang_created.update(created)
                 self.snapshot.generation += 1
 
         def absent(status: int) -> None:
@@ -167,10 +178,13 @@ class PodGroupWatcher:
                 target = kind.target(self.snapshot)
                 if etype == "DELETED":
                     target.pop(key, None)
+                    self.snapshot.gang_created.pop(key, None)
                 else:
                     got = kind.parse([obj])
                     if key in got:
                         target[key] = got[key]
+                    if (at := _created(obj)[1]):
+                        self.snapshot.gang_created[key] = at
                 self.snapshot.generation += 1
 
         def skipped(obj: dict[str, Any] | None, exc: Exception) -> None:
