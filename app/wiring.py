@@ -73,6 +73,10 @@ def build_core(
     # The bind barrier gets the one capability it needs: bind this member to this node.
     gangs = GangCoordinator(policies.gang, snapshot, lock, binding.bind_spec, GangMetricsAdapter(metrics),
                             writer, gang_runtime, book=book, data_sites=gravity.data_nodes)
+    # Read at scrape time (docs/metrics.md): the queue is a view over the gangs, not a counter kept
+    # on the filter path.
+    metrics.gang_queue_length.set_function(lambda: gangs.queue_status()[0])
+    metrics.gang_queue_oldest.set_function(lambda: gangs.queue_status()[1])
     return ExtenderService(settings, catalog, snapshot=snapshot, lock=lock, metrics=metrics, memory=memory,
                            gravity=gravity, gangs=gangs, gang_binder=gangs, binding=binding, ready=ready)
 

@@ -157,6 +157,23 @@ class GangCoordinator:
             else f"GPUs reserved for gang {shown(gang)}, whose members are being placed"
             for gang, held in holders)
 
+    # --- the gang queue (docs/gangs.md, "Gang queue") ------------------------------------------
+    def queue_status(self) -> tuple[int, float]:
+        """(complete gangs without a plan, age in seconds of the oldest of them; 0 when none)."""
+        with self.lock:
+            queue = self.book.queue()
+            now = self.clock()
+            ages = [now - order[1] for order, _ in queue if order[1]]
+        return len(queue), max(ages, default=0.0)
+
+    def queue_info(self, key: str) -> dict[str, object]:
+        """What explain says of a gang's place: its position (0: not queued: planned, incomplete or
+        bound), the queue's length and the gangs ahead holding plans or nodes it waits behind."""
+        with self.lock:
+            place, length = self.planner.position(key)
+            return {"position": place, "length": length, "waits_behind": self.planner.waits_behind(key),
+                    "planned": key in self.book.ledger.plans}
+
     # --- GangHook: filter ---------------------------------------------------------------------
     def undecidable(self, spec: WorkloadSpec) -> Rejection | None:
         """Why no node can take this member yet, whatever the nodes: its gang has no size, or not

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from app.core.workload import created_at
+from app.explain import explain_spec
 from app.objects import node_object, pod_object
 from tests.unit.test_gang_coordinator import H100, Cluster
 
@@ -125,3 +126,23 @@ def test_a_gang_that_completes_during_a_later_gangs_solve_is_committed_first() -
     d = c.filter(big[0])
     assert arrived and d.passed == []
     assert set(c.gangs.ledger.plans) == {"ml/pretrain-a"}
+
+
+def test_queue_length_and_oldest_age_are_exported_and_explain_names_the_place() -> None:
+    clock = [BASE + 100]
+    c = Cluster(clock=clock)
+    two_blocks(c)
+    gang(c, "pretrain-a", 4, BASE, required=TIER1)
+    big = gang(c, "pretrain-too-big", 6, BASE + 7)
+    gang(c, "waiting", 3, BASE - 50)  # made incomplete below: not queued
+    c.service.snapshot.untrack_spec(c.pods["waiting-2"]["metadata"]["uid"])
+    assert c.metric("llm_placement_gang_queue_length") == 2
+    assert c.metric("llm_placement_gang_queue_oldest_seconds") == 100
+    c.filter(big[0])
+    assert c.metric("llm_placement_gang_queue_length") == 1  # pretrain-a is planned
+    assert c.metric("llm_placement_gang_queue_oldest_seconds") == 93
+
+    spec = c.service.snapshot.specs[big[0]["metadata"]["uid"]]
+    q = explain_spec(c.service, spec)["gang_queue"]
+    assert q["position"] == 1 and q["length"] == 1 and not q["planned"]
+    assert len(q["waits_behind"]) == 1 and q["waits_behind"][0].startswith("gang ml/pretrain-a (created ")
