@@ -23,9 +23,9 @@ from app.gang.ledger import Ledger
 # changed: a bound on what a missed signal can cost (a node kube-scheduler offers one member and not
 # another, a change nothing here counts). docs/gangs.md, "Cannot place".
 VERDICT_SECONDS = 60.0
-# A gang's place in the gang queue: (-priority, creation, key); smaller goes first (docs/gangs.md,
-# "Gang queue").
-QueueKey = tuple[int, float, str]
+# A gang's place in the gang queue: (-priority, creation, first seen by the watch, key); smaller
+# goes first (docs/gangs.md, "Gang queue").
+QueueKey = tuple[int, float, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +119,16 @@ class GangBook:
     # --- the gang queue (docs/gangs.md, "Gang queue") -----------------------------------------------
     def order(self, key: str, members: Sequence[WorkloadSpec]) -> QueueKey:
         """Higher pod priority first, then the earlier of the first member's creation and the
-        PodGroup's, then the name: known before any member is filtered, the same in every replica
-        and after a restart, unlike the order kube-scheduler happens to pop the members in."""
+        PodGroup's, then which the watch saw first (creation times have whole seconds), then the
+        name: known before any member is filtered and the same in every replica, unlike the order
+        kube-scheduler happens to pop the members in."""
         created = min((m.created for m in members if m.created), default=0.0)
         group = self.snapshot.gang_created.get(key, 0.0)
         if group and (not created or group < created):
             created = group
-        return (-max((m.priority for m in members), default=0), created, key)
+        # creationTimestamp has whole seconds: within one, the order the watch saw the gangs in.
+        seen = self.snapshot.gang_seen.get(key, 0)
+        return (-max((m.priority for m in members), default=0), created, seen, key)
 
     def queue(self) -> list[tuple[QueueKey, str]]:
         """Complete gangs of this scheduler with members to place and no plan, in queue order."""

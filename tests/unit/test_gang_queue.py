@@ -146,3 +146,15 @@ def test_queue_length_and_oldest_age_are_exported_and_explain_names_the_place() 
     q = explain_spec(c.service, spec)["gang_queue"]
     assert q["position"] == 1 and q["length"] == 1 and not q["planned"]
     assert len(q["waits_behind"]) == 1 and q["waits_behind"][0].startswith("gang ml/pretrain-a (created ")
+
+
+@pytest.mark.parametrize("first", ["pretrain-a", "pretrain-too-big"])
+def test_gangs_created_in_the_same_second_queue_in_the_order_the_watch_saw_them(first: str) -> None:
+    c = Cluster()
+    two_blocks(c)
+    spec = {"pretrain-a": (4, TIER1), "pretrain-too-big": (6, None)}
+    later = next(n for n in spec if n != first)
+    # Both first members created at BASE: the whole-second creationTimestamp cannot tell them apart.
+    made = {n: gang(c, n, spec[n][0], BASE, required=spec[n][1]) for n in (first, later)}
+    c.filter(made[later][0])
+    assert set(c.gangs.ledger.plans) == {f"ml/{first}"}
