@@ -122,6 +122,10 @@ class Metrics:
     gang_queue_length = _Declared(
         Gauge, "llm_placement_gang_queue_length", "Complete gangs waiting in the gang queue (no plan yet)."
     )
+    gangs_incomplete = _Declared(
+        Gauge, "llm_placement_gangs_incomplete_too_long",
+        "Gangs still missing members gang_incomplete_warn_seconds after their first member's creation.",
+    )
     gang_queue_oldest = _Declared(
         Gauge, "llm_placement_gang_queue_oldest_seconds",
         "Age (since its first member's or PodGroup's creation) of the oldest gang in the gang queue.",

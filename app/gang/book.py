@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from app.core.reasons import Rejection
+from app.core.reasons import Rejection, shown
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import WorkloadSpec
 from app.gang.instance import member_node
@@ -106,6 +106,21 @@ class GangBook:
             return self.snapshot.volcano_min_member.get(key)
         return self.snapshot.podgroup_min_member.get(key)
 
+    def size_conflict(self, key: str) -> str | None:
+        """Words naming two members whose own sizes disagree (``gang-size`` 4 on one, 2 on another),
+        or None. Such a gang is neither ungated, planned nor requeued until its members agree: no
+        size would be right for all of them (docs/gangs.md, "Members that disagree")."""
+        sizes: dict[int, str] = {}
+        for m in self.snapshot.gang_members(key):
+            if m.gang is not None and m.gang.size is not None and not m.gang.native:
+                sizes.setdefault(m.gang.size, m.key)
+        if len(sizes) < 2:
+            return None
+        (a, pa), (b, pb) = sorted(sizes.items(), reverse=True)[:2]
+        more = f" (and {len(sizes) - 2} other sizes)" if len(sizes) > 2 else ""
+        return (f"members of gang {shown(key)} disagree on its size: {a} ({shown(pa)}) and {b} "
+                f"({shown(pb)}){more}; nothing is planned or reserved until every member says the same")
+
     def not_a_gang(self, spec: WorkloadSpec) -> bool:
         """A pod of a native PodGroup with the basic policy: scheduled one by one, like any pod."""
         gang = spec.gang
@@ -144,7 +159,7 @@ class GangBook:
             if foreign or self.not_a_gang(first):
                 continue
             size = self.size(key, first)
-            if size is None or len(members) < size:
+            if size is None or len(members) < size or self.size_conflict(key) is not None:
                 continue
             out.append((self.order(key, members), key))
         out.sort()

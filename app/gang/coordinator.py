@@ -60,6 +60,7 @@ class GangRuntime:
     bind_timers: Timers = loop_timers  # bind barrier timeouts (asyncio's call_later by default)
     wake_timers: Timers = thread_timers  # regroup wake-ups
     member_timers: Timers = thread_timers  # re-checks of gangs turned away as incomplete
+    incomplete_timers: Timers = thread_timers  # reports of gangs incomplete for too long
     solve: SolveFn | None = None  # None: CP-SAT with the policy's time limit
     synced: Callable[[], bool] = lambda: True  # has the watch listed everything (deletions trusted)
     # The HTTP server answers filter on its event loop: a filter that waited for a solve would hold
@@ -106,7 +107,9 @@ class GangCoordinator:
             fail_bind=lambda key, msg: self.barrier.fail(key, msg),
             forget=lambda key: self.regroup.forget(key), synced=rt.synced,
         )
-        self.requeue = Requeuer(self.book, lock, writer, rt.member_timers, rt.clock)
+        self.requeue = Requeuer(self.book, lock, writer, rt.member_timers, rt.clock,
+                                warn_after=policy.incomplete_warn_seconds,
+                                incomplete_timers=rt.incomplete_timers)
         self.regroup = Regrouper(self.book, lock, replan=lambda key: self.planner.replan(key),
                                  timers=rt.wake_timers)
         self.barrier = BindBarrier(
@@ -166,6 +169,10 @@ class GangCoordinator:
             ages = [now - order[1] for order, _ in queue if order[1]]
         return len(queue), max(ages, default=0.0)
 
+    def incomplete_too_long(self) -> int:
+        with self.lock:
+            return self.requeue.overdue_now()
+
     def queue_info(self, key: str) -> dict[str, object]:
         """What explain says of a gang's place: its position (0: not queued: planned, incomplete or
         bound), the queue's length and the gangs ahead holding plans or nodes it waits behind."""
@@ -189,6 +196,9 @@ class GangCoordinator:
             book.state(key, now, spec.priority)
             if book.not_a_gang(spec):
                 return None
+            if (conflict := book.size_conflict(key)) is not None:
+                # No requeue timer: only a member's change can settle it, and that is a pod event.
+                return reject(ReasonCode.GANG, conflict)
             size = book.size(key, spec)
             if size is None and gang.native:
                 # kube-scheduler holds these pods too until the PodGroup exists (docs/gangs.md).
@@ -202,6 +212,7 @@ class GangCoordinator:
             members = book.count_members(key, spec)
             if members < size:
                 self.requeue.when_complete(key, size)
+                self.requeue.watch_incomplete(key)
                 return reject(ReasonCode.GANG, f"waiting for gang members {members}/{size}")
         return None
 

@@ -114,8 +114,12 @@ class PodGroupWatcher:
 
     def __init__(self, custom: client.CustomObjectsApi, raw: Raw, snapshot: ClusterSnapshot,
                  lock: threading.RLock, kinds: tuple[WatchedKind, ...] = (COSCHEDULING, NATIVE, VOLCANO),
-                 synced: threading.Event | None = None, notify: Callable[[], None] | None = None) -> None:
+                 synced: threading.Event | None = None, notify: Callable[[], None] | None = None,
+                 resized: Callable[[str], None] | None = None) -> None:
         self.custom = custom
+        # Called (lock held) with a gang whose size arrived or changed after its pods: they were
+        # told to wait and kube-scheduler hears of no pod change (docs/gangs.md, "Late sizes").
+        self._resized = resized
         self.raw = raw
         self.snapshot = snapshot
         self.lock = lock
@@ -158,10 +162,14 @@ class PodGroupWatcher:
             created = {k: t for k, t in map(_created, items) if k}
             with self.lock:
                 target = kind.target(self.snapshot)
+                changed = [k for k in set(target) | set(sizes) if target.get(k) != sizes.get(k)]
                 target.clear()
                 target.update(sizes)
                 self.snapshot.gang_created.update(created)
                 self.snapshot.generation += 1
+                if self._resized is not None:
+                    for key in sorted(changed):
+                        self._resized(key)
 
         def absent(status: int) -> None:
             # API not served (CRD absent, feature gate off) or no right to read it: the sizes come
@@ -181,10 +189,13 @@ class PodGroupWatcher:
                     self.snapshot.gang_created.pop(key, None)
                 else:
                     got = kind.parse([obj])
+                    before = target.get(key)
                     if key in got:
                         target[key] = got[key]
                     if (at := _created(obj)[1]):
                         self.snapshot.gang_created[key] = at
+                    if key in got and got[key] != before and self._resized is not None:
+                        self._resized(key)
                 self.snapshot.generation += 1
 
         def skipped(obj: dict[str, Any] | None, exc: Exception) -> None:
