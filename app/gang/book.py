@@ -148,8 +148,14 @@ class GangBook:
     def queue(self) -> list[tuple[QueueKey, str]]:
         """Complete gangs of this scheduler with members to place and no plan, in queue order."""
         out = []
-        for key in list(self.snapshot.gang_index):
+        specs = self.snapshot.specs
+        for key, uids in list(self.snapshot.gang_index.items()):
             if key in self.ledger.plans:
+                continue
+            # Cheap first: thousands of incomplete gangs may exist (a flood), each far from its size.
+            any_spec = next((specs[u] for u in uids if u in specs), None)
+            known = self.size(key, any_spec) if any_spec is not None else None
+            if known is None or len(uids) < known:
                 continue
             members, pending = self.pending(key)
             if not pending:
