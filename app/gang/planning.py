@@ -176,7 +176,8 @@ class Planner:
                     now = self.clock()
                     got = self.admit_ahead(key, offered, now) or self.plan(
                         key, self.book.members(key, spec), spec, fits, offered, state, now)
-                    state.last_failure = got if isinstance(got, Rejection) and got is not CHANGED else None
+                    # A "retry" (capacity moved, a gang ahead being planned) is no reason to tell.
+                    state.last_failure = got if isinstance(got, Rejection) and got.unresolvable else None
             except Exception:
                 log.exception("gang %s: background plan failed", key)
             finally:
