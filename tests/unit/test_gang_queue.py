@@ -158,3 +158,21 @@ def test_gangs_created_in_the_same_second_queue_in_the_order_the_watch_saw_them(
     made = {n: gang(c, n, spec[n][0], BASE, required=spec[n][1]) for n in (first, later)}
     c.filter(made[later][0])
     assert set(c.gangs.ledger.plans) == {f"ml/{first}"}
+
+
+def test_in_the_background_planner_too_the_later_gang_filtered_first_waits_behind_the_earlier() -> None:
+    """The live extender plans off the request path: the later gang's member filtered first starts a
+    job, which plans the earlier gang first (the defect this queue fixes raced exactly here)."""
+    c = Cluster(background=True)
+    two_blocks(c)
+    gang(c, "pretrain-a", 4, BASE, required=TIER1)
+    big = gang(c, "pretrain-too-big", 6, BASE + 7)
+    d = c.filter(big[0])
+    assert d.passed == [] and "is being planned" in next(iter(d.rejections.values()))
+    c.gangs.planner.drain(30)
+    assert set(c.gangs.ledger.plans) == {"ml/pretrain-a"}
+    c.filter(big[1])
+    c.gangs.planner.drain(30)
+    d = c.filter(big[2])
+    assert set(c.gangs.ledger.plans) == {"ml/pretrain-a"}
+    assert "waits behind gang ml/pretrain-a" in next(iter(d.unresolvable.values()))
