@@ -328,14 +328,16 @@ class Planner:
             state.waiting_since = now
         others = sum(ledger.reserved_gpus(n.name, key) for n in brief.inst.problem.nodes)
         diag = diagnose.why_not(index, others)
+        # Its place in the gang queue, and the gangs ahead that keep what this one lacks, with
+        # where (the pod's FailedScheduling event carries the short reason; docs/gangs.md, "Gang
+        # queue").
         behind = self.waits_behind(key)
-        if behind:
-            # Gangs ahead in the queue keep what this one lacks: say which, and where (the pod's
-            # FailedScheduling event carries the short reason; docs/gangs.md, "Gang queue").
-            place, length = self.position(key)
-            queued = f", {_ordinal(place)} of {length} in the gang queue" if place else ""
-            tail = f"; waits behind {'; '.join(behind[:2])}" + (
-                f" and {len(behind) - 2} more" if len(behind) > 2 else "") + queued
+        place, length = self.position(key)
+        if behind or place > 1:
+            tail = (f"; waits behind {'; '.join(behind[:2])}" + (
+                f" and {len(behind) - 2} more" if len(behind) > 2 else "") if behind else "")
+            if place:
+                tail += f"{',' if behind else ';'} {_ordinal(place)} of {length} in the gang queue"
             diag = replace(diag, short=diag.short + tail, detail=diag.detail + tail)
         self.reporter.unplaceable(key, brief.spec, diag, now)
         why = reject(diag.code, "gang cannot be placed: " + diag.short)

@@ -176,3 +176,15 @@ def test_in_the_background_planner_too_the_later_gang_filtered_first_waits_behin
     d = c.filter(big[2])
     assert set(c.gangs.ledger.plans) == {"ml/pretrain-a"}
     assert "waits behind gang ml/pretrain-a" in next(iter(d.unresolvable.values()))
+
+
+def test_a_gang_behind_another_waiting_gang_is_told_its_place() -> None:
+    c = Cluster()
+    two_blocks(c)
+    for node in list(c.service.snapshot.nodes):
+        c.occupy(node, 8)  # everything busy: nobody fits now
+    first = gang(c, "first", 2, BASE)
+    second = gang(c, "second", 2, BASE + 7)
+    assert "1st" not in next(iter(c.filter(first[0]).unresolvable.values()))
+    why = next(iter(c.filter(second[0]).unresolvable.values()))
+    assert why.endswith("; 2nd of 2 in the gang queue") and "waits behind" not in why
