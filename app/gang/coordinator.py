@@ -86,7 +86,6 @@ class GangCoordinator:
         writer: PlanWriter | None = None,
         runtime: GangRuntime | None = None,
         workers: int = 2,
-        lookahead: int = 2,
         book: GangBook | None = None,
         data_sites: DataSites | None = None,
     ) -> None:
@@ -128,7 +127,7 @@ class GangCoordinator:
             release=self.lifecycle.locked_release,
             replanned=lambda key: self.barrier.fail(
                 key, MESSAGE_PREFIX + f"gang {shown(key)} was replanned; retrying"),
-            lookahead=lookahead, data_sites=data_sites,
+            data_sites=data_sites,
         )
 
     @property

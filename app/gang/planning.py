@@ -13,8 +13,8 @@ never wait for a solve (up to ``solver_time_limit_seconds``):
    the ledger, persist it and report it.
 
 Admission order: plans only use capacity nobody else reserved, so gangs never hold partial capacity
-and cannot deadlock; among gangs waiting for capacity, older ones (priority, then first wait, then
-name) are planned first.
+and cannot deadlock; complete gangs are planned, and their plans committed, in the gang queue's order
+(priority, then creation; :meth:`GangBook.order`), a later gang first only as a backfill.
 """
 
 from __future__ import annotations
@@ -99,7 +99,6 @@ class Planner:
     clock: Callable[[], float]
     release: Callable[[GangPlan, str], None]  # drop a plan that can no longer be placed (lock held)
     replanned: Callable[[str], None]  # a new plan replaced the gang's previous one (lock held)
-    lookahead: int = 2
     data_sites: DataSites | None = None  # data gravity: where a member's input sits
     # wait() on a Condition over an RLock releases every level the thread holds, so a filter
     # that arrived with the service lock held still lets everyone else in during the solve.

@@ -115,6 +115,7 @@ def test_a_size_that_comes_after_the_pods_binds_the_gang_within_seconds(
     """A PodGroup created after its pods, or its minMember lowered 4 -> 2: the members were told to
     wait and kube-scheduler hears of no change of theirs; the extender requeues them (docs/gangs.md,
     "Late sizes") instead of leaving them for kube-scheduler's five-minute flush."""
+    delete_all_pods(cluster.core, cluster.namespace)  # the four nodes free for this gang alone
     run, group = f"late-{late}", f"job-late-{late}"
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PodGroup", "metadata": {"name": group},
             "spec": {"minMember": 4, "queue": "default"}}
