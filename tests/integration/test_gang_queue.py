@@ -3,16 +3,19 @@
 
 Cluster: eight 8-GPU H100 nodes with RDMA in two fabric blocks of four (a tier-1 label per block).
 ``pretrain-a`` (4 x 8 GPUs, required inside one tier-1 block, either block free) is created first,
-then ``pretrain-too-big`` (6 x 8 GPUs, no topology requirement): both cannot run at once. The gang
-created first is placed and the other waits, whichever member kube-scheduler pops first; created the
-other way round, the 6-member gang is placed; a later gang that fits beside the earlier one (a true
-backfill) starts at once. ``LLMP_GANG_QUEUE_RUNS`` repeats the first scenario (default 3).
+then ``pretrain-too-big`` (6 x 8 GPUs, no topology requirement): both cannot run at once. The later
+gang's members are made to reach the extender first (the race seen live, made certain by a taint
+only they tolerate); still the gang created first is placed and the other waits, told which gang it
+waits behind. Created the other way round, the 6-member gang is placed; a later gang that fits
+beside the earlier one (a true backfill) starts at once. ``LLMP_GANG_QUEUE_RUNS`` repeats the first
+scenario (default 3).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -22,9 +25,11 @@ from .harness import (
     assert_stays_unbound,
     create_pods,
     delete_pods,
+    get_pod,
     gpu_node,
     list_pods,
     llm_pod,
+    scheduling_messages,
     wait_for_node_names,
     wait_until,
 )
@@ -60,15 +65,56 @@ def run(cluster: ClusterScope, unique: Callable[[str], str]) -> Iterator[str]:
                f"pods of {value} to be deleted")
 
 
-def _gang(cluster: ClusterScope, run: str, name: str, size: int, required: str | None = None) -> list[str]:
+# The race the gang queue settles, made deterministic: the later gang's members reach the extender
+# first. Every node carries HOLD during the test; the later gang tolerates it, so kube-scheduler
+# sends its members to the extender while the earlier gang's (complete, counted, but kept off every
+# node by kube-scheduler's own TaintToleration) wait; then each of them is given the toleration
+# (a pod update), so kube-scheduler offers it every node at once. (Lifting the taint node by node
+# instead would offer a member one node, replan its gang over that one node and drop its plan.)
+HOLD = {"key": ANN + "test-hold", "value": "hold", "effect": "NoSchedule"}
+TOLERATE = {"key": ANN + "test-hold", "operator": "Equal", "value": "hold", "effect": "NoSchedule"}
+
+
+@contextmanager
+def held_back(cluster: ClusterScope, blocks: dict[str, str]) -> Iterator[None]:
+    for n in blocks:
+        cluster.core.patch_node(n, {"spec": {"taints": [HOLD]}}, _preload_content=False)
+    try:
+        yield
+    finally:
+        for n in blocks:
+            cluster.core.patch_node(n, {"spec": {"taints": None}}, _preload_content=False)
+
+
+def _gang(cluster: ClusterScope, run: str, name: str, size: int, required: str | None = None,
+          first_to_the_extender: bool = False) -> list[str]:
     """Create a gang's members (held by the chart's gate until all exist); their names."""
     ann = {ANN + "gang-name": f"{name}-{run}", ANN + "gang-size": str(size)}
     if required:
         ann[ANN + "topology-required-placement"] = required
     pods = [llm_pod(f"{name}-{run}-{i}", stage="pretraining", gpus=8, annotations=ann, labels={"run": run})
             for i in range(size)]
+    if first_to_the_extender:
+        for p in pods:
+            p["spec"]["tolerations"] = [TOLERATE]
     create_pods(cluster.core, cluster.namespace, pods)
     return [p["metadata"]["name"] for p in pods]
+
+
+def _let_through(cluster: ClusterScope, names: list[str]) -> None:
+    for name in names:
+        pod = get_pod(cluster.core, cluster.namespace, name)
+        tolerations = [*(pod["spec"].get("tolerations") or []), TOLERATE]
+        cluster.core.patch_namespaced_pod(name, cluster.namespace, {"spec": {"tolerations": tolerations}},
+                                          _preload_content=False)
+
+
+def _told_to_wait_behind(cluster: ClusterScope, pod: str, gang: str) -> None:
+    """kube-scheduler's FailedScheduling event names the gang ahead and where it is planned."""
+    want = f"waits behind gang {cluster.namespace}/{gang} (created "
+    wait_until(lambda: any(want in m and "planned on" in m
+                           for m in scheduling_messages(cluster.core, cluster.namespace, pod)),
+               60, f"{pod} to be told it waits behind {gang}")
 
 
 def _bound_whole(cluster: ClusterScope, names: list[str], timeout: float = 120) -> dict[str, str]:
@@ -89,11 +135,15 @@ def test_the_earlier_gang_is_placed_and_the_later_one_waits(
 ) -> None:
     if attempt == 0:
         _policy_active(cluster, unique)
-    a = _gang(cluster, run, "pretrain-a", 4, TIER1)
-    big = _gang(cluster, run, "pretrain-too-big", 6)
-    placed = _bound_whole(cluster, a)
-    assert len({blocks[n] for n in placed.values()}) == 1, placed
-    _unbound(cluster, big, 8)
+    with held_back(cluster, blocks):
+        a = _gang(cluster, run, "pretrain-a", 4, TIER1)
+        big = _gang(cluster, run, "pretrain-too-big", 6, first_to_the_extender=True)
+        _told_to_wait_behind(cluster, big[0], f"pretrain-a-{run}")
+        assert not any(get_pod(cluster.core, cluster.namespace, n)["spec"].get("nodeName") for n in big)
+        _let_through(cluster, a)
+        placed = _bound_whole(cluster, a)
+        assert len({blocks[n] for n in placed.values()}) == 1, placed
+        _unbound(cluster, big, 8)
 
 
 def test_created_the_other_way_round_the_six_member_gang_is_placed(
@@ -101,10 +151,13 @@ def test_created_the_other_way_round_the_six_member_gang_is_placed(
     unique: Callable[[str], str], run: str,
 ) -> None:
     _policy_active(cluster, unique)
-    big = _gang(cluster, run, "pretrain-too-big", 6)
-    a = _gang(cluster, run, "pretrain-a", 4, TIER1)
-    _bound_whole(cluster, big)
-    _unbound(cluster, a, 8)
+    with held_back(cluster, blocks):
+        big = _gang(cluster, run, "pretrain-too-big", 6)
+        a = _gang(cluster, run, "pretrain-a", 4, TIER1, first_to_the_extender=True)
+        _told_to_wait_behind(cluster, a[0], f"pretrain-too-big-{run}")
+        _let_through(cluster, big)
+        _bound_whole(cluster, big)
+        _unbound(cluster, a, 8)
 
 
 def test_a_later_gang_that_fits_beside_the_earlier_one_starts_at_once(
@@ -112,8 +165,14 @@ def test_a_later_gang_that_fits_beside_the_earlier_one_starts_at_once(
     unique: Callable[[str], str], run: str,
 ) -> None:
     _policy_active(cluster, unique)
-    a = _gang(cluster, run, "pretrain-a", 4, TIER1)
-    small = _gang(cluster, run, "small", 2)
-    placed = _bound_whole(cluster, a + small)
+    with held_back(cluster, blocks):
+        a = _gang(cluster, run, "pretrain-a", 4, TIER1)
+        small = _gang(cluster, run, "small", 2, first_to_the_extender=True)
+        # A backfill: it fits beside the earlier gang's plan and starts while that gang is still
+        # kept away from every node.
+        placed = _bound_whole(cluster, small, timeout=60)
+        assert not any(get_pod(cluster.core, cluster.namespace, n)["spec"].get("nodeName") for n in a)
+        _let_through(cluster, a)
+        placed |= _bound_whole(cluster, a)
     assert len({blocks[placed[n]] for n in a}) == 1
     assert not {placed[n] for n in a} & {placed[n] for n in small}
