@@ -6,13 +6,17 @@ after the pods requeues them, and a gang incomplete for too long is reported."""
 from __future__ import annotations
 
 import contextlib
+import json
+import threading
 import time
 from typing import Any
 
 import pytest
 
-from app.core.workload import GANG_GATE, WorkloadError
+from app.core.snapshot import ClusterSnapshot
+from app.core.workload import GANG_GATE, WorkloadError, created_at
 from app.gang.admission import HeldMembers
+from app.gang.kube import COSCHEDULING, PodGroupWatcher
 from app.gang.persist import UNGATE_RETRY_SECONDS, BackgroundWriter
 from app.gang.requeue import RETRY_ANNOTATION
 from app.objects import pod_object
@@ -190,3 +194,35 @@ def test_a_gang_incomplete_for_too_long_gets_a_warning_and_counts_in_the_gauge()
     c.delete(pod)
     assert c.metric("llm_placement_gangs_incomplete_too_long") == 0
 
+
+
+def test_the_pod_group_watch_reports_sizes_that_arrive_or_change_and_their_creation() -> None:
+    """What ``resized`` (the requeue above) and the gang queue's creation order are fed with."""
+    def group(name: str, size: int) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "ml", "creationTimestamp": "2026-12-07T01:00:00Z"},
+                "spec": {"minMember": size}}
+
+    events = [{"type": "MODIFIED", "object": group("g", 4)},  # unchanged: nothing to requeue
+              {"type": "MODIFIED", "object": group("g", 2)},  # lowered
+              {"type": "ADDED", "object": group("late", 3)}]  # created after its pods
+    snapshot, resized = ClusterSnapshot(), []
+
+    class Resp:
+        def stream(self, *_: Any, **__: Any) -> Any:
+            yield b"\n".join(json.dumps(e).encode() for e in events) + b"\n"
+
+        def release_conn(self) -> None:
+            watcher.stop()
+
+    class Custom:
+        def list_cluster_custom_object(self, *args: Any, watch: bool = False, **_: Any) -> Any:
+            if not watch:
+                return json.dumps({"metadata": {"resourceVersion": "1"}, "items": [group("g", 4)]}).encode()
+            return Resp()
+
+    watcher = PodGroupWatcher(Custom(), lambda fn, *a, **k: bytes(fn(*a, **k)), snapshot,  # type: ignore[arg-type]
+                              threading.RLock(), kinds=(COSCHEDULING,), resized=resized.append)
+    watcher._run(COSCHEDULING)
+    assert resized == ["ml/g", "ml/g", "ml/late"]  # the first list, the change, the late one
+    assert snapshot.podgroup_min_member == {"ml/g": 2, "ml/late": 3}
+    assert snapshot.gang_created["ml/late"] == created_at({"creationTimestamp": "2026-12-07T01:00:00Z"})
