@@ -223,6 +223,9 @@ class Settings(BaseSettings):
     # The oldest gang that cannot be placed keeps whole nodes for itself as they free, so smaller
     # jobs cannot keep it waiting; costs the held GPUs' idle time (docs/gangs.md).
     gang_hold_for_oldest: bool = False
+    # A gang still missing members this long after its first member's creation is reported: a
+    # warning event on its pods and a metric (docs/gangs.md, "Incomplete gangs").
+    gang_incomplete_warn_seconds: float = Field(600.0, gt=0, le=7 * 86_400)
     # The solve runs beside filter calls; a minute is already far past any useful improvement.
     solver_time_limit_seconds: float = Field(0.5, gt=0, le=60)
     producer_memory_seconds: float = Field(3600.0, ge=0, le=30 * 86_400)
@@ -316,6 +319,8 @@ class Settings(BaseSettings):
                     bind_timeout_seconds=self.gang_bind_timeout_seconds,
                     solver_time_limit_seconds=self.solver_time_limit_seconds,
                     hold_for_oldest=self.gang_hold_for_oldest,
+                    scheduler_name=self.scheduler_name,
+                    incomplete_warn_seconds=self.gang_incomplete_warn_seconds,
                 ),
             )
         return self._policies

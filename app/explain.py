@@ -19,6 +19,7 @@ from app.core.score_list import NodeScore
 from app.core.scoring import GRAVITY_OPENS_AT_MOST
 from app.core.serving_model import ServingCalibration, error_band, error_group, target_quantile
 from app.core.workload import TRAINING_STAGES, ServingRole, WorkloadError, WorkloadSpec
+from app.gang.coordinator import GangCoordinator
 from app.service import ExtenderService
 
 
@@ -96,6 +97,9 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         "finetune_method": spec.effective_finetune_method.value if spec.stage in TRAINING_STAGES else None,
         "active_params": spec.active_params,
         "gang": spec.gang.key if spec.gang else None,
+        # Its place in the gang queue and the gangs ahead it waits behind (docs/gangs.md).
+        "gang_queue": (service.placer.gangs.queue_info(spec.gang.key)
+                       if spec.gang and isinstance(service.placer.gangs, GangCoordinator) else None),
         # What the pod's DRA claims say, as read (docs/dra.md): MIG slices, the recognised
         # selectors' restrictions, and the selectors whose decision is kube-scheduler's alone.
         "claims": _claims(spec),

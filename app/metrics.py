@@ -125,6 +125,17 @@ class Metrics:
     reservations_expired = _Declared(
         Counter, "llm_placement_reservations_expired_total", "Gang reservations dropped at TTL."
     )
+    gang_queue_length = _Declared(
+        Gauge, "llm_placement_gang_queue_length", "Complete gangs waiting in the gang queue (no plan yet)."
+    )
+    gangs_incomplete = _Declared(
+        Gauge, "llm_placement_gangs_incomplete_too_long",
+        "Gangs still missing members gang_incomplete_warn_seconds after their first member's creation.",
+    )
+    gang_queue_oldest = _Declared(
+        Gauge, "llm_placement_gang_queue_oldest_seconds",
+        "Age (since its first member's or PodGroup's creation) of the oldest gang in the gang queue.",
+    )
 
     # --- placement quality, observed at bind --------------------------------------------------------
     bandwidth_fit = _Declared(

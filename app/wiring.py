@@ -73,6 +73,11 @@ def build_core(
     # The bind barrier gets the one capability it needs: bind this member to this node.
     gangs = GangCoordinator(policies.gang, snapshot, lock, binding.bind_spec, GangMetricsAdapter(metrics),
                             writer, gang_runtime, book=book, data_sites=gravity.data_nodes)
+    # Read at scrape time (docs/metrics.md): the queue is a view over the gangs, not a counter kept
+    # on the filter path.
+    metrics.gang_queue_length.set_function(lambda: gangs.queue_status()[0])
+    metrics.gang_queue_oldest.set_function(lambda: gangs.queue_status()[1])
+    metrics.gangs_incomplete.set_function(gangs.incomplete_too_long)
     return ExtenderService(settings, catalog, snapshot=snapshot, lock=lock, metrics=metrics, memory=memory,
                            gravity=gravity, gangs=gangs, gang_binder=gangs, binding=binding, ready=ready)
 
@@ -154,14 +159,15 @@ def build_live(
     if isinstance(gangs, GangCoordinator) and isinstance(gangs.writer, BackgroundWriter):
         # Members the chart's admission policy gated enter kube-scheduler's queue together, once
         # the whole gang exists (docs/gangs.md, "Held at admission").
-        followers += (HeldMembers(gangs.book, gangs.writer),)
+        followers += (HeldMembers(gangs.book, gangs.writer, incomplete=gangs.requeue.watch_incomplete),)
     cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics,
                          on_change=mark_ready, events=service.binder, followers=followers)
     if isinstance(gangs, GangCoordinator):
         # Gang sizes from PodGroups (coscheduling, and the native Workload API's): ready only once
         # each kind was listed or found not served (docs/gangs.md).
         PodGroupWatcher(client.CustomObjectsApi(api), raw, service.snapshot, service.lock,
-                        synced=cache.sync_gate("podgroups"), notify=mark_ready).start()
+                        synced=cache.sync_gate("podgroups"), notify=mark_ready,
+                        resized=gangs.requeue.resized).start()
         # Two replicas: the standby's extender learns the leader's plans only from the pods
         # (docs/gangs.md, "Two replicas").
         service.before_filter = Takeover(planned.pods, gangs.restore, tuple(settings.labels.gpu_resource),

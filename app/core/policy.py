@@ -193,6 +193,10 @@ class GangPolicy:
     solver_time_limit_seconds: float
     # The oldest gang that cannot be placed holds whole nodes as they free (app.gang.hold).
     hold_for_oldest: bool = False
+    # Only this scheduler's gangs take part in the gang queue (empty: every gang).
+    scheduler_name: str = ""
+    # A gang missing members this long after its first member's creation is reported.
+    incomplete_warn_seconds: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,10 @@ class ClusterSnapshot:
         self.finished: dict[str, PlacedPod] = {}  # ns/name -> finished producer (data gravity)
         self.specs: dict[str, WorkloadSpec] = {}  # uid -> every live pod that parsed (bound or not)
         self.gang_index: dict[str, set[str]] = {}  # gang key -> live member uids
+        # gang key -> when the watch first saw a live member (a counter): breaks ties between gangs
+        # created in the same second (creationTimestamp has whole seconds; docs/gangs.md).
+        self.gang_seen: dict[str, int] = {}
+        self._seen = 0
         # ns/serving-group -> live member uids: prefill and decode pods kept close (data gravity).
         self.serving_groups: dict[str, set[str]] = {}
         self.podgroup_min_member: dict[str, int] = {}  # ns/name -> PodGroup.spec.minMember
@@ -90,6 +94,9 @@ class ClusterSnapshot:
         # ns/name -> native PodGroup (scheduling.k8s.io/v1alpha2) gang minCount, None for the basic
         # policy (not a gang); absent: not seen (docs/gangs.md, native Workload API).
         self.native_min_count: dict[str, int | None] = {}
+        # ns/name -> creationTimestamp (Unix seconds) of a PodGroup of any kind: a gang sized by one
+        # queues from the earlier of it and its first member (docs/gangs.md, "Gang queue").
+        self.gang_created: dict[str, float] = {}
         # namespace -> namespaces it shares its pods' data with (Namespace annotation
         # llm-placement.io/share-with, docs/data-gravity.md); "*" shares with every namespace.
         self.namespace_shares: dict[str, frozenset[str]] = {}
@@ -263,6 +270,9 @@ class ClusterSnapshot:
         self.specs[uid] = spec
         if spec.gang is not None:
             self.gang_index.setdefault(spec.gang.key, set()).add(uid)
+            if spec.gang.key not in self.gang_seen:
+                self._seen += 1
+                self.gang_seen[spec.gang.key] = self._seen
         if spec.serving_group is not None:
             self.serving_groups.setdefault(serving_group_key(spec), set()).add(uid)
 
@@ -291,6 +301,7 @@ class ClusterSnapshot:
             members.discard(uid)
             if not members:
                 del self.gang_index[gang]
+                self.gang_seen.pop(gang, None)
 
     def gang_members(self, gang: str) -> list[WorkloadSpec]:
         return [self.specs[u] for u in sorted(self.gang_index.get(gang, ())) if u in self.specs]

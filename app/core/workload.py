@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -253,6 +254,9 @@ class WorkloadSpec(ClaimedDevices):
     # not come through kube-scheduler's filters is refused (app/core/bind_checks.py).
     tolerations: tuple[Toleration, ...] = ()
     required_terms: tuple[Term, ...] | None = None
+    # metadata.creationTimestamp (Unix seconds, 0 when absent or unreadable): a gang's place in the
+    # gang queue is its priority, then its first member's creation (docs/gangs.md, "Gang queue").
+    created: float = 0.0
 
     @property
     def key(self) -> str:
@@ -612,6 +616,18 @@ def parse_workload(
     return WorkloadSpec(**fields)
 
 
+def created_at(meta: Any) -> float:
+    """``metadata.creationTimestamp`` as Unix seconds; 0 when absent or not an RFC 3339 time (an
+    object without it sorts first among equals, which only a hand-made object can be)."""
+    raw = meta.get("creationTimestamp") if isinstance(meta, dict) else None
+    if not isinstance(raw, str) or not raw:
+        return 0.0
+    try:
+        return datetime.fromisoformat(raw).timestamp()
+    except ValueError:
+        return 0.0
+
+
 def _object_fields(meta: dict[str, Any], spec: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     """What the pod object itself says: identity, node, scheduler, priority, gates."""
 
@@ -631,6 +647,7 @@ def _object_fields(meta: dict[str, Any], spec: dict[str, Any], problems: list[st
         "node_name": text(spec, "nodeName"),
         "scheduler_name": text(spec, "schedulerName"),
     }
+    fields["created"] = created_at(meta)
     prio = spec.get("priority")
     # Kubernetes priorities are int32; anything else (a float, 1e30, a string) counts as 0.
     fields["priority"] = prio if isinstance(prio, int) and not isinstance(prio, bool) \

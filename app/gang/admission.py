@@ -12,8 +12,13 @@ enters the queue whole (docs/gangs.md, "Held at admission").
 from __future__ import annotations
 
 import logging
+import math
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
+from app.core.reasons import MESSAGE_PREFIX, shown
+from app.core.workload import GANG_GATE, PREFIX, WorkloadError, WorkloadSpec, parse_workload
 from app.gang.book import GangBook
 
 log = logging.getLogger(__name__)
@@ -22,16 +27,32 @@ log = logging.getLogger(__name__)
 class GateWriter(Protocol):
     def ungate(self, namespace: str, name: str) -> None: ...
 
+    def event(self, namespace: str, name: str, uid: str, reason: str, message: str,
+              warning: bool = False) -> None: ...
+
+
+# A member still gated this long after its gate's removal was asked for is asked again at its next
+# change (or its gang's): the previous attempt was refused or is waiting for its backoff.
+REASK_SECONDS = 2.0
+
 
 class HeldMembers:
     """A ``PodFollower`` of the cluster cache (called with the cache lock held, after the pod was
-    applied to the snapshot): lifts the gate of a gang's held members when it is complete."""
+    applied to the snapshot): lifts the gate of a gang's held members when it is complete, and tells
+    a held pod what it waits for (docs/gangs.md, "Held at admission"): kube-scheduler never tries a
+    gated pod, so without this it would wait with no word at all."""
 
-    def __init__(self, book: GangBook, writer: GateWriter) -> None:
+    def __init__(self, book: GangBook, writer: GateWriter,
+                 clock: Callable[[], float] = time.monotonic,
+                 incomplete: Callable[[str], None] | None = None) -> None:
         self.book = book
+        self.incomplete = incomplete  # watch a gang still missing members (reported if too long)
         self.writer = writer
-        # Members whose gate removal is on its way: one patch each, until the watch shows it done.
-        self._lifting: set[str] = set()
+        self.clock = clock
+        # Members whose gate removal was asked for, and when: asked again at a change after
+        # REASK_SECONDS until the watch shows the gate gone.
+        self._lifting: dict[str, float] = {}
+        self._told: dict[str, str] = {}  # uid -> the last thing its pod was told (no repeats)
 
     def replace(self, pods: list[Any]) -> None:
         """A fresh list: complete gangs held while the extender was away are let go now."""
@@ -41,24 +62,76 @@ class HeldMembers:
 
     def update(self, pod: Any, deleted: bool = False) -> None:
         try:
-            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            meta = pod.get("metadata") or {}
+            uid = str(meta.get("uid") or "")
         except AttributeError:
             return
         spec = None if deleted else self.book.snapshot.specs.get(uid)
-        if spec is None or not spec.held or spec.gang is None:
-            self._lifting.discard(uid)
+        if deleted or (spec is not None and not spec.held):
+            self._lifting.pop(uid, None)
+            self._told.pop(uid, None)
+            return
+        if spec is None:
+            if _gated(pod):
+                self._unreadable(pod, uid)
+            return
+        if spec.gang is None:
+            self._tell(spec, "GangGateWithoutGang",
+                       f"this pod carries the scheduling gate {GANG_GATE} but names no gang: nothing "
+                       "will lift it; remove the gate (kubectl edit) or give the pod a gang")
             return
         key = spec.gang.key
+        members = self.book.members(key)
+        if (conflict := self.book.size_conflict(key)) is not None:
+            for m in members:
+                if m.held:
+                    self._tell(m, "GangSizeConflict", f"held at admission: {conflict}")
+            return
         size = self.book.size(key, spec)
         if size is None:
+            self._tell(spec, "GangWaiting", f"held at admission: gang {shown(key)} has no size; set "
+                       f"{PREFIX}gang-size on every member")
             return  # sized by a PodGroup: the chart's policy holds only pods with gang-size
-        members = self.book.members(key)
         if len(members) < size:
+            if self.incomplete is not None:
+                self.incomplete(key)
+            self._tell(spec, "GangWaiting", f"held at admission: waiting for gang members "
+                       f"{len(members)}/{size} of gang {shown(key)}")
             return
-        held = [m for m in members if m.held and (m.uid or m.key) not in self._lifting]
+        now = self.clock()
+        held = [m for m in members if m.held
+                and now - self._lifting.get(m.uid or m.key, -math.inf) >= REASK_SECONDS]
         if held:
             log.info("gang %s: all %d members exist; lifting the admission gate of %d", key, size,
                      len(held))
         for m in held:
-            self._lifting.add(m.uid or m.key)
+            self._lifting[m.uid or m.key] = now
             self.writer.ungate(m.namespace, m.name)
+
+    def _tell(self, spec: WorkloadSpec, reason: str, message: str) -> None:
+        uid = spec.uid or spec.key
+        if self._told.get(uid) == message:
+            return
+        self._told[uid] = message
+        self.writer.event(spec.namespace, spec.name, uid, reason, MESSAGE_PREFIX + message,
+                          warning=reason != "GangWaiting")
+
+    def _unreadable(self, pod: dict[str, Any], uid: str) -> None:
+        """A gated pod whose annotations do not parse (a gang size of "0", "abc", ""): the gate
+        stays, so say why, as filter would say it to an ungated pod."""
+        try:
+            parse_workload(pod)
+            return
+        except WorkloadError as exc:
+            problems = "; ".join(str(p) for p in exc.problems)
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+        message = MESSAGE_PREFIX + f"held at admission, and its gang cannot be read: {problems}"
+        if name and self._told.get(uid) != message:
+            self._told[uid] = message
+            self.writer.event(ns, name, uid, "GangSizeInvalid", message, warning=True)
+
+
+def _gated(pod: dict[str, Any]) -> bool:
+    gates = (pod.get("spec") or {}).get("schedulingGates")
+    return isinstance(gates, list) and any(isinstance(g, dict) and g.get("name") == GANG_GATE for g in gates)

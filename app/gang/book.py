@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from app.core.reasons import Rejection
+from app.core.reasons import Rejection, shown
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import WorkloadSpec
 from app.gang.instance import member_node
@@ -23,6 +23,9 @@ from app.gang.ledger import Ledger
 # changed: a bound on what a missed signal can cost (a node kube-scheduler offers one member and not
 # another, a change nothing here counts). docs/gangs.md, "Cannot place".
 VERDICT_SECONDS = 60.0
+# A gang's place in the gang queue: (-priority, creation, first seen by the watch, key); smaller
+# goes first (docs/gangs.md, "Gang queue").
+QueueKey = tuple[int, float, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +54,11 @@ class GangState:
 
 
 class GangBook:
-    def __init__(self, snapshot: ClusterSnapshot, ttl: float) -> None:
+    def __init__(self, snapshot: ClusterSnapshot, ttl: float, scheduler_name: str = "") -> None:
         self.snapshot = snapshot
+        # Only gangs of this scheduler queue (empty: every gang); another scheduler's pods never
+        # reach this extender, so a plan for them would hold GPUs nobody binds.
+        self.scheduler_name = scheduler_name
         self.ledger = Ledger(ttl)
         self.states: dict[str, GangState] = {}
         # Gangs whose plan is being solved right now (with the lock released): another member's
@@ -100,6 +106,21 @@ class GangBook:
             return self.snapshot.volcano_min_member.get(key)
         return self.snapshot.podgroup_min_member.get(key)
 
+    def size_conflict(self, key: str) -> str | None:
+        """Words naming two members whose own sizes disagree (``gang-size`` 4 on one, 2 on another),
+        or None. Such a gang is neither ungated, planned nor requeued until its members agree: no
+        size would be right for all of them (docs/gangs.md, "Members that disagree")."""
+        sizes: dict[int, str] = {}
+        for m in self.snapshot.gang_members(key):
+            if m.gang is not None and m.gang.size is not None and not m.gang.native:
+                sizes.setdefault(m.gang.size, m.key)
+        if len(sizes) < 2:
+            return None
+        (a, pa), (b, pb) = sorted(sizes.items(), reverse=True)[:2]
+        more = f" (and {len(sizes) - 2} other sizes)" if len(sizes) > 2 else ""
+        return (f"members of gang {shown(key)} disagree on its size: {a} ({shown(pa)}) and {b} "
+                f"({shown(pb)}){more}; nothing is planned or reserved until every member says the same")
+
     def not_a_gang(self, spec: WorkloadSpec) -> bool:
         """A pod of a native PodGroup with the basic policy: scheduled one by one, like any pod."""
         gang = spec.gang
@@ -109,6 +130,46 @@ class GangBook:
     def roster(self, members: Sequence[WorkloadSpec]) -> frozenset[tuple[str, str]]:
         """Who is in the gang and where the bound ones are: a plan is only valid for this roster."""
         return frozenset((m.uid or m.key, member_node(self.snapshot, m)) for m in members)
+
+    # --- the gang queue (docs/gangs.md, "Gang queue") -----------------------------------------------
+    def order(self, key: str, members: Sequence[WorkloadSpec]) -> QueueKey:
+        """Higher pod priority first, then the earlier of the first member's creation and the
+        PodGroup's, then which the watch saw first (creation times have whole seconds), then the
+        name: known before any member is filtered and the same in every replica, unlike the order
+        kube-scheduler happens to pop the members in."""
+        created = min((m.created for m in members if m.created), default=0.0)
+        group = self.snapshot.gang_created.get(key, 0.0)
+        if group and (not created or group < created):
+            created = group
+        # creationTimestamp has whole seconds: within one, the order the watch saw the gangs in.
+        seen = self.snapshot.gang_seen.get(key, 0)
+        return (-max((m.priority for m in members), default=0), created, seen, key)
+
+    def queue(self) -> list[tuple[QueueKey, str]]:
+        """Complete gangs of this scheduler with members to place and no plan, in queue order."""
+        out = []
+        specs = self.snapshot.specs
+        for key, uids in list(self.snapshot.gang_index.items()):
+            if key in self.ledger.plans:
+                continue
+            # Cheap first: thousands of incomplete gangs may exist (a flood), each far from its size.
+            any_spec = next((specs[u] for u in uids if u in specs), None)
+            known = self.size(key, any_spec) if any_spec is not None else None
+            if known is None or len(uids) < known:
+                continue
+            members, pending = self.pending(key)
+            if not pending:
+                continue
+            first = pending[0]
+            foreign = self.scheduler_name and first.scheduler_name not in ("", self.scheduler_name)
+            if foreign or self.not_a_gang(first):
+                continue
+            size = self.size(key, first)
+            if size is None or len(members) < size or self.size_conflict(key) is not None:
+                continue
+            out.append((self.order(key, members), key))
+        out.sort()
+        return out
 
     # --- "cannot be placed" verdicts (docs/gangs.md) ----------------------------------------------
     def stamp(self, key: str, members: Sequence[WorkloadSpec], size: int) -> tuple[object, ...]:

@@ -60,6 +60,7 @@ class GangRuntime:
     bind_timers: Timers = loop_timers  # bind barrier timeouts (asyncio's call_later by default)
     wake_timers: Timers = thread_timers  # regroup wake-ups
     member_timers: Timers = thread_timers  # re-checks of gangs turned away as incomplete
+    incomplete_timers: Timers = thread_timers  # reports of gangs incomplete for too long
     solve: SolveFn | None = None  # None: CP-SAT with the policy's time limit
     synced: Callable[[], bool] = lambda: True  # has the watch listed everything (deletions trusted)
     # The HTTP server answers filter on its event loop: a filter that waited for a solve would hold
@@ -85,7 +86,6 @@ class GangCoordinator:
         writer: PlanWriter | None = None,
         runtime: GangRuntime | None = None,
         workers: int = 2,
-        lookahead: int = 2,
         book: GangBook | None = None,
         data_sites: DataSites | None = None,
     ) -> None:
@@ -97,6 +97,7 @@ class GangCoordinator:
         self.writer = writer
         # Given when others must read the reservations before this object exists (data gravity).
         self.book = book or GangBook(snapshot, policy.reservation_ttl_seconds)
+        self.book.scheduler_name = policy.scheduler_name
         self.reporter = Reporter(metrics or NoMetrics(), writer)
         store = PlanStore(writer)
         # Back-edges between the parts go through these lambdas (resolved when called).
@@ -105,7 +106,9 @@ class GangCoordinator:
             fail_bind=lambda key, msg: self.barrier.fail(key, msg),
             forget=lambda key: self.regroup.forget(key), synced=rt.synced,
         )
-        self.requeue = Requeuer(self.book, lock, writer, rt.member_timers, rt.clock)
+        self.requeue = Requeuer(self.book, lock, writer, rt.member_timers, rt.clock,
+                                warn_after=policy.incomplete_warn_seconds,
+                                incomplete_timers=rt.incomplete_timers)
         self.regroup = Regrouper(self.book, lock, replan=lambda key: self.planner.replan(key),
                                  timers=rt.wake_timers)
         self.barrier = BindBarrier(
@@ -124,7 +127,7 @@ class GangCoordinator:
             release=self.lifecycle.locked_release,
             replanned=lambda key: self.barrier.fail(
                 key, MESSAGE_PREFIX + f"gang {shown(key)} was replanned; retrying"),
-            lookahead=lookahead, data_sites=data_sites,
+            data_sites=data_sites,
         )
 
     @property
@@ -156,6 +159,27 @@ class GangCoordinator:
             else f"GPUs reserved for gang {shown(gang)}, whose members are being placed"
             for gang, held in holders)
 
+    # --- the gang queue (docs/gangs.md, "Gang queue") ------------------------------------------
+    def queue_status(self) -> tuple[int, float]:
+        """(complete gangs without a plan, age in seconds of the oldest of them; 0 when none)."""
+        with self.lock:
+            queue = self.book.queue()
+            now = self.clock()
+            ages = [now - order[1] for order, _ in queue if order[1]]
+        return len(queue), max(ages, default=0.0)
+
+    def incomplete_too_long(self) -> int:
+        with self.lock:
+            return self.requeue.overdue_now()
+
+    def queue_info(self, key: str) -> dict[str, object]:
+        """What explain says of a gang's place: its position (0: not queued: planned, incomplete or
+        bound), the queue's length and the gangs ahead holding plans or nodes it waits behind."""
+        with self.lock:
+            place, length = self.planner.position(key)
+            return {"position": place, "length": length, "waits_behind": self.planner.waits_behind(key),
+                    "planned": key in self.book.ledger.plans}
+
     # --- GangHook: filter ---------------------------------------------------------------------
     def undecidable(self, spec: WorkloadSpec) -> Rejection | None:
         """Why no node can take this member yet, whatever the nodes: its gang has no size, or not
@@ -171,6 +195,9 @@ class GangCoordinator:
             book.state(key, now, spec.priority)
             if book.not_a_gang(spec):
                 return None
+            if (conflict := book.size_conflict(key)) is not None:
+                # No requeue timer: only a member's change can settle it, and that is a pod event.
+                return reject(ReasonCode.GANG, conflict)
             size = book.size(key, spec)
             if size is None and gang.native:
                 # kube-scheduler holds these pods too until the PodGroup exists (docs/gangs.md).
@@ -184,6 +211,7 @@ class GangCoordinator:
             members = book.count_members(key, spec)
             if members < size:
                 self.requeue.when_complete(key, size)
+                self.requeue.watch_incomplete(key)
                 return reject(ReasonCode.GANG, f"waiting for gang members {members}/{size}")
         return None
 
@@ -244,11 +272,11 @@ class GangCoordinator:
                     return _reject_gang(fits, rejections, state.last_failure)
                 return _retry(fits, rejections, _being_planned(key))
             if node is None:
-                with book.plan_in_progress(key):  # other members retry while older gangs plan
-                    self.planner.admit_older(key, state, node_names, now)
-                got = self.planner.plan(key, members, spec, fits, node_names, state, now)
+                with book.plan_in_progress(key):  # other members retry while gangs ahead plan
+                    ahead = self.planner.admit_ahead(key, node_names, now)
+                got = ahead or self.planner.plan(key, members, spec, fits, node_names, state, now)
                 if isinstance(got, Rejection):
-                    if got is CHANGED:
+                    if got is CHANGED or not got.unresolvable:
                         return _retry(fits, rejections, got)
                     self.requeue.when_void(key)
                     return _reject_gang(fits, rejections, got)

@@ -18,6 +18,7 @@ from kubernetes import client
 
 from app.core.snapshot import ClusterSnapshot
 from app.core.units import quote
+from app.core.workload import created_at
 from app.gang.persist import ANNOTATION, PlanRecord, records_from_pods
 from app.ratelog import RateLimitedLog
 from app.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
@@ -79,6 +80,14 @@ def native_min_counts(items: list[dict[str, Any]]) -> dict[str, int | None]:
     return out
 
 
+def _created(obj: Any) -> tuple[str, float]:
+    """(ns/name, creationTimestamp in Unix seconds) of a PodGroup; ("", 0) when unreadable."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        return "", 0.0
+    return f"{meta.get('namespace') or 'default'}/{meta['name']}", created_at(meta)
+
+
 @dataclass(frozen=True)
 class WatchedKind:
     """One PodGroup kind the watcher follows and where its sizes go in the snapshot."""
@@ -105,8 +114,12 @@ class PodGroupWatcher:
 
     def __init__(self, custom: client.CustomObjectsApi, raw: Raw, snapshot: ClusterSnapshot,
                  lock: threading.RLock, kinds: tuple[WatchedKind, ...] = (COSCHEDULING, NATIVE, VOLCANO),
-                 synced: threading.Event | None = None, notify: Callable[[], None] | None = None) -> None:
+                 synced: threading.Event | None = None, notify: Callable[[], None] | None = None,
+                 resized: Callable[[str], None] | None = None) -> None:
         self.custom = custom
+        # Called (lock held) with a gang whose size arrived or changed after its pods: they were
+        # told to wait and kube-scheduler hears of no pod change (docs/gangs.md, "Late sizes").
+        self._resized = resized
         self.raw = raw
         self.snapshot = snapshot
         self.lock = lock
@@ -146,11 +159,17 @@ class PodGroupWatcher:
             nonlocal told_absent
             self.present[kind.group], told_absent = True, False
             sizes = kind.parse(items)
+            created = {k: t for k, t in map(_created, items) if k}
             with self.lock:
                 target = kind.target(self.snapshot)
+                changed = [k for k in set(target) | set(sizes) if target.get(k) != sizes.get(k)]
                 target.clear()
                 target.update(sizes)
+                self.snapshot.gang_created.update(created)
                 self.snapshot.generation += 1
+                if self._resized is not None:
+                    for key in sorted(changed):
+                        self._resized(key)
 
         def absent(status: int) -> None:
             # API not served (CRD absent, feature gate off) or no right to read it: the sizes come
@@ -167,10 +186,16 @@ class PodGroupWatcher:
                 target = kind.target(self.snapshot)
                 if etype == "DELETED":
                     target.pop(key, None)
+                    self.snapshot.gang_created.pop(key, None)
                 else:
                     got = kind.parse([obj])
+                    before = target.get(key)
                     if key in got:
                         target[key] = got[key]
+                    if (at := _created(obj)[1]):
+                        self.snapshot.gang_created[key] = at
+                    if key in got and got[key] != before and self._resized is not None:
+                        self._resized(key)
                 self.snapshot.generation += 1
 
         def skipped(obj: dict[str, Any] | None, exc: Exception) -> None:

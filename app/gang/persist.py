@@ -23,13 +23,13 @@ import math
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.core.snapshot import TERMINAL_PHASES
 from app.core.workload import PREFIX, WorkloadError, parse_workload
+from app.gang.regroup import Timers, thread_timers
 
 log = logging.getLogger(__name__)
 ANNOTATION = PREFIX + "gang-plan"
@@ -233,14 +233,20 @@ class PlanStore:
             self.writer.annotate(ns, name, {ANNOTATION: ""})
 
 
-UNGATE_RETRY_SECONDS = (1.0, 3.0, 10.0)
+# Backoff between attempts to lift a gang gate the API server refused (an admission webhook, an
+# outage): never given up while the pod exists, since a gate left in place holds a complete gang
+# forever (docs/gangs.md, "Held at admission").
+UNGATE_RETRY_SECONDS = (1.0, 3.0, 10.0, 30.0, 60.0)
 
 
 class BackgroundWriter:
     """Annotation patches and events off the request path, a few at a time, newest value wins."""
 
-    def __init__(self, target: PlanWriter, workers: int = 4) -> None:
+    def __init__(self, target: PlanWriter, workers: int = 4, timers: Timers | None = None) -> None:
         self.target = target
+        self.timers: Timers = timers or thread_timers
+        # (namespace, name) -> (the timer of the next attempt, attempts made): gate lifts refused.
+        self._ungate_retries: dict[tuple[str, str], tuple[Any, int]] = {}
         self._pending: dict[tuple[str, str], dict[str, str]] = {}
         self._queue: queue.Queue[tuple[str, tuple[Any, ...]] | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -274,28 +280,44 @@ class BackgroundWriter:
         self._queue.put(("event", (namespace, name, uid, reason, message, warning)))
 
     def ungate(self, namespace: str, name: str) -> None:
-        """Lift the gang's admission gate (app/gang/admission.py); the target must offer ``ungate``."""
+        """Lift the gang's admission gate (app/gang/admission.py); the target must offer ``ungate``.
+        A lift whose retry is waiting is tried now (a member or gang-object change asks again)."""
         with self._lock:
             self._start()
+            retry = self._ungate_retries.pop((namespace, name), None)
             self._inflight += 1
-        self._queue.put(("ungate", (namespace, name)))
+        if retry is not None:
+            retry[0].cancel()
+        self._queue.put(("ungate", (namespace, name, retry[1] if retry is not None else 0)))
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far is written (tests, shutdown)."""
         with self._idle:
             return self._idle.wait_for(lambda: self._inflight == 0, timeout)
 
-    def _ungate(self, namespace: str, name: str) -> None:
-        # A gate left in place holds a complete gang forever: retried before giving up.
-        for delay in UNGATE_RETRY_SECONDS:
-            try:
-                self.target.ungate(namespace, name)  # type: ignore[attr-defined]
-                return
-            except Exception as exc:
-                log.warning("lifting the gang gate of %s/%s failed (%s); again in %.0f s", namespace,
-                            name, exc, delay)
-                time.sleep(delay)
-        self.target.ungate(namespace, name)  # type: ignore[attr-defined]
+    def _ungate(self, namespace: str, name: str, attempt: int = 0) -> None:
+        try:
+            self.target.ungate(namespace, name)  # type: ignore[attr-defined]
+        except Exception as exc:  # refused or unreachable: again after a backoff, until it works
+            delay = UNGATE_RETRY_SECONDS[min(attempt, len(UNGATE_RETRY_SECONDS) - 1)]
+            log.warning("lifting the gang gate of %s/%s failed (%s); again in %.0f s", namespace,
+                        name, exc, delay)
+            timer = self.timers(delay, lambda: self._retry_ungate(namespace, name))
+            with self._lock:
+                self._ungate_retries[(namespace, name)] = (timer, attempt + 1)
+
+    def _retry_ungate(self, namespace: str, name: str) -> None:
+        with self._lock:
+            retry = self._ungate_retries.pop((namespace, name), None)
+            if retry is None:
+                return  # asked again meanwhile: that attempt is on its way
+            self._inflight += 1
+        self._queue.put(("ungate", (namespace, name, retry[1])))
+
+    def pending_ungates(self) -> int:
+        """Gate lifts waiting for their next attempt."""
+        with self._lock:
+            return len(self._ungate_retries)
 
     def stop(self) -> None:
         for _ in self._threads:

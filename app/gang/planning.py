@@ -13,8 +13,8 @@ never wait for a solve (up to ``solver_time_limit_seconds``):
    the ledger, persist it and report it.
 
 Admission order: plans only use capacity nobody else reserved, so gangs never hold partial capacity
-and cannot deadlock; among gangs waiting for capacity, older ones (priority, then first wait, then
-name) are planned first.
+and cannot deadlock; complete gangs are planned, and their plans committed, in the gang queue's order
+(priority, then creation; :meth:`GangBook.order`), a later gang first only as a backfill.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from app.core.catalog import GpuSpec
 from app.core.feasibility import NodeFit, evaluate
@@ -42,6 +44,7 @@ from app.gang.instance import (
     evaluator,
     input_note,
     match_inputs,
+    member_node,
     shape_key,
     unfit_nodes,
 )
@@ -60,6 +63,16 @@ ATTEMPTS = 3  # solves per request when capacity keeps changing under the planne
 # Resolvable: the member is retried at once and finds the new situation.
 CHANGED = reject(ReasonCode.GANG, "gang capacity changed while it was being planned; retrying",
                  unresolvable=False)
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def waits_for(other: str) -> Rejection:
+    """Resolvable: a gang ahead in the gang queue is being planned; this one is planned after it."""
+    return reject(ReasonCode.GANG, f"waits for gang {shown(other)}, ahead in the gang queue, to be "
+                  "planned; retrying", unresolvable=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +99,6 @@ class Planner:
     clock: Callable[[], float]
     release: Callable[[GangPlan, str], None]  # drop a plan that can no longer be placed (lock held)
     replanned: Callable[[str], None]  # a new plan replaced the gang's previous one (lock held)
-    lookahead: int = 2
     data_sites: DataSites | None = None  # data gravity: where a member's input sits
     # wait() on a Condition over an RLock releases every level the thread holds, so a filter
     # that arrived with the service lock held still lets everyone else in during the solve.
@@ -128,6 +140,15 @@ class Planner:
                     return self._wait(brief, state, now, reject(ReasonCode.GANG, mixed))
                 if self.book.roster(self.book.members(key, spec)) != brief.roster:
                     return CHANGED  # a member came, went or was bound: the caller looks again
+                if self.book.ledger.get(key) is None and (ahead := self.unresolved_ahead(key)):
+                    # A gang ahead in the queue completed (or its verdict lapsed) during the solve:
+                    # commits go in queue order, so it is planned first and this plan made again
+                    # on what it leaves (docs/gangs.md, "Gang queue").
+                    if self.book.planning(ahead[0]):
+                        return waits_for(ahead[0])
+                    log.info("gang %s: gang %s is ahead in the gang queue; planning it first", key, ahead[0])
+                    self.admit_ahead(key, sorted(brief.offered), now)
+                    continue
                 unfit = unfit_nodes(self.book.snapshot, brief.inst.problem, result.assignment,
                                     lambda n: self.book.ledger.reserved_gpus(n, key), brief.inst.own_held)
                 if not unfit:
@@ -152,9 +173,10 @@ class Planner:
                     if self.book.states.get(key) is not state:
                         return
                     now = self.clock()
-                    self.admit_older(key, state, offered, now)
-                    got = self.plan(key, self.book.members(key, spec), spec, fits, offered, state, now)
-                    state.last_failure = got if isinstance(got, Rejection) and got is not CHANGED else None
+                    got = self.admit_ahead(key, offered, now) or self.plan(
+                        key, self.book.members(key, spec), spec, fits, offered, state, now)
+                    # A "retry" (capacity moved, a gang ahead being planned) is no reason to tell.
+                    state.last_failure = got if isinstance(got, Rejection) and got.unresolvable else None
             except Exception:
                 log.exception("gang %s: background plan failed", key)
             finally:
@@ -163,27 +185,78 @@ class Planner:
 
         return self._jobs.submit(job)
 
-    def admit_older(self, key: str, state: GangState, offered: Sequence[str], now: float) -> None:
-        """Gangs that waited longer for capacity are planned first (deterministic admission)."""
-        mine = (-state.priority, state.waiting_since if state.waiting_since is not None else now, key)
-        ledger, states = self.book.ledger, self.book.states
-        queue = sorted(
-            (-s.priority, s.waiting_since, k) for k, s in states.items()
-            if s.waiting_since is not None and k != key and k not in ledger.plans
-            and not self.book.planning(k)
-        )
-        for prio, since, other in queue[: self.lookahead]:
-            if (prio, since, other) >= mine:
-                break
+    def admit_ahead(self, key: str, offered: Sequence[str], now: float) -> Rejection | None:
+        """(lock held) Plan every gang ahead of ``key`` in the gang queue first, so ``key`` is
+        planned on what their plans leave (docs/gangs.md, "Gang queue"). A gang ahead found
+        unplaceable on facts that still stand is skipped: it did not fit at this moment, and
+        ``key`` may use what it cannot. One being planned by another thread makes ``key`` wait for
+        it (returned: why)."""
+        for other in self.unresolved_ahead(key):
+            if self.book.planning(other):
+                return waits_for(other)
             members, pending = self.book.pending(other)
-            if not pending or pending[0].gang is None or other not in states:
+            state = self.book.state(other, now, max(m.priority for m in pending))
+            self.plan(other, members, pending[0], None, offered, state, now)
+        return None
+
+    def unresolved_ahead(self, key: str) -> list[str]:
+        """(lock held) Gangs ahead of ``key`` in the gang queue with neither a plan nor a standing
+        "cannot be placed", first first. A gang with a plan already is not in the queue."""
+        book = self.book
+        members = book.members(key)
+        if not members:
+            return []
+        mine = book.order(key, members)
+        now = self.clock()
+        out = []
+        for order, other in book.queue():
+            if order >= mine:
+                break
+            members_o, pending = book.pending(other)
+            state = book.states.get(other)
+            size = book.size(other, pending[0]) or len(members_o)
+            if state is not None and book.standing(other, state, members_o, size, now) is not None:
                 continue
-            size = self.book.size(other, pending[0])
-            if size is None or len(members) < size:
+            out.append(other)
+        return out
+
+    def position(self, key: str) -> tuple[int, int]:
+        """(lock held) ``key``'s place in the gang queue (1 = first) and the queue's length; place 0
+        when it is not queued (planned, incomplete or bound)."""
+        queue = [k for _, k in self.book.queue()]
+        return (queue.index(key) + 1 if key in queue else 0), len(queue)
+
+    def waits_behind(self, key: str) -> list[str]:
+        """(lock held) Words for each gang ahead of ``key`` that keeps GPUs from it now: a plan with
+        members still to bind, or nodes held for it: ``gang ns/a (created 12:01:03, 4 x 8 GPUs,
+        planned on fabric tier-1 b2, 4 nodes)``."""
+        book, ledger = self.book, self.book.ledger
+        members = book.members(key)
+        if not members:
+            return []
+        mine = book.order(key, members)
+        out = []
+        for other in sorted(set(ledger.plans) | set(ledger.holds)):
+            if other == key:
                 continue
-            if self.book.standing(other, states[other], members, size, now) is not None:
-                continue  # nothing changed for it since it was found unplaceable
-            self.plan(other, members, pending[0], None, offered, states[other], now)
+            others = book.members(other)
+            order = book.order(other, others) if others else None
+            if order is None or order >= mine:
+                continue
+            plan = ledger.get(other)
+            unbound = plan.unbound if plan is not None else []
+            if plan is not None and not unbound:
+                continue
+            sizes = Counter(m.gpus for m in unbound) if unbound else Counter(
+                m.gpus for m in others if not member_node(book.snapshot, m))
+            what = " + ".join(f"{n} x {g} GPUs" for g, n in sorted(sizes.items(), reverse=True))
+            created = (time.strftime("%H:%M:%S", time.gmtime(order[1])) if order[1]
+                       else "creation unknown")
+            where = (f"planned on {plan.summary.split(';')[0]}" if plan is not None and plan.summary
+                     else f"holding {', '.join(sorted(ledger.holds.get(other, {})))}" if plan is None
+                     else "planned")
+            out.append((order, f"gang {shown(other)} (created {created}, {what}, {where})"))
+        return [text for _, text in sorted(out)]
 
     def replan(self, key: str) -> None:
         """End of a regroup (lock held): replan, keeping members where they fit, and persist it."""
@@ -254,6 +327,17 @@ class Planner:
             state.waiting_since = now
         others = sum(ledger.reserved_gpus(n.name, key) for n in brief.inst.problem.nodes)
         diag = diagnose.why_not(index, others)
+        # Its place in the gang queue, and the gangs ahead that keep what this one lacks, with
+        # where (the pod's FailedScheduling event carries the short reason; docs/gangs.md, "Gang
+        # queue").
+        behind = self.waits_behind(key)
+        place, length = self.position(key)
+        if behind or place > 1:
+            tail = (f"; waits behind {'; '.join(behind[:2])}" + (
+                f" and {len(behind) - 2} more" if len(behind) > 2 else "") if behind else "")
+            if place:
+                tail += f"{',' if behind else ';'} {_ordinal(place)} of {length} in the gang queue"
+            diag = replace(diag, short=diag.short + tail, detail=diag.detail + tail)
         self.reporter.unplaceable(key, brief.spec, diag, now)
         why = reject(diag.code, "gang cannot be placed: " + diag.short)
         self._hold_if_oldest(brief, state)
@@ -282,9 +366,10 @@ class Planner:
         ledger, states = self.book.ledger, self.book.states
         if not self.policy.hold_for_oldest or state.waiting_since is None:
             return
-        rank = (-state.priority, state.waiting_since, brief.key)
-        older = any((-s.priority, s.waiting_since, k) < rank for k, s in states.items()
-                    if s.waiting_since is not None and k != brief.key and k not in ledger.plans)
+        # The first waiting gang in the gang queue holds; gangs behind it do not.
+        mine = self.book.order(brief.key, self.book.members(brief.key))
+        older = any(order < mine and (st := states.get(k)) is not None and st.waiting_since is not None
+                    for order, k in self.book.queue() if k != brief.key)
         if older:
             if ledger.unhold(brief.key):
                 self.book.refresh_expiry()

@@ -22,7 +22,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from app.core.workload import PREFIX
+from app.core.reasons import MESSAGE_PREFIX, shown
+from app.core.workload import GANG_GATE, PREFIX
 from app.gang.book import GangBook
 from app.gang.persist import PlanWriter
 from app.gang.regroup import Timers
@@ -43,8 +44,13 @@ class Requeuer:
     """Timed re-checks of gangs turned away; one pending check per gang and kind."""
 
     def __init__(self, book: GangBook, lock: threading.RLock, writer: PlanWriter | None,
-                 timers: Timers, clock: Callable[[], float]) -> None:
+                 timers: Timers, clock: Callable[[], float], warn_after: float = 600.0,
+                 incomplete_timers: Timers | None = None) -> None:
         self.book = book
+        self.incomplete_timers = incomplete_timers or timers
+        self.warn_after = warn_after  # an incomplete gang is reported this long after its creation
+        self._incomplete_checks: set[str] = set()
+        self.overdue: set[str] = set()  # gangs reported incomplete for too long (and still known)
         self.lock = lock
         self.writer = writer
         self.timers = timers
@@ -68,6 +74,69 @@ class Requeuer:
         answer rested on has changed (the verdict is void, or a solve ended without a plan)."""
         self._told[key] = self._told.get(key, 0) + 1
         self._look(key, delay)
+
+    def watch_incomplete(self, key: str) -> None:
+        """(lock held) Report the gang if it still misses members ``warn_after`` seconds after its
+        first member's creation: a warning event on every pod it has, once, and the
+        ``llm_placement_gangs_incomplete_too_long`` gauge (docs/gangs.md, "Incomplete gangs")."""
+        if key in self._incomplete_checks or key in self.overdue:
+            return
+        members = self.book.snapshot.gang_members(key)
+        if not members:
+            return
+        now = self.clock()
+        created = min((m.created for m in members if m.created), default=0.0) or now
+        self._incomplete_checks.add(key)
+        self.incomplete_timers(max(0.0, created + self.warn_after - now),
+                               lambda: self._incomplete_overdue(key))
+
+    def _incomplete_overdue(self, key: str) -> None:
+        with self.lock:
+            self._incomplete_checks.discard(key)
+            every = self.book.snapshot.gang_members(key)
+            if not every:
+                return
+            size = self.book.size(key, every[0])
+            have = len(self.book.members(key))
+            if size is None or have >= size:
+                return
+            self.overdue.add(key)
+            log.warning("gang %s: %d of %d members after %.0f s", key, have, size, self.warn_after)
+            if self.writer is None:
+                return
+            message = (MESSAGE_PREFIX + f"gang {shown(key)} has had {have} of {size} members for more than "
+                       f"{self.warn_after:.0f} s; it holds no GPUs. To release it, create the missing "
+                       "members, or delete its pods (members held at admission can also be let go by "
+                       f"removing the scheduling gate {GANG_GATE}); docs/gangs.md, \"Incomplete gangs\"")
+            for m in every:
+                self.writer.event(m.namespace, m.name, m.uid or m.key, "GangIncompleteTooLong", message,
+                                  warning=True)
+
+    def overdue_now(self) -> int:
+        """(lock held) Gangs reported incomplete for too long that are still incomplete."""
+        for key in list(self.overdue):
+            every = self.book.snapshot.gang_members(key)
+            size = self.book.size(key, every[0]) if every else None
+            if size is None or len(self.book.members(key)) >= size:
+                self.overdue.discard(key)
+        return len(self.overdue)
+
+    def resized(self, key: str) -> None:
+        """(lock held) A gang's size arrived or changed (a PodGroup created after its pods, its
+        ``minMember`` lowered): members told "no size" or "waiting for members" hear of it from no
+        pod change, and would wait for kube-scheduler's five-minute flush. Requeue them now if the
+        gang is complete at its new size (docs/gangs.md, "Late sizes")."""
+        members, unbound = self.book.pending(key)
+        if not unbound or self.writer is None or self.book.ledger.get(key) is not None:
+            return
+        size = self.book.size(key, unbound[0])
+        if size is None or len(members) < size:
+            return
+        n = self._nudges[key] = self._nudges.get(key, 0) + 1
+        log.info("gang %s: its size is now %d and all members exist; requeueing %d member(s)", key, size,
+                 len(unbound))
+        for m in unbound:
+            self.writer.annotate(m.namespace, m.name, {RETRY_ANNOTATION: str(n)})
 
     def _look(self, key: str, delay: float) -> None:
         if key in self._verdict_checks:

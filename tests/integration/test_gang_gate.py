@@ -24,10 +24,12 @@ from .harness import (
     create_pod,
     gpu_node,
     llm_pod,
+    pod_events,
     wait_for_node_names,
     wait_until,
 )
 from .harness.schedconfig import CHART_FILES
+from .harness.slowwrite import refused_gate_removals
 
 pytestmark = pytest.mark.integration
 
@@ -147,5 +149,96 @@ def test_a_member_behind_another_gate_has_not_arrived_and_only_the_gang_gate_is_
         core.patch_namespaced_pod(n, ns, lift_quota, _content_type="application/strategic-merge-patch+json")
     wait_until(lambda: all(_gates(core, ns, n) == [] for n in names), 30,
                "the extender to lift the gang gate once no other gate holds a member")
+    for n in names:
+        core.delete_namespaced_pod(n, ns, grace_period_seconds=0)
+
+
+def _told(core: kubernetes.client.CoreV1Api, ns: str, name: str, reason: str) -> list[str]:
+    return [str(e.get("message") or e.get("note") or "") for e in pod_events(core, ns, name)
+            if e.get("reason") == reason]
+
+
+@pytest.mark.parametrize(("size", "reason", "words"), [
+    ("0", "GangSizeInvalid", "gang-size"), ("-1", "GangSizeInvalid", "gang-size"),
+    ("abc", "GangSizeInvalid", "gang-size"), ("1.5", "GangSizeInvalid", "gang-size"),
+    ("", "GangSizeInvalid", "gang-size"), ("100000", "GangWaiting", "waiting for gang members 1/100000"),
+])
+def test_a_held_pod_with_an_unusable_size_is_told_why_within_seconds(
+    cluster: ClusterScope, gang_gate: None, unique: Callable[[str], str], size: str, reason: str, words: str,
+) -> None:
+    """kube-scheduler never tries a gated pod: the extender's event is the only word it gets."""
+    core, ns = cluster.core, cluster.namespace
+    _policy_active(cluster, unique)
+    name = unique("badsize")
+    create_pod(core, ns, _member(name, name, **{ANN + "gang-size": size}))
+    assert _gates(core, ns, name) == [GATE]
+    wait_until(lambda: any(words in m for m in _told(core, ns, name, reason)), 10,
+               f"a {reason} event on the pod with gang-size {size!r}")
+    core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+
+
+def test_a_pod_given_the_gang_gate_by_hand_is_told_nothing_will_lift_it(
+    cluster: ClusterScope, gang_gate: None, unique: Callable[[str], str]
+) -> None:
+    core, ns = cluster.core, cluster.namespace
+    name = unique("handgate")
+    pod = llm_pod(name, stage="pretraining", gpus=8)
+    pod["spec"]["schedulingGates"] = [{"name": GATE}]
+    create_pod(core, ns, pod)
+    wait_until(lambda: any("names no gang" in m for m in _told(core, ns, name, "GangGateWithoutGang")), 10,
+               "a GangGateWithoutGang event")
+    core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+
+
+def test_members_that_disagree_on_the_size_stay_held_reserve_nothing_and_are_told_both_sizes(
+    cluster: ClusterScope, gang_gate: None, unique: Callable[[str], str]
+) -> None:
+    core, ns = cluster.core, cluster.namespace
+    cluster.add_nodes([gpu_node(cluster.node_name(f"mix-{i}"), "H100", gpus=8, rdma=True, index=10 + i)
+                       for i in range(2)])
+    _policy_active(cluster, unique)
+    group = unique("mixed")
+    names = [f"{group}-0", f"{group}-1"]
+    create_pod(core, ns, _member(names[0], group, **{ANN + "gang-size": "4"}))
+    create_pod(core, ns, _member(names[1], group, **{ANN + "gang-size": "2"}))
+    for n in names:
+        wait_until(lambda n=n: any("disagree on its size: 4 (" in m and " and 2 (" in m
+                                   for m in _told(core, ns, n, "GangSizeConflict")), 10,
+                   f"a GangSizeConflict event naming both sizes on {n}")
+    time.sleep(5)
+    for n in names:
+        pod = core.read_namespaced_pod(n, ns)
+        assert _gates(core, ns, n) == [GATE] and not pod.spec.node_name
+        ann = pod.metadata.annotations or {}
+        # Nothing planned (no plan written), nothing requeued in a loop.
+        assert not ann.get(ANN + "gang-plan") and not ann.get(ANN + "gang-retry")
+        events = [e for e in pod_events(core, ns, n) if e.get("reason") == "GangSizeConflict"]
+        assert sum(int((e.get("series") or {}).get("count") or e.get("count") or 1) for e in events) == 1
+    for n in names:
+        core.delete_namespaced_pod(n, ns, grace_period_seconds=0)
+
+
+def test_a_gate_removal_refused_for_forty_seconds_is_retried_until_the_gang_binds(
+    cluster: ClusterScope, gang_gate: None, unique: Callable[[str], str]
+) -> None:
+    """Past the old retry schedule (1 + 3 + 10 s), the extender keeps trying (docs/gangs.md, "Held
+    at admission"): the gang binds once the API server accepts the removal."""
+    core, ns = cluster.core, cluster.namespace
+    cluster.add_nodes([gpu_node(cluster.node_name(f"refuse-{i}"), "H100", gpus=8, rdma=True, index=20 + i)
+                       for i in range(2)])
+    _policy_active(cluster, unique)
+    group = unique("refused")
+    names = [f"{group}-{i}" for i in range(2)]
+    with refused_gate_removals(core.api_client, cluster.cp.pki, ns, GATE, seconds=40) as refused:
+        time.sleep(2)  # the apiserver picks up webhook configurations from its own watch
+        for n in names:
+            create_pod(core, ns, _member(n, group))
+        wait_until(lambda: len(refused) >= 2, 20, "the webhook to refuse the gate removals")
+        time.sleep(25)
+        assert all(_gates(core, ns, n) == [GATE] for n in names)  # still refused
+        bound = wait_for_node_names(core, ns, names, timeout=90)
+    # Refused for 40 s, longer than the old schedule (its last try 14 s after the first): only a
+    # retry after that could bind it.
+    assert len(set(bound.values())) == 2
     for n in names:
         core.delete_namespaced_pod(n, ns, grace_period_seconds=0)

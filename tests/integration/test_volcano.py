@@ -107,3 +107,28 @@ def test_a_volcano_gang_waits_for_its_pod_groups_min_member_then_binds_whole(
     placed = wait_for_node_names(cluster.core, cluster.namespace, [f"{run}-{i}" for i in range(3)], timeout=60)
     assert len(set(placed.values())) == 3, placed
     assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.parametrize("late", ["created", "lowered"])
+def test_a_size_that_comes_after_the_pods_binds_the_gang_within_seconds(
+        cluster: ClusterScope, volcano: CustomObjectsApi, late: str) -> None:
+    """A PodGroup created after its pods, or its minMember lowered 4 -> 2: the members were told to
+    wait and kube-scheduler hears of no change of theirs; the extender requeues them (docs/gangs.md,
+    "Late sizes") instead of leaving them for kube-scheduler's five-minute flush."""
+    delete_all_pods(cluster.core, cluster.namespace)  # the four nodes free for this gang alone
+    run, group = f"late-{late}", f"job-late-{late}"
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PodGroup", "metadata": {"name": group},
+            "spec": {"minMember": 4, "queue": "default"}}
+    if late == "lowered":
+        volcano.create_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, body)
+    create_pods(cluster.core, cluster.namespace, [member(run, group, i) for i in range(2)])
+    assert_stays_unbound(cluster.core, cluster.namespace, f"{run}-0", 6)
+    t0 = time.monotonic()
+    if late == "lowered":
+        volcano.patch_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, group,
+                                               {"spec": {"minMember": 2}})
+    else:
+        body["spec"]["minMember"] = 2
+        volcano.create_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, body)
+    wait_for_node_names(cluster.core, cluster.namespace, [f"{run}-{i}" for i in range(2)], timeout=15)
+    assert time.monotonic() - t0 < 15

@@ -100,3 +100,83 @@ def slow_status_writes(api_client: Any, pki: PKI, namespace: str, resource: str,
                 raise
         server.shutdown()
         server.server_close()
+
+
+class _RefuseHandler(BaseHTTPRequestHandler):
+    server: _RefuseServer
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        req = (json.loads(body or b"{}").get("request")) or {}
+
+        def gates(obj: Any) -> set[str]:
+            spec = (obj or {}).get("spec") or {}
+            return {str(g.get("name")) for g in spec.get("schedulingGates") or () if isinstance(g, dict)}
+
+        lifts = self.server.gate in gates(req.get("oldObject")) - gates(req.get("object"))
+        refuse = lifts and time.monotonic() < self.server.until
+        if refuse:
+            self.server.refused.append((str(req.get("name")), time.monotonic()))
+        response: dict[str, Any] = {"uid": req.get("uid", ""), "allowed": not refuse}
+        if refuse:
+            response["status"] = {"code": 403, "message": "gate removals refused for a while (test)"}
+        out = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                          "response": response}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+class _RefuseServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, gate: str, until: float) -> None:
+        super().__init__(("127.0.0.1", 0), _RefuseHandler)
+        self.gate = gate
+        self.until = until
+        self.refused: list[tuple[str, float]] = []  # (pod, when) of each removal refused
+
+
+@contextmanager
+def refused_gate_removals(api_client: Any, pki: PKI, namespace: str, gate: str,
+                          seconds: float) -> Iterator[list[tuple[str, float]]]:
+    """While inside, and for ``seconds`` from entering: every pod update in ``namespace`` that
+    removes the scheduling gate ``gate`` is refused (403), as an admission webhook or a policy
+    would. Yields the list of refusals so far."""
+    server = _RefuseServer(gate, time.monotonic() + seconds)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(pki.apiserver.cert), str(pki.apiserver.key))
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, name="refuse-gates", daemon=True)
+    thread.start()
+    api = AdmissionregistrationV1Api(api_client)
+    name = f"refuse-gates-{namespace}"
+    ca = base64.b64encode(pki.ca.cert.read_bytes()).decode()
+    api.create_validating_webhook_configuration({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "refuse-gates.llm-placement.io",
+            "clientConfig": {"url": f"https://127.0.0.1:{server.server_address[1]}/", "caBundle": ca},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "sideEffects": "None", "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5, "failurePolicy": "Ignore",
+        }],
+    })
+    try:
+        yield server.refused
+    finally:
+        try:
+            api.delete_validating_webhook_configuration(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        server.shutdown()
+        server.server_close()
