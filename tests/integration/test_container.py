@@ -23,7 +23,6 @@ import os
 import re
 import subprocess
 import tarfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from kubernetes.client import RbacAuthorizationV1Api
 
-from testkit.container import PodContext, Probe, docker_run_args, probe
-from tests.deploy.conftest import CHART, Rendered, template_args
 from tests.prometheus.helpers import need_binary
 
 from .harness import (
@@ -55,133 +51,43 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
-from .harness.controlplane import EXTENDER_ROLE
+from .harness.container import Container, ScriptError, chart_container, docker, run_script
 from .harness.procs import Component
-from .harness.tokens import create_or_keep, pod_reader_token
+from .harness.tokens import pod_reader_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
-REPO = Path(__file__).resolve().parents[2]
 ANN = "llm-placement.io/"
-RELEASE_NS = "llm-placement"  # where the chart is installed (its ServiceAccount lives here)
 NS = "container-it"  # the workloads' namespace
 READY_TIMEOUT = 90.0
-
-
-def _script(name: str, *args: str, timeout: float, env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run(["bash", str(REPO / "scripts" / name), *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
-    if proc.returncode != 0:
-        pytest.fail(f"scripts/{name} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}",
-                    pytrace=False)
-    lines = proc.stdout.strip().splitlines()
-    return lines[-1] if lines else ""
-
-
-def docker(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args[:3])} ... failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return proc
 
 
 # --- image and daemon -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Dockerfile's image on the Debian-made base, built (or found in Docker's cache) once."""
-    started = _script("start-dockerd.sh", timeout=120)
     log = tmp_path_factory.mktemp("image-build") / "build.log"
     try:
-        yield _script("build-image.sh", "--base", "debian", timeout=2400,
-                      env={"LLMP_IMAGE_BUILD_LOG": str(log)})
+        started = run_script("start-dockerd.sh", timeout=120)
+    except ScriptError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        try:
+            tag = run_script("build-image.sh", "--base", "debian", timeout=2400,
+                             env={"LLMP_IMAGE_BUILD_LOG": str(log)})
+        except ScriptError as exc:
+            tail = log.read_text()[-4000:] if log.is_file() else ""
+            pytest.fail(f"{exc}\n--- build log (last lines):\n{tail}", pytrace=False)
+        yield tag
     finally:
         if started.startswith("started"):
-            _script("start-dockerd.sh", "--stop", timeout=60)
-
-
-# --- the chart, rendered for this control plane ---------------------------------------------------
-def render_chart(values: dict[str, Any], tmp: Path) -> Rendered:
-    helm = _script("build-helm.sh", timeout=1800)
-    args = template_args(CHART, values=values, namespace=RELEASE_NS, tmp=tmp)
-    proc = subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
-        pytest.fail(f"helm template failed: {proc.stderr}", pytrace=False)
-    return Rendered(proc.stdout)
-
-
-def service_account_token(cp: ControlPlane) -> dict[str, str]:
-    """The chart's ServiceAccount with the chart's extender rules (the harness's ClusterRole, read from
-    the chart's file), and a token for it: what the kubelet would mount into the pod."""
-    ensure_namespace(cp.core, RELEASE_NS)
-    sa = "llm-placement"  # the chart's default serviceAccount name (the release's full name)
-    create_or_keep(cp.core.create_namespaced_service_account, RELEASE_NS, {"metadata": {"name": sa}})
-    create_or_keep(RbacAuthorizationV1Api(cp.api).create_cluster_role_binding, {
-        "metadata": {"name": f"{EXTENDER_ROLE}-sa"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": EXTENDER_ROLE},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": RELEASE_NS}],
-    })
-    token = cp.core.create_namespaced_service_account_token(
-        sa, RELEASE_NS, {"spec": {"expirationSeconds": 7200}}).status.token
-    assert cp.pki is not None
-    return {"token": str(token), "ca.crt": cp.pki.ca.cert.read_text(), "namespace": RELEASE_NS}
-
-
-@dataclass
-class Container:
-    """The extender container of the chart's Deployment, run by Docker."""
-
-    name: str
-    argv: list[str]
-    spec: dict[str, Any]  # the rendered container spec (probes)
-
-    def start(self) -> float:
-        """``docker run`` it; returns the seconds from the run to its readiness probe passing."""
-        docker("rm", "-f", self.name, check=False)
-        t0 = time.monotonic()
-        docker("run", *self.argv)
-        self.wait_ready()
-        return time.monotonic() - t0
-
-    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        def ready() -> bool:
-            state = docker("inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", self.name).stdout.split()
-            if state and state[0] == "exited":
-                raise AssertionError(f"container exited ({state}):\n{self.logs()}")
-            return self.probe_passes("readinessProbe")
-
-        wait_until(ready, timeout, f"container {self.name} readiness probe", interval=0.25)
-
-    def probe_passes(self, which: str) -> bool:
-        return run_probe(self.name, probe(self.spec, which))
-
-    def inspect(self, fmt: str) -> str:
-        return docker("inspect", "-f", fmt, self.name).stdout.strip()
-
-    def logs(self, lines: int = 60) -> str:
-        proc = docker("logs", "--tail", str(lines), self.name, check=False)
-        return proc.stdout + proc.stderr
-
-    def remove(self) -> None:
-        docker("rm", "-f", self.name, check=False)
-
-
-def run_probe(container: str, p: Probe) -> bool:
-    """Run a probe as the kubelet would: exec inside the container, or an HTTP GET on its port."""
-    if p.kind == "exec":
-        proc = subprocess.run(["docker", "exec", container, *p.command], capture_output=True,
-                              timeout=p.timeout + 10)
-        return proc.returncode == 0
-    try:
-        return 200 <= httpx.get(f"http://127.0.0.1:{p.port}{p.path}", timeout=p.timeout).status_code < 400
-    except httpx.HTTPError:
-        return False
+            run_script("start-dockerd.sh", "--stop", timeout=60)
 
 
 @dataclass
 class Setup:
     cp: ControlPlane
     container: Container
-    rendered: Rendered
     nodes: dict[str, dict[str, Any]]
     start_to_ready: float
 
@@ -208,20 +114,11 @@ def setup(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setu
     try:
         create_nodes(cp.core, mixed_nodes())
         ensure_namespace(cp.core, NS)
-        rendered = render_chart({"extender": {"port": cp.ports.extender,
-                                              "metricsPort": cp.ports.extender_metrics}}, workdir)
-        pod = PodContext(
-            name="llm-placement-0", namespace=RELEASE_NS, workdir=workdir / "pod",
-            configmaps={cm["metadata"]["name"]: cm["data"] for cm in rendered.all("ConfigMap")},
-            service_account=service_account_token(cp), api_host="127.0.0.1", api_port=cp.ports.apiserver,
-        )
-        name = f"llmp-it-{os.getpid()}"
-        argv = docker_run_args(rendered.deployment(), "extender", image=image, pod=pod, container_id=name)
-        container = Container(name, argv, rendered.containers()["extender"])
+        container = chart_container(cp, image, workdir, f"llmp-it-{os.getpid()}")
         start_to_ready = container.start()
         cp.start_scheduler()
         nodes = {n["metadata"]["name"]: n for n in list_nodes(cp.core)}
-        yield Setup(cp, container, rendered, nodes, start_to_ready)
+        yield Setup(cp, container, nodes, start_to_ready)
     finally:
         if container is not None:
             container.remove()
