@@ -212,8 +212,8 @@ def test_the_container_runs_as_the_chart_says(setup: Setup) -> None:
     # 70B bf16 needs 80 GB-class GPUs; the pod *prefers* L4/T4, so only the extender keeps it off them.
     ("serving", {"model_params": "70B", "precision": "bf16", "max_ms_per_token": 30, "gpus": 4,
                  "affinity": prefer_gpus("L4", "T4")}, {"H100", "A100"}),
-    ("pretraining", {"model_params": "70B", "gpus": 8}, {"H100", "A100"}),
-    ("alignment", {"model_params": "70B", "precision": "bf16", "gpus": 8}, {"H100", "A100"}),
+    ("pretraining", {"model_params": "7B", "gpus": 8}, {"H100", "A100"}),
+    ("alignment", {"model_params": "7B", "precision": "bf16", "gpus": 8}, {"H100", "A100"}),
 ])
 def test_each_stage_is_placed_by_the_extender_in_the_container(
     clean: Setup, stage: str, pod_kw: dict[str, Any], allowed: set[str | None]
