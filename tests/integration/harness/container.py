@@ -23,7 +23,6 @@ from kubernetes.client import RbacAuthorizationV1Api
 from testkit.container import PodContext, Probe, docker_run_args, probe
 
 from .controlplane import EXTENDER_ROLE, ControlPlane, ensure_namespace
-from .procs import wait_until
 from .tokens import create_or_keep
 
 REPO = Path(__file__).resolve().parents[3]
@@ -110,13 +109,20 @@ class Container:
         return time.monotonic() - t0
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        def ready() -> bool:
-            state = self.inspect("{{.State.Status}}")
-            if state == "exited":
-                raise AssertionError(f"container {self.name} exited:\n{self.logs()}")
-            return self.probe_passes("readinessProbe")
-
-        wait_until(ready, timeout, f"container {self.name} readiness probe", interval=0.25)
+        """Poll the readiness probe; a death before the first pass fails at once, with the logs."""
+        restarts = int(self.inspect("{{.RestartCount}}"))
+        deadline = time.monotonic() + timeout
+        while not self.probe_passes("readinessProbe"):
+            # With --restart always a crashing entrypoint shows as "restarting", never "exited":
+            # a restart while waiting for the first readiness means the process died.
+            state, count = self.inspect("{{.State.Status}} {{.RestartCount}}").split()
+            if state in ("exited", "restarting", "dead") or int(count) > restarts:
+                raise AssertionError(f"container {self.name} died before it was ready ({state}, "
+                                     f"{count} restarts); its log:\n{self.logs(20)}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"container {self.name} not ready within {timeout:.0f}s; its log:\n"
+                                     f"{self.logs(20)}")
+            time.sleep(0.25)
 
     def probe_passes(self, which: str) -> bool:
         return run_probe(self.name, probe(self.spec, which))
