@@ -196,7 +196,8 @@ def docker_run_args(
     container = _find(spec["containers"], container_name, "container")
     policy = spec.get("restartPolicy", "Always")
     restart = {"Always": "always", "OnFailure": "on-failure", "Never": "no"}[policy]
-    flags = ["-d", "--name", container_id, "--network", network, "--restart", restart]
+    # Kubernetes ignores the image's HEALTHCHECK (the chart's probes replace it); so does this run.
+    flags = ["-d", "--name", container_id, "--network", network, "--restart", restart, "--no-healthcheck"]
     flags += _security(spec.get("securityContext") or {}, container.get("securityContext") or {})
     flags += _env(container, pod)
     flags += _mounts(container, spec, pod)

@@ -78,6 +78,7 @@ def test_command_replaces_entrypoint_and_the_image_is_the_local_tag(tmp_path: Pa
     assert pairs(args, "--entrypoint") == ["llm-placement"]
     assert "registry.example/llm-placement:0.1.0" not in args
     assert pairs(args, "--restart") == ["always"] and pairs(args, "--network") == ["host"]
+    assert "--no-healthcheck" in args  # the kubelet ignores HEALTHCHECK; the chart's probes count
 
 
 @pytest.mark.parametrize(("command", "cargs", "tail", "entry"), [
