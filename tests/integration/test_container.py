@@ -43,6 +43,7 @@ from .harness import (
     ensure_namespace,
     find_binaries,
     free_port,
+    get_pod,
     gpu_node,
     list_nodes,
     llm_pod,
@@ -278,32 +279,59 @@ def test_metrics_are_scraped_by_a_real_prometheus(clean: Setup, tmp_path: Path) 
         proc.stop(timeout=15)
 
 
+HOLD = {"key": ANN + "test-hold", "value": "hold", "effect": "NoSchedule"}
+TOLERATE = {"key": ANN + "test-hold", "operator": "Equal", "value": "hold", "effect": "NoSchedule"}
+
+
+def gang_plan(cp: ControlPlane, name: str) -> dict[str, Any] | None:
+    raw = (get_pod(cp.core, NS, name)["metadata"].get("annotations") or {}).get(ANN + "gang-plan")
+    return json.loads(raw) if raw else None
+
+
 def test_readiness_follows_the_watch_cache_and_a_killed_container_recovers(clean: Setup) -> None:
     cp, c = clean.cp, clean.container
     assert c.probe_passes("startupProbe") and c.probe_passes("livenessProbe") and c.probe_passes("readinessProbe")
-    restarts = int(c.inspect("{{.RestartCount}}"))
-    pid = int(c.inspect("{{.State.Pid}}"))
-    # SIGKILL from outside, as an OOM kill would: Docker's restart policy (the pod's restartPolicy
-    # Always) starts it again from the same image and config.
-    os.kill(pid, 9)
-    wait_until(lambda: not c.probe_passes("livenessProbe"), 10, "liveness to fail while the process is gone",
-               interval=0.05)
-    first_ready_nodes: list[float | None] = []
+    # A gang in flight when the process dies: member 2 exists (so the gang is planned and the plan
+    # persisted on every member) but kube-scheduler cannot send it yet (a taint the others tolerate).
+    eight = [n for n, node in clean.nodes.items() if gpu_key(node) in ("H100", "A100")]
+    for n in eight:
+        cp.core.patch_node(n, {"spec": {"taints": [HOLD]}}, _preload_content=False)
+    members = [f"held-{i}" for i in range(3)]
+    try:
+        for i, m in enumerate(members):
+            pod = llm_pod(m, stage="pretraining", gpus=8, annotations={ANN + "gang-size": "3"},
+                          labels={"scheduling.x-k8s.io/pod-group": "held"})
+            if i < 2:
+                pod["spec"]["tolerations"] = [TOLERATE]
+            create_pod(cp.core, NS, pod)
+        wait_until(lambda: all(gang_plan(cp, m) for m in members), 90, "the gang plan persisted on every member")
+        planned = {m: str((gang_plan(cp, m) or {})["node"]) for m in members}
+        restarts = int(c.inspect("{{.RestartCount}}"))
+        pid = int(c.inspect("{{.State.Pid}}"))
+        # SIGKILL from outside, as an OOM kill would: Docker's restart policy (the pod's restartPolicy
+        # Always) starts it again from the same image and config.
+        os.kill(pid, 9)
+        wait_until(lambda: not c.probe_passes("livenessProbe"), 10, "liveness to fail while the process is gone",
+                   interval=0.05)
+        first_ready_nodes: list[float | None] = []
 
-    def ready_again() -> bool:
-        if not c.probe_passes("readinessProbe"):
-            return False
-        # The first moment readiness passes, the watch-fed cache already holds every node.
-        first_ready_nodes.append(cp.metric_value("llm_placement_cache_nodes"))
-        return True
+        def ready_again() -> bool:
+            if not c.probe_passes("readinessProbe"):
+                return False
+            # The first moment readiness passes, the watch-fed cache already holds every node.
+            first_ready_nodes.append(cp.metric_value("llm_placement_cache_nodes"))
+            return True
 
-    wait_until(ready_again, READY_TIMEOUT, "the restarted container's readiness probe", interval=0.1)
-    assert first_ready_nodes[0] == len(clean.nodes), first_ready_nodes
-    assert int(c.inspect("{{.RestartCount}}")) == restarts + 1
-    assert c.probe_passes("livenessProbe")
-    # And kube-scheduler's calls reach the new process: a pod is placed through it.
-    before = decisions(cp, "serving")
-    create_pod(cp.core, NS, llm_pod("after-restart", stage="serving", model_params="7B", precision="int8",
-                                    gpus=1, max_ms_per_token=150))
-    assert wait_for_node_name(cp.core, NS, "after-restart", timeout=90)
-    wait_until(lambda: decisions(cp, "serving") > before, 20, "the restarted container to count the bind")
+        wait_until(ready_again, READY_TIMEOUT, "the restarted container's readiness probe", interval=0.1)
+        assert first_ready_nodes[0] == len(clean.nodes), first_ready_nodes
+        assert int(c.inspect("{{.RestartCount}}")) == restarts + 1
+        assert c.probe_passes("livenessProbe")
+        assert not any(get_pod(cp.core, NS, m)["spec"].get("nodeName") for m in members)
+        # Release member 2: the restarted process completes the gang whole, on the persisted plan.
+        cp.core.patch_namespaced_pod(members[2], NS, {"spec": {"tolerations": [TOLERATE]}},
+                                     _preload_content=False)
+        placed = wait_for_node_names(cp.core, NS, members, timeout=120)
+        assert placed == planned, (placed, planned)
+    finally:
+        for n in eight:
+            cp.core.patch_node(n, {"spec": {"taints": None}}, _preload_content=False)
