@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit e2e lint lint-docker typecheck controlplane etcd kwok kueue kustomize helm manifests system-deps bench soak hostile kind-up kind-e2e kind-down clean
+.PHONY: demo test unit e2e lint lint-docker typecheck image docker controlplane etcd kwok kueue kustomize helm manifests system-deps bench soak hostile kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,7 +20,8 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/llm-placement demo
 
-## Everything CI runs: lint, types, unit tests, then the real control plane, helm and Prometheus suites.
+## Everything CI runs: lint, types, unit tests, then the real control plane, helm, Prometheus and
+## container suites (tests/integration/test_container.py starts dockerd and builds the image itself).
 test: $(STAMP) system-deps controlplane etcd kwok kueue kustomize helm
 	$(BIN)/ruff check app testkit tests bench scripts
 	$(BIN)/mypy app testkit
@@ -72,6 +73,16 @@ helm:
 manifests: $(STAMP) helm
 	bash scripts/render-manifests.sh
 
+## The extender image from the Dockerfile (tag printed last). Default base: the official python:3.11
+## slim image. BASE=debian: a Python 3.11 base made from Debian packages (no registry needed; what CI uses).
+image: docker
+	bash scripts/build-image.sh $(if $(BASE),--base $(BASE))
+
+## A Docker daemon: Debian's docker.io when none answers, started in the background if not running.
+docker:
+	bash scripts/install-system-deps.sh
+	bash scripts/start-dockerd.sh
+
 lint-docker: $(STAMP)
 	$(BIN)/hadolint Dockerfile
 
@@ -108,7 +119,8 @@ soak: $(STAMP) controlplane etcd kwok
 hostile: $(STAMP) controlplane etcd
 	$(BIN)/python bench/hostile.py
 
-## For laptops with Docker (not exercised in this repository's CI: no Docker engine there).
+## For laptops with Docker (not exercised in this repository's CI: its Docker refuses privileged
+## containers, which kind needs; docs/install.md).
 kind-up:
 	bash deploy/kind/kind.sh up
 

@@ -5,7 +5,7 @@
 #   deploy/kind/kind.sh e2e    apply the examples and check where they landed  (make kind-e2e)
 #   deploy/kind/kind.sh down   delete the cluster
 # Needs docker, kind and kubectl on PATH; helm from PATH or scripts/build-helm.sh (needs Go).
-# NOT exercised in this repository's CI (no Docker engine there): kept correct on paper.
+# NOT exercised in this repository's CI (its Docker refuses privileged containers, docs/install.md): kept correct on paper.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cluster="${KIND_CLUSTER:-llm-placement}"

@@ -1,4 +1,5 @@
-"""The Dockerfile: hadolint-clean, and its install steps replayed for real (Docker cannot run here).
+"""The Dockerfile: hadolint-clean, and its install steps replayed in a venv (fast, no daemon; the image
+itself is built and run by tests/integration/test_container.py).
 
 The replay reads the Dockerfile itself: the build context is exactly what its COPY lines (filtered
 by .dockerignore) bring in, and its `python -m pip` RUN lines run in one clean venv with the image
