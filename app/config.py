@@ -406,12 +406,27 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
             raise ConfigError(f"config file {path}: top level must be a mapping")
         data = loaded or {}
     data.update(overrides)
+    data, problems = _without_unknown_stages(data)
     try:
-        return Settings(**data)
+        settings = Settings(**data)
     except SettingsError as exc:
         # A structured LLMP_* variable that is not valid JSON: one line naming it, no traceback.
         raise ConfigError(f"invalid configuration: {exc}") from None
     except ValidationError as exc:
         # A check across settings (no location) names its keys in its own message.
-        problems = tuple(_problem(err) for err in exc.errors())
-        raise ConfigError("invalid configuration: " + "; ".join(problems), problems) from exc
+        problems += tuple(_problem(err) for err in exc.errors())
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems), problems)
+    return settings
+
+
+def _without_unknown_stages(data: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A file's unknown stages under ``weights``, each named by its path, and the data without them,
+    so the known stages' weights are checked in the same pass (the validator only sees the whole
+    mapping; it still refuses unknown stages that arrive through the environment)."""
+    weights = data.get("weights")
+    if not isinstance(weights, dict) or set(weights) <= set(STAGES):
+        return data, ()
+    problems = tuple(f"weights.{stage}: unknown stage; expected one of {', '.join(STAGES)}"
+                     for stage in weights if stage not in STAGES)
+    return {**data, "weights": {k: v for k, v in weights.items() if k in STAGES}}, problems

@@ -54,6 +54,10 @@ def test_a_valid_file_is_one_ok_line(tmp_path: Path, text: str) -> None:
     ("weights:\n  serving: {cost: -1, bogus: 2}\n  alignment: {packing: -3}\n",
      ["weights.alignment.packing: must be >= 0", "weights.serving.cost: must be >= 0",
       "weights.serving.bogus: unknown key"]),
+    # An unknown stage is named by its path, and the known stages' weights are still checked.
+    ("weights:\n  training: {cost: 1}\n  serving: {cost: -1}\n",
+     ["weights.training: unknown stage; expected one of data-prep, pretraining, alignment, deployment, serving",
+      "weights.serving.cost: must be >= 0"]),
     # A check across settings names its keys in its message.
     ("gang_reservation_ttl_seconds: 2\ngang_bind_timeout_seconds: 3\n",
      ["gang_reservation_ttl_seconds (2) must be longer than gang_bind_timeout_seconds (3)"]),
