@@ -89,7 +89,7 @@ lint-docker: $(STAMP)
 ## Placement-quality figures come from bench/replay.py (real kube-scheduler + extender on kwok nodes);
 ## trace_sim.py and data_gravity.py are the simulator's what-if figures.
 bench: $(STAMP) controlplane etcd kwok kueue
-	$(BIN)/python bench/gang_solver.py --instances 5
+	$(BIN)/python -m bench.gang_solver --instances 5
 	$(BIN)/python bench/extender_latency.py --runs 50
 	$(BIN)/python bench/data_gravity.py
 	$(BIN)/python bench/scheduler_throughput.py --quick
@@ -111,7 +111,7 @@ bench: $(STAMP) controlplane etcd kwok kueue
 ## kube-apiserver and etcd are killed (-9) and restarted; invariants checked throughout
 ## (tests/integration/harness/soak.py). Figures in bench/results/soak-3000.json and BENCHMARKS.md.
 soak: $(STAMP) controlplane etcd kwok
-	$(BIN)/python bench/soak.py
+	$(BIN)/python -m bench.soak
 
 ## Hostile inputs on the real control plane, with bounds: 800-slice DRA churn (filter p99), 4,000
 ## incomplete gangs of one tenant (another tenant's bind time), a YAML bomb handed to the planner.

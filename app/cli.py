@@ -296,6 +296,23 @@ def plan(
 
 cli.command("calibrate")(calibrate)
 
+config_cli = typer.Typer(no_args_is_help=True, help="The settings file (README, \"Settings\").")
+cli.add_typer(config_cli, name="config")
+
+
+@config_cli.command("validate")
+def config_validate(
+    file: Annotated[Path, typer.Argument(help="YAML settings file, read as `serve --config FILE` reads it.")],
+) -> None:
+    """Check a settings file: one line per bad field, with its path; exit status 2 on any."""
+    try:
+        load_settings(file)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            typer.echo(" ".join(problem.split()))  # one line each, whatever the message
+        raise typer.Exit(2) from None
+    typer.echo(f"{file}: OK")
+
 profiles_cli = typer.Typer(no_args_is_help=True, help="Measured serving profiles (docs/stage-policy.md).")
 cli.add_typer(profiles_cli, name="profiles")
 

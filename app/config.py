@@ -58,7 +58,36 @@ MAX_CONFIG_BYTES = 4 << 20
 
 
 class ConfigError(ValueError):
-    """Configuration could not be loaded; the message names the key."""
+    """Configuration could not be loaded; the message names the key.
+
+    ``problems`` holds one ``path: reason`` line per bad field (``llm-placement config validate``
+    prints them one a line); the message joins them.
+    """
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems or (message,)
+
+
+# Pydantic's wording for the bounds and unknown keys, said the way a settings file reads.
+_BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+_BOUND_KEYS = {"greater_than_equal": "ge", "greater_than": "gt", "less_than_equal": "le", "less_than": "lt"}
+
+
+def _problem(err: Any) -> str:
+    """One ``path: reason`` line for one validation error (a check across settings: its message)."""
+    key = ".".join(str(p) for p in err["loc"])
+    kind = err["type"]
+    if kind in _BOUNDS:
+        bound = err["ctx"][_BOUND_KEYS[kind]]
+        msg = f"must be {_BOUNDS[kind]} {f'{bound:g}' if isinstance(bound, float) else bound}"
+    elif kind == "extra_forbidden":
+        msg = "unknown key"
+    elif kind == "missing":
+        msg = "required"
+    else:
+        msg = err["msg"].removeprefix("Value error, ")
+    return f"{key}: {msg}" if key else msg
 
 
 def _default_weights() -> dict[str, StageWeights]:
@@ -377,16 +406,27 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
             raise ConfigError(f"config file {path}: top level must be a mapping")
         data = loaded or {}
     data.update(overrides)
+    data, problems = _without_unknown_stages(data)
     try:
-        return Settings(**data)
+        settings = Settings(**data)
     except SettingsError as exc:
         # A structured LLMP_* variable that is not valid JSON: one line naming it, no traceback.
         raise ConfigError(f"invalid configuration: {exc}") from None
     except ValidationError as exc:
-        parts = []
-        for err in exc.errors():
-            # A check across settings (no location) names its keys in its own message.
-            key = ".".join(str(p) for p in err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            parts.append(f"{key}: {msg}" if key else msg)
-        raise ConfigError("invalid configuration: " + "; ".join(parts)) from exc
+        # A check across settings (no location) names its keys in its own message.
+        problems += tuple(_problem(err) for err in exc.errors())
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems), problems)
+    return settings
+
+
+def _without_unknown_stages(data: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A file's unknown stages under ``weights``, each named by its path, and the data without them,
+    so the known stages' weights are checked in the same pass (the validator only sees the whole
+    mapping; it still refuses unknown stages that arrive through the environment)."""
+    weights = data.get("weights")
+    if not isinstance(weights, dict) or set(weights) <= set(STAGES):
+        return data, ()
+    problems = tuple(f"weights.{stage}: unknown stage; expected one of {', '.join(STAGES)}"
+                     for stage in weights if stage not in STAGES)
+    return {**data, "weights": {k: v for k, v in weights.items() if k in STAGES}}, problems

@@ -11,9 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.core.gravity import MISSING, Distance
 from app.core.ranking import Agreement
-from app.core.reasons import ReasonCode
+from app.core.reasons import PLAN_REJECT_REASONS, ReasonCode
 from app.core.workload import ANNOTATION_KEYS, Stage
-from app.gang.persist import REJECT_REASONS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 SOLVER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -249,7 +248,7 @@ class Metrics:
             self.rejections.labels(code.value)
         for key in INVALID_KEYS:
             self.invalid_annotations.labels(key)
-        for reason in REJECT_REASONS:
+        for reason in PLAN_REJECT_REASONS:
             self.rejected_plans.labels(reason)
         # Only serving pods get a latency prediction; only sized GPU stages a memory fit.
         self.bandwidth_fit.labels(Stage.SERVING.value)

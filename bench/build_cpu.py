@@ -1,7 +1,7 @@
 """Extender CPU per pod of the throughput benchmark's workload, in process, for one build.
 
+    python -m bench.build_cpu --nodes 5000 --pods 400 --rounds 3       # from the root: this tree
     cd <checkout or git worktree of any commit> && PYTHONPATH=$PWD python /path/to/bench/build_cpu.py
-    python bench/build_cpu.py --nodes 5000 --pods 400 --rounds 3
 
 Why: through the real kube-scheduler (bench/scheduler_throughput.py) the extender's rate moves with
 the machine (kube-scheduler alone ranged 84-260 pods/s on the 2-core VM), so two builds are best
@@ -24,12 +24,9 @@ import inspect
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
-
-sys.path.insert(0, os.getcwd())
 
 from kubernetes import client
 

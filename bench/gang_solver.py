@@ -18,8 +18,8 @@ tier, then GPU models, then fragmentation. "worse" must stay 0. Plan times are w
 process CPU time of ``plan`` (the index over all nodes included); on a shared machine the CPU column
 is the load-independent one.
 
-    python bench/gang_solver.py                       # full matrix, 30 instances per cell
-    python bench/gang_solver.py --pods 512 --nodes 5000 --instances 100
+    python -m bench.gang_solver                       # full matrix, 30 instances per cell
+    python -m bench.gang_solver --pods 512 --nodes 5000 --instances 100
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,8 +41,6 @@ from rich.table import Table
 
 from app.gang.problem import Assessment, Problem, Shape
 from app.gang.solver import PlanResult, plan
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testkit/, beside app/
 from testkit.gang_synth import FleetSpec, fleet, gang_problem
 
 console = Console(width=240)

@@ -1,7 +1,7 @@
 """Soak with faults on the real control plane: thousands of pods while components are killed.
 
-    python bench/soak.py                       # the full run (make soak): ~3,000 pods, 3 fault rounds
-    python bench/soak.py --pods 150 --rounds 1 # the size tests/integration/test_soak.py runs in CI
+    python -m bench.soak                       # the full run (make soak): ~3,000 pods, 3 fault rounds
+    python -m bench.soak --pods 150 --rounds 1 # the size tests/integration/test_soak.py runs in CI
 
 etcd + kube-apiserver + kube-scheduler (the chart's configuration) + the extender on loopback, kwok
 for every node; each bound pod Succeeds after its few seconds (the soak writes that status). Every
@@ -18,24 +18,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tests.integration.harness import ControlPlane, find_binaries
+from tests.integration.harness.kwok import Kwok, build_kwok
+from tests.integration.harness.soak import SoakResult, SoakShape, run_soak
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from tests.integration.harness import ControlPlane, find_binaries  # noqa: E402
-from tests.integration.harness.kwok import Kwok, build_kwok  # noqa: E402
-from tests.integration.harness.soak import SoakResult, SoakShape, run_soak  # noqa: E402
-
 RESULTS = REPO / "bench" / "results"
 console = Console(width=120)
 

@@ -18,10 +18,10 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from app.cluster.client import list_all
-from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import SHARE_ANNOTATION
 from app.core.nodes import facts_for, node_inputs
+from app.core.policy import Policies
 from app.core.snapshot import TERMINAL_PHASES, ClusterSnapshot, PlacedPod, serving_spec
 from app.core.units import quote
 from app.core.workload import (
@@ -82,13 +82,23 @@ def _name_of(obj: dict[str, Any]) -> str:
     return str(meta.get("name") or "") if isinstance(meta, dict) else ""
 
 
+class CacheSettings(Protocol):
+    """What the cache reads of the settings (app/config.py's Settings is one): which scheduler's
+    pods are ours, and the policies. The settings file sits above the adapters (README, "Layout")."""
+
+    @property
+    def scheduler_name(self) -> str: ...
+
+    def policies(self) -> Policies: ...
+
+
 def _uid_of(obj: dict[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("uid") or "") if isinstance(meta, dict) else ""
 
 
 def apply_node(
-    snapshot: ClusterSnapshot, catalog: GpuCatalog, settings: Settings, node: dict[str, Any]
+    snapshot: ClusterSnapshot, catalog: GpuCatalog, settings: CacheSettings, node: dict[str, Any]
 ) -> None:
     policy = settings.policies().node_facts
     # GPUs published in ResourceSlices read like GFD labels (docs/dra.md); a no-op without DRA.
@@ -103,7 +113,7 @@ def apply_node(
 
 
 def apply_pod(
-    snapshot: ClusterSnapshot, settings: Settings, pod: dict[str, Any], deleted: bool = False
+    snapshot: ClusterSnapshot, settings: CacheSettings, pod: dict[str, Any], deleted: bool = False
 ) -> None:
     """Fold one pod event into the snapshot: usage for bound pods, specs for gang membership."""
     meta = pod.get("metadata") or {}
@@ -115,7 +125,7 @@ def apply_pod(
         snapshot.untrack_spec(uid)
         snapshot.finish(uid)
         return
-    gpu_res = tuple(settings.labels.gpu_resource)
+    gpu_res = settings.policies().placement.gpu_resources
     try:
         spec = parse_workload(pod, gpu_res, snapshot.claim_reader())
     except WorkloadError:
@@ -186,7 +196,7 @@ class ClusterCache:
     snapshot: ClusterSnapshot
     lock: threading.RLock
     catalog: GpuCatalog
-    settings: Settings
+    settings: CacheSettings
     metrics: Metrics
     on_change: Callable[[], None] | None = None
     # Warnings about one pod (unreadable, unknown annotation keys): the service's binder, or a

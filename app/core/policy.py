@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -218,6 +219,13 @@ class Policies:
     node_facts: NodeFactsPolicy
     gravity: GravityPolicy
     gang: GangPolicy
+
+
+class PolicySource(Protocol):
+    """What a part reads of the settings: its policies (app/config.py's Settings is one). Parts below
+    the settings file in the layering (README, "Layout") take this, never the file's type."""
+
+    def policies(self) -> Policies: ...
 
 
 def tier_names(fabric_tiers: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:

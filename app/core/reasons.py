@@ -22,6 +22,11 @@ MESSAGE_CHARS = 320
 ELLIPSIS = "..."
 # The events API truncates a message at 1 KB; ours stop there, escaped, rather than mid-character.
 EVENT_MESSAGE_CHARS = 1024
+# Why a persisted gang plan was not restored (docs/gangs.md, "Restored plans"; the ``reason`` label of
+# llm_placement_rejected_gang_plans_total): the first four at the restore listing, unknown_node once
+# the cache has listed the nodes. Here, below both, so the metric set need not import app.gang.
+PLAN_REJECT_REASONS = ("unreadable", "gang_mismatch", "unsigned", "bad_signature", "future", "expired",
+                       "unknown_node")
 
 
 class ReasonCode(StrEnum):

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.core.reasons import PLAN_REJECT_REASONS
 from app.core.snapshot import TERMINAL_PHASES
 from app.core.workload import PREFIX, WorkloadError, parse_workload
 from app.gang.regroup import Timers, thread_timers
@@ -36,11 +37,8 @@ ANNOTATION = PREFIX + "gang-plan"
 # The signing key (docs/gangs.md, "Restored plans"): a file (a mounted Secret) or the value itself.
 # Not a settings key on purpose: settings live in a ConfigMap that many can read.
 KEY_FILE_ENV, KEY_ENV = "LLMP_GANG_PLAN_KEY_FILE", "LLMP_GANG_PLAN_KEY"
-# Why a persisted plan was not restored (docs/gangs.md, "Restored plans"; the ``reason`` label of
-# llm_placement_rejected_gang_plans_total): the first four at the restore listing, unknown_node once
-# the cache has listed the nodes.
-REJECT_REASONS = ("unreadable", "gang_mismatch", "unsigned", "bad_signature", "future", "expired",
-                  "unknown_node")
+# Why a persisted plan was not restored: the vocabulary lives in app.core.reasons.
+REJECT_REASONS = PLAN_REJECT_REASONS
 FUTURE_SKEW_SECONDS = 30.0  # a plan "made" further in the future than this is forged or mis-clocked
 MAX_EPOCH = 2**31
 

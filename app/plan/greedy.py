@@ -10,9 +10,9 @@ among equal best nodes the first by name is taken.
 
 from __future__ import annotations
 
-from app.config import Settings
 from app.core.gravity import GravityModel
 from app.core.placer import Placer
+from app.core.policy import PolicySource
 from app.core.snapshot import ClusterSnapshot, PlacedPod, placed_from_spec
 from app.plan.problem import PlanProblem
 from app.plan.schedule import Schedule, Slot, ready_time
@@ -22,7 +22,7 @@ class GreedyError(ValueError):
     """The problem was not built from a workflow (no pods to place)."""
 
 
-def greedy_extender(problem: PlanProblem, settings: Settings) -> Schedule:
+def greedy_extender(problem: PlanProblem, settings: PolicySource) -> Schedule:
     if not problem.pods or not problem.facts:
         raise GreedyError("the extender baseline needs a problem built from a workflow and nodes")
     policies = settings.policies()

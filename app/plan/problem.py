@@ -15,11 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.feasibility import NodeFit, evaluate
 from app.core.gravity import GravityModel
 from app.core.nodes import NodeFacts, facts_for
+from app.core.policy import PolicySource
 from app.core.reasons import Rejection
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import (
@@ -160,7 +160,7 @@ def _hardware(f: NodeFacts) -> str:
 
 
 def node_facts_of(
-    nodes: Iterable[dict[str, Any]], settings: Settings, catalog: GpuCatalog
+    nodes: Iterable[dict[str, Any]], settings: PolicySource, catalog: GpuCatalog
 ) -> list[NodeFacts]:
     """Node objects -> facts, the way the extender's cache reads them; cordoned nodes left out."""
     policy = settings.policies().node_facts
@@ -169,7 +169,7 @@ def node_facts_of(
 
 
 def build_problem(
-    wf: Workflow, facts: Sequence[NodeFacts], settings: Settings,
+    wf: Workflow, facts: Sequence[NodeFacts], settings: PolicySource,
     used_gpus: dict[str, int] | None = None,
 ) -> PlanProblem:
     """``used_gpus``: GPUs already held on a node (a live cluster), not available to the plan."""

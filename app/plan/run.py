@@ -9,8 +9,8 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.config import Settings
 from app.core.catalog import GpuCatalog
+from app.core.policy import PolicySource
 from app.plan.cpop import cpop
 from app.plan.cpsat import Secondary, SolveResult, solve
 from app.plan.greedy import GreedyError, greedy_extender
@@ -32,7 +32,7 @@ class PlanRun:
     narrowed_to: int | None = None  # candidate nodes per task when the exact model was narrowed
 
 
-def plan_problem(problem: PlanProblem, settings: Settings | None, *, time_limit: float = 10.0,
+def plan_problem(problem: PlanProblem, settings: PolicySource | None, *, time_limit: float = 10.0,
                  secondary: Secondary = "cost", workers: int = 2) -> PlanRun:
     """The exact plan within ``time_limit`` seconds (baselines and model build included), never worse
     than the best valid baseline: when the solver ends above it, the baseline is the plan."""
@@ -133,9 +133,9 @@ def lower_bound(problem: PlanProblem, solver_bound: int = 0) -> int:
 
 
 def plan_workflow(
-    wf: Workflow, nodes: Sequence[dict[str, Any]], settings: Settings, *, catalog: GpuCatalog | None = None,
-    time_limit: float = 10.0, secondary: Secondary = "cost", used_gpus: dict[str, int] | None = None,
-    workers: int = 2,
+    wf: Workflow, nodes: Sequence[dict[str, Any]], settings: PolicySource, *,
+    catalog: GpuCatalog | None = None, time_limit: float = 10.0, secondary: Secondary = "cost",
+    used_gpus: dict[str, int] | None = None, workers: int = 2,
 ) -> PlanRun:
     facts = node_facts_of(nodes, settings, catalog or GpuCatalog.load())
     problem = build_problem(wf, facts, settings, used_gpus)
