@@ -60,7 +60,7 @@ class PodBinding:
         if self.binder is None:
             return MESSAGE_PREFIX + "no API server connection to bind with"
         remembered = self.memory.get(uid)
-        fit = remembered.fit if remembered and remembered.fit and remembered.fit.node.name == node else None
+        fit = _filtered_fit(remembered, node)
         if fit is None and spec is not None:
             fit = self._fit_now(spec, node)
         try:
@@ -137,6 +137,17 @@ class PodBinding:
             # The pod's own GPUs may already be counted (assumed); evaluate without the GPU check.
             verdict = evaluate(spec, facts, usage, UNCHECKED, self.feasibility)
         return verdict if isinstance(verdict, NodeFit) else None
+
+
+def _filtered_fit(remembered: Remembered | None, node: str) -> NodeFit | None:
+    """The verdict this cycle's filter reached for ``node``, if it judged that node: what the bind
+    reports and annotates is then exactly what was decided, and the node is not evaluated again."""
+    if remembered is None:
+        return None
+    if remembered.fit is not None and remembered.fit.node.name == node:
+        return remembered.fit
+    fits = remembered.fits
+    return fits[node] if fits is not None and node in fits else None
 
 
 def placed_message(spec: WorkloadSpec, node: str, fit: NodeFit | None, remembered: Remembered | None) -> str:

@@ -172,8 +172,14 @@ class ExtenderService:
                 return wire.binding_result(MESSAGE_PREFIX + "no API server connection to bind with")
             uid = args.pod_uid
             early = self.gate.assume_at_start(uid, args.node)
-            spec = await asyncio.to_thread(
-                self.gate.spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
+            with self.lock:
+                spec = self.snapshot.specs.get(uid) if uid else None
+            if spec is None:
+                # Only a pod the watch does not hold needs an API read, and only that goes to a thread:
+                # each hop is a queue, a wake-up and a GIL hand-over on the interpreter that also
+                # answers filter (docs/extender-protocol.md, "Bind").
+                spec = await asyncio.to_thread(
+                    self.gate.spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
             refusal = self.gate.refuse(args, spec, early)
             if refusal:
                 self.metrics.request_errors.labels("bind", "refused").inc()
