@@ -31,7 +31,8 @@ AGREEMENT_TEXT = {
 
 
 class BinderLike(Protocol):
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> bool: ...
+    def bind(self, namespace: str, name: str, uid: str, node: str,
+             annotations: dict[str, str] | None = None) -> bool: ...
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
 
@@ -65,9 +66,12 @@ class PodBinding:
             fit = self._fit_now(spec, node)
         try:
             if fit is not None and spec is not None and fit.fallback_used:
+                # Carried by the Binding, which the API server copies onto the pod: one write, and
+                # the annotation is there exactly when the pod is bound.
                 chosen = {PREFIX + "assigned-precision": fit.sizing.precision.value}
-                self.binder.annotate(namespace, name, chosen)
-            bound_now = self.binder.bind(namespace, name, uid, node)
+                bound_now = self.binder.bind(namespace, name, uid, node, annotations=chosen)
+            else:
+                bound_now = self.binder.bind(namespace, name, uid, node)
         except Exception as exc:
             stage = spec.stage.value if spec and spec.stage else "none"
             self.metrics.decisions.labels(stage, "bind_failed").inc()
