@@ -31,7 +31,8 @@ AGREEMENT_TEXT = {
 
 
 class BinderLike(Protocol):
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> bool: ...
+    def bind(self, namespace: str, name: str, uid: str, node: str,
+             annotations: dict[str, str] | None = None) -> bool: ...
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
 
@@ -60,14 +61,17 @@ class PodBinding:
         if self.binder is None:
             return MESSAGE_PREFIX + "no API server connection to bind with"
         remembered = self.memory.get(uid)
-        fit = remembered.fit if remembered and remembered.fit and remembered.fit.node.name == node else None
+        fit = _filtered_fit(remembered, node)
         if fit is None and spec is not None:
             fit = self._fit_now(spec, node)
         try:
             if fit is not None and spec is not None and fit.fallback_used:
+                # Carried by the Binding, which the API server copies onto the pod: one write, and
+                # the annotation is there exactly when the pod is bound.
                 chosen = {PREFIX + "assigned-precision": fit.sizing.precision.value}
-                self.binder.annotate(namespace, name, chosen)
-            bound_now = self.binder.bind(namespace, name, uid, node)
+                bound_now = self.binder.bind(namespace, name, uid, node, annotations=chosen)
+            else:
+                bound_now = self.binder.bind(namespace, name, uid, node)
         except Exception as exc:
             stage = spec.stage.value if spec and spec.stage else "none"
             self.metrics.decisions.labels(stage, "bind_failed").inc()
@@ -137,6 +141,17 @@ class PodBinding:
             # The pod's own GPUs may already be counted (assumed); evaluate without the GPU check.
             verdict = evaluate(spec, facts, usage, UNCHECKED, self.feasibility)
         return verdict if isinstance(verdict, NodeFit) else None
+
+
+def _filtered_fit(remembered: Remembered | None, node: str) -> NodeFit | None:
+    """The verdict this cycle's filter reached for ``node``, if it judged that node: what the bind
+    reports and annotates is then exactly what was decided, and the node is not evaluated again."""
+    if remembered is None:
+        return None
+    if remembered.fit is not None and remembered.fit.node.name == node:
+        return remembered.fit
+    fits = remembered.fits
+    return fits[node] if fits is not None and node in fits else None
 
 
 def placed_message(spec: WorkloadSpec, node: str, fit: NodeFit | None, remembered: Remembered | None) -> str:

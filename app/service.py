@@ -86,6 +86,10 @@ class ExtenderService:
         # leader persisted (app/gang/takeover.py); None without a cluster.
         self.before_filter: Callable[[], object] | None = None
         self._quality = QualityPublisher(self.metrics)
+        # Each verb's latency series, looked up once: ``labels()`` takes a lock and builds a key on
+        # every call, and these are observed once per request.
+        self._seconds = {verb: self.metrics.request_duration.labels(verb)
+                         for verb in ("filter", "prioritize", "bind", "preempt")}
 
     @property
     def binder(self) -> BinderLike | None:
@@ -124,7 +128,7 @@ class ExtenderService:
             self.metrics.request_errors.labels("filter", "internal").inc()
             return wire.filter_result(args, [], {}, {}, MESSAGE_PREFIX + f"internal error in filter: {exc}")
         finally:
-            self.metrics.request_duration.labels("filter").observe(time.perf_counter() - t0)
+            self._seconds["filter"].observe(time.perf_counter() - t0)
 
     def prioritize(self, body: bytes) -> bytes:
         t0 = time.perf_counter()
@@ -156,7 +160,7 @@ class ExtenderService:
             self.metrics.request_errors.labels("prioritize", kind).inc()
             return wire.priority_pairs([], [])
         finally:
-            self.metrics.request_duration.labels("prioritize").observe(time.perf_counter() - t0)
+            self._seconds["prioritize"].observe(time.perf_counter() - t0)
 
     async def bind(self, body: bytes) -> bytes:
         t0 = time.perf_counter()
@@ -172,8 +176,14 @@ class ExtenderService:
                 return wire.binding_result(MESSAGE_PREFIX + "no API server connection to bind with")
             uid = args.pod_uid
             early = self.gate.assume_at_start(uid, args.node)
-            spec = await asyncio.to_thread(
-                self.gate.spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
+            with self.lock:
+                spec = self.snapshot.specs.get(uid) if uid else None
+            if spec is None:
+                # Only a pod the watch does not hold needs an API read, and only that goes to a thread:
+                # each hop is a queue, a wake-up and a GIL hand-over on the interpreter that also
+                # answers filter (docs/extender-protocol.md, "Bind").
+                spec = await asyncio.to_thread(
+                    self.gate.spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
             refusal = self.gate.refuse(args, spec, early)
             if refusal is not None:
                 self.metrics.request_errors.labels("bind", "refused").inc()
@@ -203,7 +213,7 @@ class ExtenderService:
             self.metrics.request_errors.labels("bind", "internal").inc()
             return wire.binding_result(MESSAGE_PREFIX + f"internal error in bind: {exc}")
         finally:
-            self.metrics.request_duration.labels("bind").observe(time.perf_counter() - t0)
+            self._seconds["bind"].observe(time.perf_counter() - t0)
 
     def preempt(self, body: bytes) -> bytes:
         """Keep only candidates where evicting the proposed victims really makes our rules pass."""
@@ -225,7 +235,7 @@ class ExtenderService:
             self.metrics.request_errors.labels("preempt", kind).inc()
             return wire.preemption_result({}, {})
         finally:
-            self.metrics.request_duration.labels("preempt").observe(time.perf_counter() - t0)
+            self._seconds["preempt"].observe(time.perf_counter() - t0)
 
     # --- cluster quality -----------------------------------------------------------------------
     def refresh_quality(self) -> ClusterQuality:

@@ -42,7 +42,8 @@ GPU = "nvidia.com/gpu"
 class NullBinder:
     """The API writes of a bind (binding, annotations, events) as no-ops that succeed."""
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> bool:
+    def bind(self, namespace: str, name: str, uid: str, node: str,
+             annotations: dict[str, str] | None = None) -> bool:
         return True
 
     def event(self, namespace: str, name: str, uid: str, reason: str, message: str,

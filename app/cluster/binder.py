@@ -86,8 +86,12 @@ class Binder:
             if exc.status != 404:  # a deleted member has nothing left to lift
                 raise
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> bool:
+    def bind(self, namespace: str, name: str, uid: str, node: str,
+             annotations: dict[str, str] | None = None) -> bool:
         """Bind; return True if this call bound it, False if it already was bound to ``node``.
+
+        ``annotations`` ride on the Binding: the API server sets them on the pod as it binds it, so
+        they need no write of their own.
 
         One API call on the happy path: the Binding carries the pod UID as a precondition, and the
         API server answers 409 for a pod that is already bound or was recreated, which is when we
@@ -96,7 +100,8 @@ class Binder:
         body: Any = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
+            "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {}),
+                         **({"annotations": annotations} if annotations else {})},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         try:

@@ -20,6 +20,7 @@ from app.core.policy import PlacementPolicy
 from app.core.reasons import MESSAGE_CHARS, MESSAGE_PREFIX, ReasonCode, Rejection, clip, reject
 from app.core.score_list import Floats, Ints, ScoreList
 from app.core.scoring import GravityFn, Usage, score_batch, score_nodes
+from app.core.small_ints import distinct, group
 from app.core.snapshot import ClusterSnapshot, NodeUsage
 from app.core.workload import TRAINING_STAGES, WorkloadError, WorkloadSpec, parse_workload
 
@@ -235,7 +236,7 @@ class Placer:
                     key[i] = -2 - i  # a class of its own: the reason names this node's producer
         for i in held:
             key[i] = -2 - i  # a class of its own: the reason names the gang
-        uniq, first, class_of = np.unique(key, return_index=True, return_inverse=True)
+        uniq, first, class_of = group(key)
         entries = self.snapshot.entries
         verdicts: list[NodeFit | Rejection] = []
         for k, i in zip(uniq.tolist(), first.tolist(), strict=True):
@@ -297,7 +298,7 @@ class Placer:
         names = c.names
         decision.passed = list(c.passing_names)
         if len(decision.passed) < len(names):
-            for j in np.unique(c.class_of[c.failing()]).tolist():
+            for j in distinct(c.class_of[c.failing()]):
                 r = cast(Rejection, c.verdicts[j])
                 decision.codes.setdefault(r.message, r.code)
         return decision

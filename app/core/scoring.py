@@ -24,6 +24,7 @@ from app.core.nodes import NodeClass
 from app.core.policy import ScoringPolicy, StageWeights
 from app.core.ranking import bands
 from app.core.score_list import Floats, Ints, NodeScore, ScoreList
+from app.core.small_ints import distinct
 from app.core.snapshot import NodeUsage
 from app.core.workload import CPU_STAGES, TRAINING_STAGES, LatencyClass, Stage, WorkloadSpec
 
@@ -281,7 +282,7 @@ def _gravity(spec: WorkloadSpec, gravity: Floats | None, cap_gpus: Ints, usage: 
         # GRAVITY_OPENS_AT_MOST: no pull toward opening a node far bigger than the pod beyond the
         # best pull of a candidate that fits it otherwise.
         oversized = (cap_gpus > GRAVITY_OPENS_AT_MOST * spec.gpus) & (usage.gpus == 0) & ~np.isnan(gravity)
-        for size in np.unique(cap_gpus[oversized]).tolist():
+        for size in distinct(cap_gpus[oversized]):
             # Partly used nodes and smaller whole nodes fit the pod without opening this size.
             others = grav[((usage.gpus > 0) | (cap_gpus < size)) & ~np.isnan(gravity)]
             if others.size:
@@ -413,11 +414,11 @@ def _guard(names: list[str], totals: Floats, packing: Floats, separation: Floats
     # Each shape's best partly used node (first of the best in request order), best first; on
     # equal totals the earlier in request order.
     best: list[int] = []
-    for s in np.unique(shape[sibling]).tolist():
+    for s in distinct(shape[sibling]):
         sib = np.flatnonzero(sibling & (shape == s))
         best.append(int(sib[np.argmax(original[sib])]))
     best.sort(key=lambda b: (-float(original[b]), b))
-    for s in np.unique(shape[opens]).tolist():
+    for s in distinct(shape[opens]):
         at = np.flatnonzero(opens & (shape == s))
         whole_terms = class_terms[int(class_of[at[0]])]
         whole_gpus = int(cap_gpus[at[0]])

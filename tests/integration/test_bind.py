@@ -156,3 +156,17 @@ def test_forged_filter_and_bind_onto_a_node_kube_scheduler_refuses(
     assert not get_pod(cluster.core, cluster.namespace, pod_name)["spec"].get("nodeName")
     assert control_plane.metric_value("llm_placement_bind_refusals_total", {"reason": case}) == before + 1
     cluster.core.delete_namespaced_pod(pod_name, cluster.namespace, grace_period_seconds=0)
+
+
+def test_precision_chosen_at_bind_arrives_on_the_pod_with_the_binding(
+    cluster: ClusterScope, control_plane: ControlPlane, two_nodes: list[str], unique: Callable[[str], str]
+) -> None:
+    # 13B at bf16 needs more than an L4's 24 GB; at int8 it fits. The chosen precision rides on the
+    # Binding (one API write), and the API server sets it on the pod as it binds it.
+    name = unique("fallback")
+    create_pod(cluster.core, cluster.namespace,
+               llm_pod(name, stage="serving", model_params="13B", precision="bf16", gpus=1,
+                       annotations={"llm-placement.io/precision-fallback": "int8"}))
+    assert wait_for_node_name(cluster.core, cluster.namespace, name) in two_nodes
+    annotations = get_pod(cluster.core, cluster.namespace, name)["metadata"].get("annotations") or {}
+    assert annotations.get("llm-placement.io/assigned-precision") == "int8"
