@@ -13,6 +13,7 @@ from rich.console import Console
 from app.config import Settings
 from app.plan.cpsat import Secondary
 from app.plan.estimate import EstimateError
+from app.plan.files import fail_line
 from app.plan.problem import ProblemError
 from app.plan.workflow import WorkflowError, load_workflow
 
@@ -22,16 +23,23 @@ SECONDARIES = ("cost", "transfer", "none")
 def run_plan_command(
     console: Console, settings: Settings, *, workflow: Path | None, cluster: Path | None, live: bool,
     kubeconfig: str | None, time_limit: float, secondary: str, gantt: Path | None,
-    annotations: Path | None, as_json: bool,
+    annotations: Path | None, as_json: bool, started: float | None = None, workflow_data: Any = None,
+    cluster_data: Any = None,
 ) -> None:
-    from app.plan.cluster import cluster_nodes
+    """``started``: the ``time.perf_counter()`` the time limit counts from (default: now);
+    ``*_data``: the files as already read (app/plan/files.py), so each is read once."""
+    import time
+
+    from app.plan.cluster import ClusterFileError, load_cluster
     from app.plan.manifest import planned_pods, to_yaml
     from app.plan.report import as_json as report_json
     from app.plan.report import render
     from app.plan.run import plan_workflow
 
+    started = time.perf_counter() if started is None else started
+
     def fail(msg: str) -> typer.Exit:
-        console.print(f"[red]{msg}[/red]")
+        fail_line(msg)
         return typer.Exit(2)
 
     if secondary not in SECONDARIES:
@@ -39,10 +47,11 @@ def run_plan_command(
     if live and cluster is not None:
         raise fail("give --cluster or --live, not both")
     try:
-        wf = load_workflow(workflow)
+        wf = load_workflow(workflow, workflow_data)
     except WorkflowError as exc:
         raise fail(str(exc)) from None
     used: dict[str, int] | None = None
+    bandwidth = None
     try:
         if live:
             from app.plan.live import live_nodes
@@ -50,12 +59,18 @@ def run_plan_command(
             kc = kubeconfig or os.environ.get("KUBECONFIG") or _default_kubeconfig()
             nodes, used = live_nodes(kc, tuple(settings.labels.gpu_resource))
         else:
-            nodes = cluster_nodes(cluster)
+            cf = load_cluster(cluster, cluster_data)
+            nodes = cf.nodes
+            if cf.bandwidth is not None:
+                bandwidth = cf.bandwidth.over(settings.tier_bandwidth_gbps)
+    except ClusterFileError as exc:
+        raise fail(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise fail(f"cannot read the cluster: {exc}") from None
     try:
         run = plan_workflow(wf, nodes, settings, time_limit=time_limit,
-                            secondary=cast(Secondary, secondary), used_gpus=used)
+                            secondary=cast(Secondary, secondary), used_gpus=used, bandwidth=bandwidth,
+                            started=started)
     except (ProblemError, EstimateError) as exc:
         raise fail(str(exc)) from None
     out: dict[str, Any] = {}

@@ -20,7 +20,7 @@ from typing import Literal
 
 from ortools.sat.python import cp_model
 
-from app.plan.problem import SERVE, TRAIN, PlanProblem
+from app.plan.problem import SERVE, TRAIN, PlanProblem, PlanTask
 from app.plan.schedule import Schedule, Slot
 
 Secondary = Literal["cost", "transfer", "none"]
@@ -70,8 +70,14 @@ class _Model:
                 m.add(self.end[t.name] == e_alt).only_enforce_if(x)
             m.add_exactly_one(self.x[(t.name, n)] for n in p.duration[t.name])
             m.add(self.end[t.name] >= self.start[t.name] + min(p.duration[t.name].values()))
+        on: dict[str, list[PlanTask]] = {n.name: [] for n in p.nodes}
+        for t in p.tasks:
+            for n in p.duration[t.name]:
+                on[n].append(t)
         for node in p.nodes:
-            here = [t for t in p.tasks if node.name in p.duration[t.name]]
+            here = on[node.name]
+            if not here:
+                continue
             resources = [(lambda t: t.gpus, node.gpus), (lambda t: t.cpu_millis, node.cpu_millis)]
             if node.memory_mib:
                 resources.append((lambda t: t.memory_mib, node.memory_mib))
@@ -151,10 +157,14 @@ def solve(
     now) so building the model is inside the budget: 70% up to the end of the makespan phase, the
     rest and whatever it left over for the secondary objective."""
     t0 = time.perf_counter() if started is None else started
+    share = 0.7 if secondary != "none" else 1.0
+    if time_limit * share - (time.perf_counter() - t0) < 0.1:
+        return SolveResult(None, "timeout (no time left for the model)", None, 0, None, secondary,
+                           "skipped", time.perf_counter() - t0, 0, 0)
     model = _Model(problem)
     proto = model.m.proto
     size = (len(proto.variables), len(proto.constraints))
-    first_phase = time_limit * (0.7 if secondary != "none" else 1.0) - (time.perf_counter() - t0)
+    first_phase = time_limit * share - (time.perf_counter() - t0)
     if first_phase < 0.05:
         return SolveResult(None, "timeout (building the model took the budget)", None, 0, None, secondary,
                            "skipped", time.perf_counter() - t0, *size)
