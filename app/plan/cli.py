@@ -52,6 +52,7 @@ def run_plan_command(
         raise fail(str(exc)) from None
     used: dict[str, int] | None = None
     bandwidth = None
+    cluster_size: int | None = None
     try:
         if live:
             from app.plan.live import live_nodes
@@ -60,7 +61,7 @@ def run_plan_command(
             nodes, used = live_nodes(kc, tuple(settings.labels.gpu_resource))
         else:
             cf = load_cluster(cluster, cluster_data)
-            nodes = cf.nodes
+            nodes, cluster_size = cf.sample(sum(t.count for t in wf.tasks)), cf.size
             if cf.bandwidth is not None:
                 bandwidth = cf.bandwidth.over(settings.tier_bandwidth_gbps)
     except ClusterFileError as exc:
@@ -70,7 +71,7 @@ def run_plan_command(
     try:
         run = plan_workflow(wf, nodes, settings, time_limit=time_limit,
                             secondary=cast(Secondary, secondary), used_gpus=used, bandwidth=bandwidth,
-                            started=started)
+                            started=started, cluster_size=cluster_size)
     except (ProblemError, EstimateError) as exc:
         raise fail(str(exc)) from None
     out: dict[str, Any] = {}

@@ -91,8 +91,27 @@ class Bandwidth(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class ClusterFile:
-    nodes: list[dict[str, Any]]
+    items: list[dict[str, Any]]  # Node objects of a List; empty for the groups format
     bandwidth: Bandwidth | None = None
+    groups: tuple[dict[str, Any], ...] = ()  # the groups format, validated
+
+    @property
+    def size(self) -> int:
+        return sum(g.get("count", 1) for g in self.groups) if self.groups else len(self.items)
+
+    @property
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node (a 20,000-node file is 20,000 objects: see ``sample``)."""
+        return self.sample(None)
+
+    def sample(self, per_group: int | None) -> list[dict[str, Any]]:
+        """The nodes, at most ``per_group`` of each group: a group's nodes differ only by name (and
+        their own NVLink domain), so a plan of n tasks never needs more than its first n
+        (docs/planner.md, "Size")."""
+        if not self.groups:
+            return self.items
+        cut = [{**g, "count": min(g.get("count", 1), per_group or g.get("count", 1))} for g in self.groups]
+        return expand_cluster({"groups": cut})
 
 
 def _unknown(where: str, keys: Any, known: tuple[str, ...] | list[str]) -> str | None:
@@ -157,7 +176,7 @@ def load_cluster(path: str | Path | None = None, data: Any = None) -> ClusterFil
             # The sum is checked before a single node is built.
             if total > MAX_NODES:
                 raise ClusterFileError(f"{where}: more than {MAX_NODES} nodes in all (at {label})")
-        return ClusterFile(expand_cluster({"groups": valid}), bandwidth)
+        return ClusterFile([], bandwidth, tuple(valid))
     items = data.get("items")
     if isinstance(items, list) and all(
         isinstance(i, dict) and i.get("kind", "Node") == "Node" for i in items

@@ -62,6 +62,9 @@ class Links(Mapping[tuple[str, str], float]):
     def __init__(self, group_of: dict[str, int], local: list[float], between: list[list[float]],
                  labels: list[list[str]]) -> None:
         self.group_of, self.local, self.between, self.labels = group_of, local, between, labels
+        self.size = [0] * len(local)  # nodes per group
+        for g in group_of.values():
+            self.size[g] += 1
 
     def __getitem__(self, key: tuple[str, str]) -> float:
         a, b = key
@@ -233,10 +236,15 @@ def _group_key(f: NodeFacts, free: int, shared_domain: bool) -> tuple[object, ..
             f.pods, f.nvlink_domain if shared_domain else None)
 
 
+def _fit_key(t: Task) -> tuple[object, ...]:
+    """Everything the filter reads of a task (its pod) except its name and inputs."""
+    return (t.stage, t.model_params, t.precision, t.gpus, t.cpu, t.memory,
+            tuple(sorted(t.annotations.items())))
+
+
 def _task_key(t: Task) -> tuple[object, ...]:
     """Everything the filter and the estimate read of a task except its name and inputs."""
-    return (t.stage, t.model_params, t.precision, t.gpus, t.cpu, t.memory, t.duration, t.tokens,
-            tuple(sorted(t.durations.items())), tuple(sorted(t.annotations.items())))
+    return (*_fit_key(t), t.duration, t.tokens, tuple(sorted(t.durations.items())))
 
 
 def build_problem(
@@ -280,6 +288,8 @@ def build_problem(
     specs: dict[str, WorkloadSpec] = {}
     # One verdict per (kind of task, group): a row each, shared by every task of that kind.
     rows: dict[tuple[object, ...], tuple[dict[str, int], dict[str, float], dict[str, str]]] = {}
+    fits: dict[tuple[object, ...], list[NodeFit | str]] = {}  # the filter's verdict per group
+    first_nodes = _first_nodes(nodes)
     for t in tasks_in:
         if deadline is not None and time.perf_counter() > deadline:
             raise OutOfTime(f"the time limit ran out while building the problem (at task {t.name} of "
@@ -292,7 +302,11 @@ def build_problem(
         pods[t.name], specs[t.name] = pod, spec
         key = _task_key(t)
         if key not in rows:
-            rows[key] = _row(t, spec, reps, nodes_of=_first_nodes(nodes), catalog=catalog, feas=feas)
+            fk = _fit_key(t)
+            if fk not in fits:
+                fits[fk] = [_fit(spec, group[0], first_nodes[g][0].gpus, feas)
+                            for g, group in enumerate(reps)]
+            rows[key] = _row(t, spec, reps, fits[fk], nodes_of=first_nodes, catalog=catalog, feas=feas)
         duration[t.name], cost[t.name], excluded[t.name] = rows[key]
         if not duration[t.name]:
             reasons = sorted(set(excluded[t.name].values()))
@@ -312,9 +326,23 @@ def _first_nodes(nodes: list[PlanNode]) -> dict[int, list[PlanNode]]:
     return out
 
 
+def _fit(spec: WorkloadSpec, f: NodeFacts, free_gpus: int, feas: Any) -> NodeFit | str:
+    """The filter's verdict on an idle node, or why not (also CPU and host memory, which
+    kube-scheduler's own resource fit checks)."""
+    verdict = evaluate(spec, f, NodeUsage(), free_gpus, feas)
+    if isinstance(verdict, Rejection):
+        return verdict.message
+    if spec.cpu_millis > f.cpu_millis:
+        return "not enough CPU"
+    if f.memory_bytes > 0 and spec.memory_bytes > f.memory_bytes:
+        return "not enough host memory"
+    assert isinstance(verdict, NodeFit)
+    return verdict
+
+
 def _row(
-    t: Task, spec: WorkloadSpec, reps: list[list[NodeFacts]], *, nodes_of: dict[int, list[PlanNode]],
-    catalog: GpuCatalog, feas: Any,
+    t: Task, spec: WorkloadSpec, reps: list[list[NodeFacts]], fits: list[NodeFit | str], *,
+    nodes_of: dict[int, list[PlanNode]], catalog: GpuCatalog, feas: Any,
 ) -> tuple[dict[str, int], dict[str, float], dict[str, str]]:
     """Durations, costs and refusals of one kind of task over every group (judged on its first node)."""
     by_type = catalog_of(t.name, t.durations, catalog)
@@ -322,17 +350,12 @@ def _row(
     cost: dict[str, float] = {}
     excluded: dict[str, str] = {}
     for g, group in enumerate(reps):
-        f, pn = group[0], nodes_of[g][0]
-        verdict = evaluate(spec, f, NodeUsage(), pn.gpus, feas)
-        reason = None
-        if isinstance(verdict, Rejection):
-            reason = verdict.message
-        elif spec.cpu_millis > f.cpu_millis:
-            reason = "not enough CPU"
-        elif f.memory_bytes > 0 and spec.memory_bytes > f.memory_bytes:
-            reason = "not enough host memory"
+        f, verdict = group[0], fits[g]
         measured = None
-        if reason is None:
+        if isinstance(verdict, str):
+            reason: str | None = verdict
+        else:
+            reason = None
             measured = _measured(t.durations, f, by_type)
             if t.durations and measured is None and t.duration is None and t.tokens is None:
                 reason = "no measured duration for this node type"
@@ -347,10 +370,9 @@ def _row(
                 default_concurrency=feas.default_concurrency)
         except EstimateError as exc:
             raise ProblemError(str(exc)) from None
-        dollars = verdict.pod_hourly_cost * secs / 3600.0
-        for n in nodes_of[g]:
-            duration[n.name] = secs
-            cost[n.name] = dollars
+        names = [n.name for n in nodes_of[g]]
+        duration.update(dict.fromkeys(names, secs))
+        cost.update(dict.fromkeys(names, verdict.pod_hourly_cost * secs / 3600.0))
     return duration, cost, excluded
 
 

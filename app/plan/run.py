@@ -191,13 +191,17 @@ def plan_workflow(
     wf: Workflow, nodes: Sequence[dict[str, Any]], settings: Settings, *, catalog: GpuCatalog | None = None,
     time_limit: float = 10.0, secondary: Secondary = "cost", used_gpus: dict[str, int] | None = None,
     workers: int = 2, bandwidth: TierBandwidth | None = None, started: float | None = None,
+    cluster_size: int | None = None,
 ) -> PlanRun:
     """``started``: when the clock of ``time_limit`` started (``time.perf_counter()``; default now):
-    the command passes its own start, so reading the files counts too."""
+    the command passes its own start, so reading the files counts too. ``cluster_size``: the
+    cluster's node count where ``nodes`` is a sample of it (ClusterFile.sample)."""
     started = time.perf_counter() if started is None else started
     catalog = catalog or GpuCatalog.load()
     facts = node_facts_of(nodes, settings, catalog)
     problem = build_problem(wf, facts, settings, used_gpus, catalog=catalog, bandwidth=bandwidth,
                             deadline=started + 0.6 * time_limit)
+    if cluster_size is not None:
+        problem.cluster_nodes = cluster_size
     return plan_problem(problem, settings, time_limit=time_limit, secondary=secondary, workers=workers,
                         started=started)
