@@ -11,26 +11,25 @@ import typer
 from rich.console import Console
 
 from app.config import Settings
+from app.plan.cluster import ClusterFile
 from app.plan.cpsat import Secondary
 from app.plan.estimate import EstimateError
 from app.plan.files import fail_line
 from app.plan.problem import ProblemError
-from app.plan.workflow import WorkflowError, load_workflow
+from app.plan.workflow import Workflow
 
 SECONDARIES = ("cost", "transfer", "none")
 
 
 def run_plan_command(
-    console: Console, settings: Settings, *, workflow: Path | None, cluster: Path | None, live: bool,
+    console: Console, settings: Settings, *, workflow: Workflow, cluster: ClusterFile | None, live: bool,
     kubeconfig: str | None, time_limit: float, secondary: str, gantt: Path | None,
-    annotations: Path | None, as_json: bool, started: float | None = None, workflow_data: Any = None,
-    cluster_data: Any = None,
+    annotations: Path | None, as_json: bool, started: float | None = None,
 ) -> None:
-    """``started``: the ``time.perf_counter()`` the time limit counts from (default: now);
-    ``*_data``: the files as already read (app/plan/files.py), so each is read once."""
+    """``workflow`` and ``cluster`` as read and checked (load_workflow, load_cluster; the cluster is
+    None with ``live``); ``started``: the ``time.perf_counter()`` the time limit counts from."""
     import time
 
-    from app.plan.cluster import ClusterFileError, load_cluster
     from app.plan.manifest import planned_pods, to_yaml
     from app.plan.report import as_json as report_json
     from app.plan.report import render
@@ -44,12 +43,7 @@ def run_plan_command(
 
     if secondary not in SECONDARIES:
         raise fail(f"--secondary must be one of {', '.join(SECONDARIES)}")
-    if live and cluster is not None:
-        raise fail("give --cluster or --live, not both")
-    try:
-        wf = load_workflow(workflow, workflow_data)
-    except WorkflowError as exc:
-        raise fail(str(exc)) from None
+    wf = workflow
     used: dict[str, int] | None = None
     bandwidth = None
     cluster_size: int | None = None
@@ -60,12 +54,11 @@ def run_plan_command(
             kc = kubeconfig or os.environ.get("KUBECONFIG") or _default_kubeconfig()
             nodes, used = live_nodes(kc, tuple(settings.labels.gpu_resource))
         else:
-            cf = load_cluster(cluster, cluster_data)
-            nodes, cluster_size = cf.sample(sum(t.count for t in wf.tasks)), cf.size
-            if cf.bandwidth is not None:
-                bandwidth = cf.bandwidth.over(settings.tier_bandwidth_gbps)
-    except ClusterFileError as exc:
-        raise fail(str(exc)) from None
+            if cluster is None:
+                raise ValueError("no cluster file was read")
+            nodes, cluster_size = cluster.sample(sum(t.count for t in wf.tasks)), cluster.size
+            if cluster.bandwidth is not None:
+                bandwidth = cluster.bandwidth.over(settings.tier_bandwidth_gbps)
     except (OSError, ValueError) as exc:
         raise fail(f"cannot read the cluster: {exc}") from None
     try:

@@ -61,7 +61,7 @@ def colocations(problem: PlanProblem, schedule: Schedule) -> list[str]:
             lag, m = min(others)
             alt = (f" instead of {lag} s on the nearest other node it may run on ({m}, "
                    f"{problem.distance.get((node, m), 'remote')})")
-        out.append(f"{v} runs on {node}, where {u} wrote its {problem.task[u].output_gb:g} GB: "
+        out.append(f"{v} runs on {node}, where {u} wrote the {problem.edge_gb(u, v):g} GB it reads: "
                    f"read locally in {here} s{alt}")
     return out
 

@@ -77,6 +77,8 @@ def render(run: PlanRun, console: Console) -> None:
         cmp.add_row(m, hms(x.makespan_s), ratio, f"{x.cross_node_gb:g}", f"{x.cost_usd:.2f}",
                     f"{x.gpu_hours:.1f}", "yes" if not run.problems[m] else "[red]no[/red]")
     console.print(cmp)
+    if run.skipped:
+        console.print(f"not run, to leave the solver its time: {', '.join(run.skipped)}")
     console.print("[bold]critical path[/bold] (what the finish time waits for):")
     for line in critical_path(p, run.plan):
         console.print(f"  {line}")
