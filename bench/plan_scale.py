@@ -105,7 +105,8 @@ def workflow_file(tasks: int, seed: int) -> dict[str, Any]:
         gpus = rng.choice((0, 1, 2, 4, 8))
         base = rng.randint(60, 1800)
         if gpus:
-            durations = {CATALOG_NAME[p]: f"{max(1, round(base / sp))}s" for p, g, _, sp in TYPES if g >= gpus}
+            durations = {CATALOG_NAME[p]: f"{max(1, round(base / sp))}s"
+                         for p, g, _, sp in TYPES if g >= gpus}
             t: dict[str, Any] = {"name": f"t{i}", "stage": "sft", "gpus": gpus, "memory": "64Gi",
                                  "durations": durations}
         else:
@@ -118,22 +119,21 @@ def workflow_file(tasks: int, seed: int) -> dict[str, Any]:
 
 
 def run_cli(wf: Path, cluster: Path, time_limit: float) -> tuple[float, float, dict[str, Any] | str]:
-    """(wall seconds, peak RSS MB, the JSON report or the error) of one ``plan`` in a fresh process."""
-    cmd = [sys.executable, "-c", "import resource, subprocess, sys; "
-           "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
-           "sys.stdout.write(p.stdout); sys.stderr.write(p.stderr); "
-           "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
-           "sys.exit(p.returncode)",
-           sys.executable, "-m", "app.cli", "plan", str(wf), "--cluster", str(cluster),
-           "--time-limit", f"{time_limit:g}", "--secondary", "none", "--json"]
-    t0 = time.perf_counter()
+    """(wall seconds, peak RSS MB, the JSON report or the error) of one ``plan`` in a fresh process,
+    both measured by a wrapper around that process alone."""
+    wrap = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+            "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); w = time.perf_counter() - t; "
+            "sys.stdout.write(p.stdout); sys.stderr.write(p.stderr); "
+            "print(w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+            "sys.exit(p.returncode)")
+    cmd = [sys.executable, "-c", wrap, sys.executable, "-m", "app.cli", "plan", str(wf), "--cluster",
+           str(cluster), "--time-limit", f"{time_limit:g}", "--secondary", "none", "--json"]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
-    wall = time.perf_counter() - t0
     lines = p.stderr.strip().splitlines()
-    rss = int(lines[-1]) / 1024 if lines else 0.0
+    wall, rss = lines[-1].split()
     if p.returncode != 0:
-        return wall, rss, " ".join(lines[:-1])[:300]
-    return wall, rss, json.loads(p.stdout)
+        return float(wall), int(rss) / 1024, " ".join(lines[:-1])[:300]
+    return float(wall), int(rss) / 1024, json.loads(p.stdout)
 
 
 CLI_ROWS = [(200, 256, 10.0), (500, 256, 10.0), (2000, 1000, 30.0), (100, 20_000, 10.0)]
@@ -162,8 +162,8 @@ def cli_table(time_limit: float | None, seed: int) -> None:
             s, cmp_ = rep["solver"], rep["compare"]
             h = cmp_["heft"]["makespan_s"]
             span = max(x["end_s"] for x in rep["plan"])
-            table.add_row(f"{tasks} x {nodes}", f"{limit:g}", f"{wall:.1f}", f"{wall / limit:.2f}", f"{rss:.0f}",
-                          f"{h:,}", f"{span:,}", f"{span / h:.3f}", f"{s['bound_s']:,}",
+            table.add_row(f"{tasks} x {nodes}", f"{limit:g}", f"{wall:.1f}", f"{wall / limit:.2f}",
+                          f"{rss:.0f}", f"{h:,}", f"{span:,}", f"{span / h:.3f}", f"{s['bound_s']:,}",
                           f"{s['gap']:.1%}", "yes" if s["proven_optimal"] else "no", s["plan_from"])
     console.print(table)
 
