@@ -39,10 +39,17 @@ class PairCosts:
 
     def __init__(self, problem: PlanProblem) -> None:
         self.p = problem
-        self._counts: dict[tuple[int, int], Counter[float]] = {}
+        self._counts: dict[tuple[frozenset[str], frozenset[str]], Counter[float]] = {}
+        self._sets: dict[int, frozenset[str]] = {}
         self._rows: dict[int, object] = {}  # keeps each row alive while its id() is a key
         self._whole: dict[int, tuple[tuple[int, int], ...] | None] = {}
         self._by_groups: dict[tuple[object, object], Counter[float]] = {}
+
+    def _nodes(self, row: dict[str, int]) -> frozenset[str]:
+        if id(row) not in self._sets:
+            self._rows[id(row)] = row
+            self._sets[id(row)] = frozenset(row)
+        return self._sets[id(row)]
 
     def _groups(self, row: dict[str, int]) -> tuple[tuple[int, int], ...] | None:
         """(group, nodes) of a row made of whole groups, as build_problem makes them; else None."""
@@ -87,10 +94,9 @@ class PairCosts:
         if gb <= 0:
             return 0.0
         a, b = p.duration[producer], p.duration[consumer]
-        key = (id(a), id(b))
+        key = (self._nodes(a), self._nodes(b))  # rows with the same nodes pair alike
         counts = self._counts.get(key)
         if counts is None:
-            self._rows[id(a)], self._rows[id(b)] = a, b
             counts = self._counts[key] = self._pairs(a, b)
         total = sum(counts.values())
         if not total:
