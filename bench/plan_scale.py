@@ -8,6 +8,7 @@ cheap inside a node, dearer inside a leaf, dearest across. Each row also checks 
     python bench/plan_scale.py            # the table in BENCHMARKS.md
     python bench/plan_scale.py --quick    # three small rows
     python bench/plan_scale.py --cli      # `llm-placement plan` on generated files: wall, peak RSS
+    python bench/plan_scale.py --refusals # files it refuses: exit status, wall, peak RSS
 
 ``--cli`` writes each instance as a workflow file and a cluster file (``groups`` of eight nodes of one
 GPU type per fabric leaf; durations measured per node type) and runs the command as a user would, in
@@ -168,10 +169,45 @@ def cli_table(time_limit: float | None, seed: int) -> None:
     console.print(table)
 
 
+GROUP = "{prefix: h100, count: 2, gpus: 8, product: NVIDIA-H100-80GB-HBM3}"
+REFUSALS = {  # what, (which file, its text)
+    "`gpu: 8` for `gpus: 8` in a group": ("cluster", "groups:\n  - {prefix: h100, count: 2, gpu: 8}\n"),
+    "two groups of 15,000 nodes": ("cluster", "groups:\n  - {prefix: a, count: 15000}\n"
+                                              "  - {prefix: b, count: 15000}\n"),
+    "600,000 groups (3.6 MB)": ("cluster", "groups:\n" + "- {prefix: a}\n" * 600_000),
+    "800,000 empty tasks (4.0 MB)": ("workflow", "tasks:\n" + "- {}\n" * 800_000),
+    "`gpu: 1` in a task": ("workflow", "tasks:\n  - {name: a, stage: sft, gpu: 1, duration: 1m}\n"),
+}
+
+
+def refusals_table() -> None:
+    """Each refusal's exit status, wall time and peak RSS, beside a bare start (``plan --help``)."""
+    wrap = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+            "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); w = time.perf_counter() - t; "
+            "print(p.returncode, w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    table = Table(title="files `llm-placement plan` refuses (wall includes the interpreter)")
+    for col in ("file", "exit", "wall s", "peak RSS MB"):
+        table.add_column(col, justify="right")
+    with tempfile.TemporaryDirectory() as tmp:
+        cases: list[tuple[str, list[str]]] = [("none: `plan --help` (a bare start)", ["--help"])]
+        for what, (which, text) in REFUSALS.items():
+            path = Path(tmp) / f"{len(cases)}.yaml"
+            path.write_text(text)
+            cases.append((what, [str(path)] if which == "workflow" else ["--cluster", str(path)]))
+        for what, args in cases:
+            out = subprocess.run([sys.executable, "-c", wrap, sys.executable, "-m", "app.cli", "plan", *args,
+                                  "--json"], capture_output=True, text=True).stdout.split()
+            table.add_row(what, out[0], f"{float(out[1]):.2f}", f"{int(out[2]) / 1024:.0f}")
+    console.print(table)
+
+
 def main(quick: bool = False, time_limit: float = 10.0, seed: int = 1, cli: bool = False,
-         cli_limit: float | None = None) -> None:
+         cli_limit: float | None = None, refusals: bool = False) -> None:
     if cli:
         cli_table(cli_limit, seed)
+        return
+    if refusals:
+        refusals_table()
         return
     table = Table(title=f"planner scale (time limit {time_limit:g} s, build included; seed {seed})")
     cols = ("tasks x nodes", "HEFT", "plan", "vs HEFT", "lower bound", "gap", "method", "wall s", "valid")

@@ -110,7 +110,7 @@ def plan_problem(problem: PlanProblem, settings: Settings | None, *, time_limit:
 MAX_MODEL_TERMS = 40_000
 # Terms the model build (and CP-SAT's presolve of it) handles per second on a 2-core machine, and the
 # share of the time left it may take: past that the model is narrowed further.
-TERMS_PER_SECOND = 20_000
+TERMS_PER_SECOND = 10_000
 BUILD_SHARE = 0.3
 
 
