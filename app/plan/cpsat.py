@@ -42,8 +42,15 @@ class SolveResult:
     constraints: int
 
 
+class _OutOfTime(Exception):
+    """Building the model passed its deadline."""
+
+
 class _Model:
-    def __init__(self, problem: PlanProblem) -> None:
+    def __init__(self, problem: PlanProblem, deadline: float | None = None) -> None:
+        def check() -> None:
+            if deadline is not None and time.perf_counter() > deadline:
+                raise _OutOfTime
         p = problem
         self.p = p
         m = self.m = cp_model.CpModel()
@@ -57,6 +64,7 @@ class _Model:
         self.iv: dict[tuple[str, str], cp_model.IntervalVar] = {}
         self.alt: dict[tuple[str, str], tuple[cp_model.IntVar, cp_model.IntVar]] = {}
         for t in p.tasks:
+            check()
             for n, d in p.duration[t.name].items():
                 x = self.x[(t.name, n)] = m.new_bool_var(f"x[{t.name},{n}]")
                 # Each alternative has its own start and end, tied to the task's when chosen: with
@@ -92,6 +100,7 @@ class _Model:
                 for tr in train:
                     m.add_no_overlap([self.iv[(s.name, node.name)], self.iv[(tr.name, node.name)]])
         for u, v in p.edges():
+            check()
             targets = p.duration[v]
             for a in p.duration[u]:
                 lags = {b: p.transfer(u, a, b, v) for b in targets}
@@ -161,7 +170,11 @@ def solve(
     if time_limit * share - (time.perf_counter() - t0) < 0.1:
         return SolveResult(None, "timeout (no time left for the model)", None, 0, None, secondary,
                            "skipped", time.perf_counter() - t0, 0, 0)
-    model = _Model(problem)
+    try:
+        model = _Model(problem, deadline=t0 + time_limit * share - 0.1)
+    except _OutOfTime:
+        return SolveResult(None, "timeout (building the model took the budget)", None, 0, None, secondary,
+                           "skipped", time.perf_counter() - t0, 0, 0)
     proto = model.m.proto
     size = (len(proto.variables), len(proto.constraints))
     first_phase = time_limit * share - (time.perf_counter() - t0)
