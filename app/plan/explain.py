@@ -95,8 +95,12 @@ def parallelism(schedule: Schedule) -> list[str]:
     for a in names:
         if a in used:
             continue
-        group = [b for b in names if b not in used and slots[b].start < slots[a].end
-                 and slots[a].start < slots[b].end]
+        group = []
+        for b in names:  # by start: past a's end no later task overlaps it
+            if slots[b].start >= slots[a].end:
+                break
+            if b not in used and slots[a].start < slots[b].end:
+                group.append(b)
         if len(group) > 1:
             used.update(group)
             nodes = sorted({slots[g].node for g in group})
