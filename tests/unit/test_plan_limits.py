@@ -13,13 +13,17 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.distance import HopLadder
 from app.plan import run as run_mod
 from app.plan.cluster import ClusterFileError, load_cluster
-from app.plan.problem import Links, build_problem, node_facts_of
+from app.plan.cpop import cpop
+from app.plan.heft import heft
+from app.plan.problem import OTHER, Links, PlanNode, PlanProblem, PlanTask, build_problem, node_facts_of
 from app.plan.report import as_json, proof_line
 from app.plan.run import plan_problem
 from app.plan.schedule import verify
@@ -195,3 +199,46 @@ def test_cluster_groups_validate_and_keep_their_fields() -> None:
     assert cf.bandwidth is not None and cf.bandwidth.same_node == float("inf")
     with pytest.raises(ClusterFileError, match="is not a field"):
         load_cluster(None, {"groups": [{**GROUP, "gpus_per_node": 8}]})
+
+
+# --- node groups change nothing but the work ---------------------------------------------------------
+
+@st.composite
+def grouped(draw: st.DrawFn) -> tuple[PlanProblem, PlanProblem]:
+    """The same problem twice: its nodes in groups of identical nodes (Links), and as plain nodes."""
+    sizes = draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
+    gpus = [draw(st.integers(1, 4)) for _ in sizes]
+    names = [[f"g{g}-{i}" for i in range(k)] for g, k in enumerate(sizes)]
+    local = [draw(st.sampled_from([0.0, 0.1])) for _ in sizes]
+    between = [[draw(st.sampled_from([0.5, 1.0, 2.0])) for _ in sizes] for _ in sizes]
+    between = [[between[min(g, h)][max(g, h)] for h in range(len(sizes))] for g in range(len(sizes))]
+    tasks: list[PlanTask] = []
+    duration: dict[str, dict[str, int]] = {}
+    for i in range(draw(st.integers(2, 7))):
+        need = draw(st.integers(0, 2))
+        ok = [g for g in range(len(sizes)) if gpus[g] >= need and draw(st.booleans())] or [gpus.index(max(gpus))]
+        need = min(need, max(gpus[g] for g in ok))
+        row = {g: draw(st.integers(1, 20)) for g in ok}
+        duration[f"t{i}"] = {n: row[g] for g in ok for n in names[g] if gpus[g] >= need}
+        deps = tuple(f"t{j}" for j in range(i) if draw(st.booleans()))
+        tasks.append(PlanTask(f"t{i}", "x", need, 1000, deps, float(draw(st.integers(0, 9))), OTHER))
+    cost = {t: {n: float(d) for n, d in row.items()} for t, row in duration.items()}
+    group_of = {n: g for g, ns in enumerate(names) for n in ns}
+    links = Links(group_of, local, between, [["x"] * len(sizes) for _ in sizes])
+    with_groups = [PlanNode(n, gpus[g], 4000, group=g) for g, ns in enumerate(names) for n in ns]
+    plain = [PlanNode(n.name, n.gpus, n.cpu_millis) for n in with_groups]
+    table = {(a, b): links[(a, b)] for a in group_of for b in group_of}
+    return (PlanProblem(tasks, with_groups, duration, cost, links),
+            PlanProblem(tasks, plain, duration, cost, table))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grouped())
+def test_heft_and_cpop_give_the_same_schedule_with_and_without_node_groups(
+    pair: tuple[PlanProblem, PlanProblem],
+) -> None:
+    """One idle node tried per group, candidates cut at the best finish found, mean transfers counted
+    per pair of groups: the same schedules, node for node, as trying every node."""
+    fast, slow = pair
+    assert heft(fast).slots == heft(slow).slots
+    assert cpop(fast).slots == cpop(slow).slots
