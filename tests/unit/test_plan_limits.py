@@ -185,10 +185,27 @@ def test_refused_in_one_line_on_stderr_within_2_s_and_200_mb(
     assert out == ""  # nothing on stdout, also with --json
     lines = err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], err  # one line, however narrow the terminal
-    # Refused before the solver is imported: the file costs under a second beyond a bare start
-    # (about 1 s unloaded: 2 s in all; BENCHMARKS.md section 8).
-    assert wall - bare_start < 1.0, (wall, bare_start)
+    # About a bare start (1 s unloaded, so 2 s in all; BENCHMARKS.md section 8). The machine is
+    # shared, so the bound scales with this run's bare start; what makes it hold is checked exactly
+    # below (no solver import before a refusal).
+    assert wall < 1.5 * bare_start + 0.5, (wall, bare_start)
     assert rss < 200, rss
+
+
+def test_refusals_come_before_the_solver_is_imported(tmp_path: Path) -> None:
+    paths = []
+    for case, (which, content, _) in sorted(REFUSED.items()):
+        path = _write(tmp_path, f"{case}.yaml", content)
+        paths.append([str(path)] if which == "workflow" else ["--cluster", str(path)])
+    probe = ("import json, sys; from typer.testing import CliRunner; from app.cli import cli; "
+             "codes = [CliRunner().invoke(cli, ['plan', *a, '--json']).exit_code for a in json.loads(sys.argv[1])]; "
+             "print(json.dumps([codes, sorted(m for m in sys.modules if m.split('.')[0] == 'ortools' "
+             "or m in ('app.plan.cpsat', 'app.plan.run', 'app.plan.problem'))]))")
+    p = subprocess.run([sys.executable, "-c", probe, json.dumps(paths)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    codes, imported = json.loads(p.stdout)
+    assert codes == [2] * len(REFUSED)
+    assert imported == []
 
 
 def test_cluster_groups_validate_and_keep_their_fields() -> None:
