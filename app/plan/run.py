@@ -44,7 +44,7 @@ class PlanRun:
 
 # What the report costs to write, kept back from the time limit (docs/planner.md, "Time limit").
 REPORT_RESERVE_S = 0.3
-REPORT_RESERVE_SHARE = 0.04
+REPORT_RESERVE_SHARE = 0.06
 
 
 def plan_problem(problem: PlanProblem, settings: Settings | None, *, time_limit: float = 10.0,

