@@ -201,9 +201,11 @@ def plan_workflow(
     cluster's node count where ``nodes`` is a sample of it (ClusterFile.sample)."""
     started = time.perf_counter() if started is None else started
     catalog = catalog or GpuCatalog.load()
+    # Past twice the limit before the problem is even built there is no plan worth the wait: stop
+    # and say so. Short of that, HEFT's plan comes late rather than not at all.
     facts = node_facts_of(nodes, settings, catalog)
     problem = build_problem(wf, facts, settings, used_gpus, catalog=catalog, bandwidth=bandwidth,
-                            deadline=started + time_limit)
+                            deadline=started + 2 * time_limit)
     if cluster_size is not None:
         problem.cluster_nodes = cluster_size
     return plan_problem(problem, settings, time_limit=time_limit, secondary=secondary, workers=workers,
