@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from statistics import fmean
 
-from app.plan.heft import PairCosts, place, upward_ranks
+from app.plan.heft import PairCosts, candidates, place, upward_ranks
 from app.plan.problem import PlanProblem
 from app.plan.schedule import Schedule, Slot
 
@@ -56,7 +56,8 @@ def cpop(problem: PlanProblem) -> Schedule:
     heapq.heapify(ready)
     while ready:
         _, _, name = heapq.heappop(ready)
-        nodes = [cp_node] if name in on_path and cp_node is not None else list(problem.duration[name])
+        nodes = [cp_node] if name in on_path and cp_node is not None else candidates(
+            problem, on_node, problem.duration[name])
         place(problem, slots, on_node, name, nodes)
         for s in problem.succ[name]:
             waiting[s] -= 1

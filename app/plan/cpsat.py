@@ -20,7 +20,7 @@ from typing import Literal
 
 from ortools.sat.python import cp_model
 
-from app.plan.problem import SERVE, TRAIN, PlanProblem
+from app.plan.problem import SERVE, TRAIN, PlanProblem, PlanTask
 from app.plan.schedule import Schedule, Slot
 
 Secondary = Literal["cost", "transfer", "none"]
@@ -42,8 +42,15 @@ class SolveResult:
     constraints: int
 
 
+class _OutOfTime(Exception):
+    """Building the model passed its deadline."""
+
+
 class _Model:
-    def __init__(self, problem: PlanProblem) -> None:
+    def __init__(self, problem: PlanProblem, deadline: float | None = None) -> None:
+        def check() -> None:
+            if deadline is not None and time.perf_counter() > deadline:
+                raise _OutOfTime
         p = problem
         self.p = p
         m = self.m = cp_model.CpModel()
@@ -57,6 +64,7 @@ class _Model:
         self.iv: dict[tuple[str, str], cp_model.IntervalVar] = {}
         self.alt: dict[tuple[str, str], tuple[cp_model.IntVar, cp_model.IntVar]] = {}
         for t in p.tasks:
+            check()
             for n, d in p.duration[t.name].items():
                 x = self.x[(t.name, n)] = m.new_bool_var(f"x[{t.name},{n}]")
                 # Each alternative has its own start and end, tied to the task's when chosen: with
@@ -70,8 +78,14 @@ class _Model:
                 m.add(self.end[t.name] == e_alt).only_enforce_if(x)
             m.add_exactly_one(self.x[(t.name, n)] for n in p.duration[t.name])
             m.add(self.end[t.name] >= self.start[t.name] + min(p.duration[t.name].values()))
+        on: dict[str, list[PlanTask]] = {n.name: [] for n in p.nodes}
+        for t in p.tasks:
+            for n in p.duration[t.name]:
+                on[n].append(t)
         for node in p.nodes:
-            here = [t for t in p.tasks if node.name in p.duration[t.name]]
+            here = on[node.name]
+            if not here:
+                continue
             resources = [(lambda t: t.gpus, node.gpus), (lambda t: t.cpu_millis, node.cpu_millis)]
             if node.memory_mib:
                 resources.append((lambda t: t.memory_mib, node.memory_mib))
@@ -86,6 +100,7 @@ class _Model:
                 for tr in train:
                     m.add_no_overlap([self.iv[(s.name, node.name)], self.iv[(tr.name, node.name)]])
         for u, v in p.edges():
+            check()
             targets = p.duration[v]
             for a in p.duration[u]:
                 lags = {b: p.transfer(u, a, b, v) for b in targets}
@@ -151,10 +166,18 @@ def solve(
     now) so building the model is inside the budget: 70% up to the end of the makespan phase, the
     rest and whatever it left over for the secondary objective."""
     t0 = time.perf_counter() if started is None else started
-    model = _Model(problem)
+    share = 0.7 if secondary != "none" else 1.0
+    if time_limit * share - (time.perf_counter() - t0) < 0.1:
+        return SolveResult(None, "timeout (no time left for the model)", None, 0, None, secondary,
+                           "skipped", time.perf_counter() - t0, 0, 0)
+    try:
+        model = _Model(problem, deadline=t0 + time_limit * share - 0.1)
+    except _OutOfTime:
+        return SolveResult(None, "timeout (building the model took the budget)", None, 0, None, secondary,
+                           "skipped", time.perf_counter() - t0, 0, 0)
     proto = model.m.proto
     size = (len(proto.variables), len(proto.constraints))
-    first_phase = time_limit * (0.7 if secondary != "none" else 1.0) - (time.perf_counter() - t0)
+    first_phase = time_limit * share - (time.perf_counter() - t0)
     if first_phase < 0.05:
         return SolveResult(None, "timeout (building the model took the budget)", None, 0, None, secondary,
                            "skipped", time.perf_counter() - t0, *size)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.plan.problem import PlanProblem
+from app.plan.problem import Links, PlanProblem
 from app.plan.schedule import Schedule
 
 
@@ -49,20 +49,41 @@ def colocations(problem: PlanProblem, schedule: Schedule) -> list[str]:
     """Each producer/consumer pair on one node, with what reading the data elsewhere would cost."""
     out: list[str] = []
     slots = schedule.slots
+    cache: dict[tuple[str, int], list[str]] = {}
     for u, v in problem.edges():
         node = slots[u].node
         if slots[v].node != node or problem.edge_gb(u, v) <= 0:
             continue
         here = problem.transfer(u, node, node, v)
-        others = [(problem.transfer(u, node, m, v), m) for m in problem.duration[v] if m != node]
+        others = [(problem.transfer(u, node, m, v), m) for m in _nearest(problem, node, v, cache)]
         alt = ""
         if others:
             lag, m = min(others)
             alt = (f" instead of {lag} s on the nearest other node it may run on ({m}, "
                    f"{problem.distance.get((node, m), 'remote')})")
-        out.append(f"{v} runs on {node}, where {u} wrote its {problem.task[u].output_gb:g} GB: "
+        out.append(f"{v} runs on {node}, where {u} wrote the {problem.edge_gb(u, v):g} GB it reads: "
                    f"read locally in {here} s{alt}")
     return out
+
+
+def _nearest(problem: PlanProblem, node: str, consumer: str, cache: dict[tuple[str, int], list[str]]
+             ) -> list[str]:
+    """The nodes other than ``node`` that ``consumer`` may run on, one per group (Links: a group's
+    nodes are equally far from ``node``; the first by name stands for it)."""
+    row = problem.duration[consumer]
+    key = (node, id(row))
+    if key not in cache:
+        links = problem.s_per_gb
+        if isinstance(links, Links):
+            first: dict[int, str] = {}
+            for m in row:
+                g = links.group_of[m]
+                if m != node and (g not in first or m < first[g]):
+                    first[g] = m
+            cache[key] = list(first.values())
+        else:
+            cache[key] = [m for m in row if m != node]
+    return cache[key]
 
 
 def parallelism(schedule: Schedule) -> list[str]:
@@ -74,8 +95,12 @@ def parallelism(schedule: Schedule) -> list[str]:
     for a in names:
         if a in used:
             continue
-        group = [b for b in names if b not in used and slots[b].start < slots[a].end
-                 and slots[a].start < slots[b].end]
+        group = []
+        for b in names:  # by start: past a's end no later task overlaps it
+            if slots[b].start >= slots[a].end:
+                break
+            if b not in used and slots[a].start < slots[b].end:
+                group.append(b)
         if len(group) > 1:
             used.update(group)
             nodes = sorted({slots[g].node for g in group})

@@ -19,7 +19,9 @@ def gantt(problem: PlanProblem, schedules: Sequence[Schedule], path: str | Path)
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(len(schedules), 1, figsize=(12, 1.2 + 0.45 * len(problem.nodes)),
+    # Rows are the nodes a schedule uses, not the cluster's (20,000 nodes would be a 9,000-inch chart).
+    used = max((len({s.node for s in sched.slots.values()}) for sched in schedules), default=1)
+    fig, axes = plt.subplots(len(schedules), 1, figsize=(12, 1.2 + 0.45 * min(used, 200)),
                              squeeze=False, sharex=True)
     for ax, sched in zip(axes[:, 0], schedules, strict=True):
         rows = sorted({s.node for s in sched.slots.values()})

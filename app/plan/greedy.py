@@ -10,6 +10,8 @@ among equal best nodes the first by name is taken.
 
 from __future__ import annotations
 
+import time
+
 from app.core.gravity import GravityModel
 from app.core.placer import Placer
 from app.core.policy import PolicySource
@@ -22,7 +24,8 @@ class GreedyError(ValueError):
     """The problem was not built from a workflow (no pods to place)."""
 
 
-def greedy_extender(problem: PlanProblem, settings: PolicySource) -> Schedule:
+def greedy_extender(problem: PlanProblem, settings: PolicySource, deadline: float | None = None) -> Schedule:
+    """``deadline``: a ``time.perf_counter()`` past which the replay gives up (GreedyError)."""
     if not problem.pods or not problem.facts:
         raise GreedyError("the extender baseline needs a problem built from a workflow and nodes")
     policies = settings.policies()
@@ -47,6 +50,8 @@ def greedy_extender(problem: PlanProblem, settings: PolicySource) -> Schedule:
         if not t.deps:
             released[t.name] = 0
     while len(done) < len(problem.tasks):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise GreedyError("the extender baseline ran out of time")
         waiting = sorted((n for n in released if n not in slots), key=lambda n: (released[n], order[n]))
         for name in waiting:
             spec = problem.specs[name]

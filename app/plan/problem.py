@@ -6,22 +6,29 @@ task is only planned where the extender would let its pod in (docs/stage-policy.
 ``output GB x seconds per GB`` at the distance the data-gravity ladder gives for the two nodes
 (``GravityModel.distance`` / ``seconds_per_gb``, docs/data-gravity.md): the same cost model the
 extender's gravity term ranks by, including the local read on the same node.
+
+Identical nodes are one group (docs/planner.md, "Size"): nodes whose facts differ only by name are
+interchangeable for every planner (same verdicts, durations, costs, and the same distance to every
+other node), so the filter and the estimate run once per (task, group), the distances are a table per
+pair of groups, and a group contributes at most as many nodes as there are tasks: a plan never needs
+more. Identical tasks (a sweep's members, or tasks written alike) share one row of durations.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.catalog import GpuCatalog
+from app.core.distance import HopLadder
 from app.core.feasibility import NodeFit, evaluate
-from app.core.gravity import GravityModel
 from app.core.nodes import NodeFacts, facts_for
-from app.core.policy import PolicySource
+from app.core.policy import PolicySource, TierBandwidth
 from app.core.reasons import Rejection
-from app.core.snapshot import ClusterSnapshot, NodeUsage
+from app.core.snapshot import NodeUsage
 from app.core.workload import (
     TRAINING_STAGES,
     LatencyClass,
@@ -40,6 +47,55 @@ TRAIN, SERVE, OTHER = "train", "serve", "other"
 
 class ProblemError(ValueError):
     """The workflow cannot be planned on this cluster; the message says which task and why."""
+
+
+class OutOfTime(ProblemError):
+    """The time limit ran out before the problem was built: there is nothing to plan with."""
+
+
+class Links(Mapping[tuple[str, str], float]):
+    """Seconds per GB between two nodes, from a table per pair of node groups: ``local[g]`` on one
+    node of group ``g``, ``between[g][h]`` between two distinct nodes of groups ``g`` and ``h``.
+    A 20,000-node cluster of a dozen shapes is a 12 x 12 table, not 400 million pairs."""
+
+    def __init__(self, group_of: dict[str, int], local: list[float], between: list[list[float]],
+                 labels: list[list[str]]) -> None:
+        self.group_of, self.local, self.between, self.labels = group_of, local, between, labels
+        self.size = [0] * len(local)  # nodes per group
+        for g in group_of.values():
+            self.size[g] += 1
+
+    def __getitem__(self, key: tuple[str, str]) -> float:
+        a, b = key
+        ga, gb = self.group_of[a], self.group_of[b]
+        return self.local[ga] if a == b else self.between[ga][gb]
+
+    def label(self, a: str, b: str) -> str:
+        return "node" if a == b else self.labels[self.group_of[a]][self.group_of[b]]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return ((a, b) for a in self.group_of for b in self.group_of)
+
+    def __len__(self) -> int:
+        return len(self.group_of) ** 2
+
+
+class Labels(Mapping[tuple[str, str], str]):
+    """The data-gravity ladder's name for each pair's distance, read from ``Links``."""
+
+    def __init__(self, links: Links) -> None:
+        self.links = links
+
+    def __getitem__(self, key: tuple[str, str]) -> str:
+        if key[0] not in self.links.group_of or key[1] not in self.links.group_of:
+            raise KeyError(key)
+        return self.links.label(*key)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self.links)
+
+    def __len__(self) -> int:
+        return len(self.links)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +119,7 @@ class PlanNode:
     cpu_millis: int
     hardware: str = ""
     memory_mib: int = 0  # allocatable host memory; 0: not stated, not limited
+    group: int = -1  # nodes of one group are interchangeable (build_problem); -1: not grouped
 
 
 @dataclass(slots=True)
@@ -73,9 +130,10 @@ class PlanProblem:
     nodes: list[PlanNode]
     duration: dict[str, dict[str, int]]  # task -> eligible node -> whole seconds
     cost: dict[str, dict[str, float]]  # task -> eligible node -> dollars for the whole run
-    s_per_gb: dict[tuple[str, str], float]  # (from node, to node) -> seconds per GB
-    distance: dict[tuple[str, str], str] = field(default_factory=dict)  # same keys -> ladder label
-    excluded: dict[str, dict[str, str]] = field(default_factory=dict)  # task -> node -> filter reason
+    s_per_gb: Mapping[tuple[str, str], float]  # (from node, to node) -> seconds per GB
+    distance: Mapping[tuple[str, str], str] = field(default_factory=dict)  # same keys -> ladder label
+    # task -> node (the first of its group: "n-0 and 7 like it") -> the filter's reason
+    excluded: dict[str, dict[str, str]] = field(default_factory=dict)
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> pod object
     specs: dict[str, WorkloadSpec] = field(default_factory=dict)
     facts: dict[str, NodeFacts] = field(default_factory=dict)
@@ -83,6 +141,7 @@ class PlanProblem:
     namespace: str = "default"
     # (producer, consumer) -> GB that consumer reads, where it is not the producer's whole output.
     edge_data: dict[tuple[str, str], float] = field(default_factory=dict)
+    cluster_nodes: int = 0  # schedulable nodes in the cluster, before groups were cut to size
     task: dict[str, PlanTask] = field(init=False)
     node: dict[str, PlanNode] = field(init=False)
     succ: dict[str, list[str]] = field(init=False)  # producer -> consumers
@@ -168,32 +227,57 @@ def node_facts_of(
     return [f for f in out if not f.unschedulable]
 
 
+def _group_key(f: NodeFacts, free: int, shared_domain: bool) -> tuple[object, ...]:
+    """Everything a planner reads of a node except its name. A node in an NVLink domain of its own
+    is as far from every other node as its twins are; nodes sharing one are NVLINK apart, so the
+    domain is part of their key."""
+    return (f.shape, free, f.cpu_millis, f.memory_bytes, f.hourly_cost, f.fabric, f.zone, f.rdma,
+            f.pods, f.nvlink_domain if shared_domain else None)
+
+
+def _fit_key(t: Task) -> tuple[object, ...]:
+    """Everything the filter reads of a task (its pod) except its name and inputs."""
+    return (t.stage, t.model_params, t.precision, t.gpus, t.cpu, t.memory,
+            tuple(sorted(t.annotations.items())))
+
+
+def _task_key(t: Task) -> tuple[object, ...]:
+    """Everything the filter and the estimate read of a task except its name and inputs."""
+    return (*_fit_key(t), t.duration, t.tokens, tuple(sorted(t.durations.items())))
+
+
 def build_problem(
     wf: Workflow, facts: Sequence[NodeFacts], settings: PolicySource,
-    used_gpus: dict[str, int] | None = None,
+    used_gpus: dict[str, int] | None = None, *, catalog: GpuCatalog | None = None,
+    bandwidth: TierBandwidth | None = None, deadline: float | None = None,
 ) -> PlanProblem:
-    """``used_gpus``: GPUs already held on a node (a live cluster), not available to the plan."""
+    """``used_gpus``: GPUs already held on a node (a live cluster), not available to the plan.
+    ``bandwidth``: the planner's own link speeds (a cluster file's ``bandwidth_gbps``), else the
+    data-gravity settings'. ``deadline``: a ``time.perf_counter()`` past which building gives up."""
     if not facts:
         raise ProblemError("the cluster has no schedulable nodes")
+    catalog = catalog or GpuCatalog.load()
     policies = settings.policies()
     feas = policies.placement.feasibility
     gpu_resources = policies.placement.gpu_resources
-    snap = ClusterSnapshot()
-    for f in facts:
-        snap.upsert_node(f)
-    gravity = GravityModel(snap, policies.gravity)
     used = used_gpus or {}
-    nodes = [PlanNode(f.name, max(0, f.gpu_count - used.get(f.name, 0)), int(f.cpu_millis), _hardware(f),
-                      _mib(f.memory_bytes))
-             for f in facts]
-    s_per_gb: dict[tuple[str, str], float] = {}
-    distance: dict[tuple[str, str], str] = {}
-    for a in facts:
-        for b in facts:
-            d, rung = gravity.distance(a, b)
-            s_per_gb[(a.name, b.name)] = gravity.seconds_per_gb(d, rung)
-            distance[(a.name, b.name)] = d.label
     tasks_in = wf.expanded()
+    # Groups of interchangeable nodes, each cut to as many nodes as there are tasks.
+    domains: dict[str, int] = {}
+    for f in facts:
+        domains[f.nvlink_domain] = domains.get(f.nvlink_domain, 0) + 1
+    members: dict[tuple[object, ...], list[NodeFacts]] = {}
+    for f in facts:
+        free = max(0, f.gpu_count - used.get(f.name, 0))
+        group = members.setdefault(_group_key(f, free, domains[f.nvlink_domain] > 1), [])
+        if len(group) < len(tasks_in):
+            group.append(f)
+    reps = list(members.values())
+    kept = [f for group in reps for f in group]
+    nodes = [PlanNode(f.name, max(0, f.gpu_count - used.get(f.name, 0)), int(f.cpu_millis), _hardware(f),
+                      _mib(f.memory_bytes), g)
+             for g, group in enumerate(reps) for f in group]
+    links = _links(reps, settings, bandwidth)
     outputs = {t.name: t.output_gb for t in tasks_in}
     tasks: list[PlanTask] = []
     duration: dict[str, dict[str, int]] = {}
@@ -201,39 +285,28 @@ def build_problem(
     excluded: dict[str, dict[str, str]] = {}
     pods: dict[str, dict[str, Any]] = {}
     specs: dict[str, WorkloadSpec] = {}
+    # One verdict per (kind of task, group): a row each, shared by every task of that kind.
+    rows: dict[tuple[object, ...], tuple[dict[str, int], dict[str, float], dict[str, str]]] = {}
+    fits: dict[tuple[object, ...], list[NodeFit | str]] = {}  # the filter's verdict per group
+    first_nodes = _first_nodes(nodes)
     for t in tasks_in:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise OutOfTime(f"the time limit ran out while building the problem (at task {t.name} of "
+                            f"{len(tasks_in)}); give a longer --time-limit")
         pod = task_pod(t, wf, outputs)
         try:
             spec = parse_workload(pod, gpu_resources)
         except WorkloadError as exc:
             raise ProblemError(f"task {t.name}: " + "; ".join(exc.problems)) from None
         pods[t.name], specs[t.name] = pod, spec
-        duration[t.name], cost[t.name], excluded[t.name] = {}, {}, {}
-        by_type = catalog_of(t.name, t.durations)
-        for f, pn in zip(facts, nodes, strict=True):
-            verdict = evaluate(spec, f, NodeUsage(), pn.gpus, feas)
-            if isinstance(verdict, Rejection):
-                excluded[t.name][f.name] = verdict.message
-                continue
-            if spec.cpu_millis > f.cpu_millis:
-                excluded[t.name][f.name] = "not enough CPU"
-                continue
-            if f.memory_bytes > 0 and spec.memory_bytes > f.memory_bytes:
-                excluded[t.name][f.name] = "not enough host memory"
-                continue
-            assert isinstance(verdict, NodeFit)
-            measured = _measured(t.durations, f, by_type)
-            if t.durations and measured is None and t.duration is None and t.tokens is None:
-                excluded[t.name][f.name] = "no measured duration for this node type"
-                continue
-            try:
-                secs = max(1, math.ceil(measured)) if measured is not None else task_seconds(
-                    t.name, spec, verdict, f, duration=t.duration, tokens=t.tokens,
-                    default_concurrency=feas.default_concurrency)
-            except EstimateError as exc:
-                raise ProblemError(str(exc)) from None
-            duration[t.name][f.name] = secs
-            cost[t.name][f.name] = verdict.pod_hourly_cost * secs / 3600.0
+        key = _task_key(t)
+        if key not in rows:
+            fk = _fit_key(t)
+            if fk not in fits:
+                fits[fk] = [_fit(spec, group[0], first_nodes[g][0].gpus, feas)
+                            for g, group in enumerate(reps)]
+            rows[key] = _row(t, spec, reps, fits[fk], nodes_of=first_nodes, catalog=catalog, feas=feas)
+        duration[t.name], cost[t.name], excluded[t.name] = rows[key]
         if not duration[t.name]:
             reasons = sorted(set(excluded[t.name].values()))
             raise ProblemError(f"task {t.name} fits no node: " + "; ".join(reasons[:3]))
@@ -241,15 +314,93 @@ def build_problem(
                               int(spec.cpu_millis), t.after, t.output_gb, _kind(spec),
                               _mib(spec.memory_bytes)))
     edge_data = {(a, t.name): gb for t in tasks_in for a, gb in t.reads.items()}
-    return PlanProblem(tasks, nodes, duration, cost, s_per_gb, distance, excluded, pods, specs,
-                       {f.name: f for f in facts}, wf.name, wf.namespace, edge_data)
+    return PlanProblem(tasks, nodes, duration, cost, links, Labels(links), excluded, pods, specs,
+                       {f.name: f for f in kept}, wf.name, wf.namespace, edge_data, len(facts))
 
 
-def catalog_of(task: str, durations: dict[str, float]) -> dict[str, float]:
+def _first_nodes(nodes: list[PlanNode]) -> dict[int, list[PlanNode]]:
+    out: dict[int, list[PlanNode]] = {}
+    for n in nodes:
+        out.setdefault(n.group, []).append(n)
+    return out
+
+
+def _fit(spec: WorkloadSpec, f: NodeFacts, free_gpus: int, feas: Any) -> NodeFit | str:
+    """The filter's verdict on an idle node, or why not (also CPU and host memory, which
+    kube-scheduler's own resource fit checks)."""
+    verdict = evaluate(spec, f, NodeUsage(), free_gpus, feas)
+    if isinstance(verdict, Rejection):
+        return verdict.message
+    if spec.cpu_millis > f.cpu_millis:
+        return "not enough CPU"
+    if f.memory_bytes > 0 and spec.memory_bytes > f.memory_bytes:
+        return "not enough host memory"
+    assert isinstance(verdict, NodeFit)
+    return verdict
+
+
+def _row(
+    t: Task, spec: WorkloadSpec, reps: list[list[NodeFacts]], fits: list[NodeFit | str], *,
+    nodes_of: dict[int, list[PlanNode]], catalog: GpuCatalog, feas: Any,
+) -> tuple[dict[str, int], dict[str, float], dict[str, str]]:
+    """Durations, costs and refusals of one kind of task over every group (judged on its first node)."""
+    by_type = catalog_of(t.name, t.durations, catalog)
+    duration: dict[str, int] = {}
+    cost: dict[str, float] = {}
+    excluded: dict[str, str] = {}
+    for g, group in enumerate(reps):
+        f, verdict = group[0], fits[g]
+        measured = None
+        if isinstance(verdict, str):
+            reason: str | None = verdict
+        else:
+            reason = None
+            measured = _measured(t.durations, f, by_type)
+            if t.durations and measured is None and t.duration is None and t.tokens is None:
+                reason = "no measured duration for this node type"
+        if reason is not None:
+            more = f" and {len(group) - 1} like it" if len(group) > 1 else ""
+            excluded[f"{f.name}{more}"] = reason
+            continue
+        assert isinstance(verdict, NodeFit)
+        try:
+            secs = max(1, math.ceil(measured)) if measured is not None else task_seconds(
+                t.name, spec, verdict, f, duration=t.duration, tokens=t.tokens,
+                default_concurrency=feas.default_concurrency)
+        except EstimateError as exc:
+            raise ProblemError(str(exc)) from None
+        names = [n.name for n in nodes_of[g]]
+        duration.update(dict.fromkeys(names, secs))
+        cost.update(dict.fromkeys(names, verdict.pod_hourly_cost * secs / 3600.0))
+    return duration, cost, excluded
+
+
+def _links(reps: list[list[NodeFacts]], settings: PolicySource, bandwidth: TierBandwidth | None) -> Links:
+    """Seconds per GB per pair of groups, on the data-gravity ladder (docs/data-gravity.md). Two
+    distinct nodes of one group are as far apart as its first two (a group of one has no such pair)."""
+    gravity = settings.policies().gravity
+    ladder = HopLadder(gravity.fabric_tiers, bandwidth or gravity.tier_bandwidth)
+
+    def between(a: NodeFacts, b: NodeFacts) -> tuple[float, str]:
+        d, rung = ladder.distance(a, b)
+        return ladder.seconds_per_gb(d, rung), d.label
+
+    first = [group[0] for group in reps]
+    group_of = {f.name: g for g, group in enumerate(reps) for f in group}
+    local = [between(f, f)[0] for f in first]
+    table: list[list[float]] = []
+    labels: list[list[str]] = []
+    for g, a in enumerate(first):
+        pairs = [between(a, reps[g][1] if g == h and len(reps[g]) > 1 else b) for h, b in enumerate(first)]
+        table.append([s for s, _ in pairs])
+        labels.append([label for _, label in pairs])
+    return Links(group_of, local, table, labels)
+
+
+def catalog_of(task: str, durations: dict[str, float], catalog: GpuCatalog) -> dict[str, float]:
     """Measured durations keyed by node type: a catalog GPU name (any alias given), or "cpu"."""
     if not durations:
         return {}
-    catalog = GpuCatalog.load()
     out: dict[str, float] = {}
     for key, secs in durations.items():
         spec = catalog.lookup(key)

@@ -4,6 +4,7 @@ they write and the tasks they wait for. docs/planner.md describes the format.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections import Counter
 from importlib.resources import files
@@ -21,15 +22,15 @@ from pydantic import (
     model_validator,
 )
 
-from app.core.datafile import load_user_yaml
 from app.core.units import parse_param_count
+from app.plan.files import WORKFLOW_MAX_BYTES, WORKFLOW_MAX_ITEMS, read_workflow_file
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
 _UNIT_S = {None: 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _PLAIN_NUMBER = re.compile(r"^\s*\d+(\.\d+)?([eE][+]?\d+)?\s*$")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
-MAX_TASKS = 200  # the exact model grows with tasks x nodes; beyond this use the baselines' scale
-MAX_FILE_BYTES = 8 * 1024 * 1024  # a 200-task workflow is a few hundred KB
+MAX_TASKS = WORKFLOW_MAX_ITEMS  # measured: BENCHMARKS.md section 8 (2,000 tasks on 1,000 nodes)
+MAX_FILE_BYTES = WORKFLOW_MAX_BYTES  # a 2,000-task workflow is a few hundred KB
 MAX_TOKENS = 1e15  # a thousand times the largest published pretraining runs' token counts
 
 
@@ -202,11 +203,14 @@ def _check_acyclic(tasks: list[Task]) -> None:
         visit(t.name, [])
 
 
-def load_workflow(path: str | Path | None = None) -> Workflow:
-    """The workflow in ``path``, or the bundled pipeline (app/plan/data/pipeline.yaml)."""
+def load_workflow(path: str | Path | None = None, data: Any = None) -> Workflow:
+    """The workflow in ``path`` (or its already read ``data``), or the bundled pipeline
+    (app/plan/data/pipeline.yaml)."""
     where = str(path) if path else "bundled pipeline.yaml"
-    if path:
-        data = load_user_yaml(path, WorkflowError, MAX_FILE_BYTES)
+    if data is not None:
+        pass
+    elif path:
+        data = read_workflow_file(path, WorkflowError)
     else:
         data = yaml.safe_load((files("app.plan") / "data" / "pipeline.yaml").read_text())
     if not isinstance(data, dict):
@@ -235,5 +239,11 @@ def _problems(exc: ValidationError, raw: Any) -> list[str]:
             entry = raw[loc[1]] if isinstance(raw, list) and loc[1] < len(raw) else None
             name = entry.get("name") if isinstance(entry, dict) else None
             loc[1] = f"{str(name)[:64] if name else loc[1]}"
-        parts.append(f"{'.'.join(str(x) for x in loc) or '<root>'}: {err['msg']}")
+        where = ".".join(str(x) for x in loc) or "<root>"
+        if err["type"] == "extra_forbidden":
+            known = list(Task.model_fields) if len(loc) == 3 else list(Workflow.model_fields)
+            near = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            parts.append(f"{where}: not a field" + (f" (did you mean {near[0]!r}?)" if near else ""))
+            continue
+        parts.append(f"{where}: {err['msg']}")
     return parts

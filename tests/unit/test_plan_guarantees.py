@@ -46,7 +46,8 @@ def wide() -> PlanProblem:
 def test_a_budget_spent_building_the_model_still_returns_the_best_baseline() -> None:
     problem = wide()
     run = plan_problem(problem, None, time_limit=0.01, secondary="none", workers=1)
-    assert run.result.schedule is None and "timeout" in run.result.status
+    assert run.result.schedule is None and "timeout" in run.model_status
+    assert run.result.status == "baseline" and not run.proven
     assert run.plan.method.startswith("heft") and verify(problem, run.plan) == []
     assert run.plan.makespan == heft(problem).makespan
 
