@@ -252,3 +252,25 @@ def test_annotating_a_bigger_model_afterwards_is_refused(
         core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {"example.com/note": "x"}}})
     finally:
         core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+
+
+def test_gpus_written_as_json_numbers_are_counted(
+        cluster: ClusterScope, policies: None, unique: Callable[[str], str]) -> None:
+    # A client may send a quantity as a JSON number; the API server stores it as a quantity, and the
+    # rule must read it rather than fail (a failing rule refuses every pod: failurePolicy Fail).
+    core, ns = cluster.core, cluster.namespace
+    _guard_active(core, ns, unique)
+    for gpus, refused in ((1, True), (8, False)):
+        pod = _sized(unique("number"), "405B", gpus)
+        res = pod["spec"]["containers"][0]["resources"]
+        res["requests"]["nvidia.com/gpu"] = res["limits"]["nvidia.com/gpu"] = gpus
+        api = core.api_client
+        # The typed client would not send a number where a quantity goes: the raw call does.
+        resp = api.call_api("POST", f"{api.configuration.host}/api/v1/namespaces/{ns}/pods",
+                            header_params={"Content-Type": "application/json"}, body=pod)
+        resp.read()
+        body = resp.data.decode() if isinstance(resp.data, bytes) else str(resp.data)
+        assert ("no node can ever place this pod" in body) is refused, body
+        assert (resp.status == 201) is not refused, body
+        if not refused:
+            core.delete_namespaced_pod(pod["metadata"]["name"], ns, grace_period_seconds=0)
