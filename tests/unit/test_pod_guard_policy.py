@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.core.catalog import GpuCatalog
-from app.core.sizing import NF4_BYTES_PER_PARAM
+from app.core.sizing import NF4_BYTES_PER_PARAM, size
 from app.core.units import MAX_PARAMS, parse_param_count
-from app.core.workload import CPU_STAGES, STAGE_ALIASES, Precision
+from app.core.workload import CPU_STAGES, STAGE_ALIASES, Precision, WorkloadError, parse_workload
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "llm-placement"
 POLICY: dict[str, Any] = yaml.safe_load((CHART / "files" / "pod-guard-policy.yaml").read_text())
@@ -84,3 +84,68 @@ def test_what_the_policy_reads_the_extender_reads_the_same(text: str) -> None:
             parse_param_count(text)
         return
     assert parse_param_count(text) == pytest.approx(read, rel=1e-12)
+
+
+# --- The whole rule against the extender's own sizing --------------------------------------------
+
+def policy_refuses(ann: dict[str, str], gpus: int, largest_gb: float) -> bool:
+    """The never-fits rule as the policy file states it, for a plain pod (no gang, no claims, not
+    bound) with ``gpus`` nvidia.com/gpu: the same reading as the CEL above, step by step."""
+    def get(key: str) -> str:
+        return ann.get("llm-placement.io/" + key, "")
+    precision = get("precision") if get("precision").strip() else "bf16"
+    chain = f"{precision},{get('precision-fallback')},{get('finetune-method')}".lower()
+    smallest = next((p for p, words in (("int4", ("int4", "qlora")), ("fp8", ("fp8",)), ("int8", ("int8",)),
+                                        ("bf16", ("bf16",)), ("fp16", ("fp16",)), ("fp32", ("fp32",)))
+                     if any(w in chain for w in words)), "")
+    table = dict(re.findall(r"'([a-z0-9]*)': ([0-9.]+)", VARIABLES["bytesPerParam"]))
+    stages = set(re.findall(r"'([a-z-]*)'", VARIABLES["gpuStage"].split(" in ", 1)[1]))
+    if get("stage").strip().lower() not in stages or gpus <= 0:
+        return False
+    return cel_params(get("model-params")) * float(table[smallest]) / 1e9 > gpus * largest_gb
+
+
+_PRECISION_WORDS = st.sampled_from([p.value for p in Precision] + ["FP8", "Int4", "BF16"])
+
+
+@given(
+    params=st.one_of(st.from_regex(r"[1-9][0-9]{0,3}(\.[0-9])? ?[MBT]", fullmatch=True),
+                     st.sampled_from(["405B", "1.5T", "70B", "671B", "96B", "100B"])),
+    gpus=st.integers(1, 16),
+    precision=st.none() | _PRECISION_WORDS,
+    fallback=st.lists(_PRECISION_WORDS, max_size=3),
+    stage=st.none() | st.sampled_from(sorted(STAGE_ALIASES)),
+    method=st.none() | st.sampled_from(["full", "lora", "qlora"]),
+)
+def test_a_pod_the_rule_refuses_fits_no_gpu_of_the_catalog(
+        params: str, gpus: int, precision: str | None, fallback: list[str], stage: str | None,
+        method: str | None) -> None:
+    """Widen, never narrow: whatever the rule refuses needs, at every precision the pod allows,
+    more memory per GPU than the largest catalog GPU has, by the extender's own sizing (or the
+    extender refuses the pod's annotations outright)."""
+    ann = {"llm-placement.io/model-params": params}
+    for key, value in (("precision", precision), ("stage", stage), ("finetune-method", method),
+                       ("precision-fallback", ",".join(fallback) or None)):
+        if value is not None:
+            ann["llm-placement.io/" + key] = value
+    largest = largest_catalog_gb()
+    if not policy_refuses(ann, gpus, math.ceil(largest)):
+        return
+    pod = {"metadata": {"name": "p", "namespace": "t", "annotations": ann},
+           "spec": {"containers": [{"name": "c", "resources": {
+               "requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+    try:
+        spec = parse_workload(pod)
+    except WorkloadError:
+        return  # refused by the extender at every filter: never placed either
+    for p in spec.precisions:
+        need = size(spec, p, default_context=1, default_concurrency=1).per_gpu_gb
+        assert need > largest, (ann, gpus, p, need)
+
+
+def test_the_rule_refuses_what_it_should() -> None:
+    # The property above is empty if the rule never refuses: the 405B bf16 pod on one GPU.
+    assert policy_refuses({"llm-placement.io/model-params": "405B"}, 1, 193)
+    assert not policy_refuses({"llm-placement.io/model-params": "405B"}, 5, 193)
+    assert not policy_refuses({"llm-placement.io/model-params": "405B",
+                               "llm-placement.io/stage": "deployment"}, 1, 193)
