@@ -902,3 +902,13 @@ def test_pod_guard_is_the_file_scoped_to_the_scheduler_and_leaving_out_the_exten
     assert not [p for p in render().all("ValidatingAdmissionPolicy") if p["metadata"]["name"].endswith("-pod-guard")]
     off = render(sets=["podGuard.enabled=false"], api_versions=(MAP_API,))
     assert not [p for p in off.all("ValidatingAdmissionPolicy") if p["metadata"]["name"].endswith("-pod-guard")]
+
+
+def test_pod_guard_compares_with_the_largest_gpu_the_values_name(render: Callable[..., Rendered]) -> None:
+    # Where nodes label a GPU larger than the catalog's, the never-fits rule must compare with it.
+    r = render(sets=["podGuard.largestGpuMemoryGB=288"], api_versions=(MAP_API,))
+    variables = r.one("ValidatingAdmissionPolicy", "-pod-guard")["spec"]["variables"]
+    names = [v["name"] for v in variables]
+    assert {v["name"]: v["expression"] for v in variables}["largestGpuGB"] == "double(288)"
+    file_names = [v["name"] for v in yaml.safe_load((FILES / "pod-guard-policy.yaml").read_text())["variables"]]
+    assert names == file_names  # the same variables, in the order they refer to each other
