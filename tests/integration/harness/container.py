@@ -119,8 +119,8 @@ def verbs_secrets(docs: list[dict[str, Any]], pki: VerbsPKI) -> dict[str, dict[s
             continue
         out[name] = _verbs_files(pki, pair)
         if set(out[name]) != set(d.get("data") or {}):
-            raise ScriptError(f"Secret {name}: the chart renders keys {sorted(d.get('data') or {})}, "
-                              f"the harness makes {sorted(out[name])}")
+            raise AssertionError(f"Secret {name}: the chart renders keys {sorted(d.get('data') or {})}, "
+                                 f"the harness makes {sorted(out[name])}")
     return out
 
 
