@@ -11,12 +11,19 @@ Kubernetes semantics kept (docs/install.md, "Running the image"):
 * a configMap volume becomes a read-only bind mount of its rendered keys; an emptyDir a tmpfs of its
   ``sizeLimit`` owned by the pod's user; the ServiceAccount token (automountServiceAccountToken) a
   read-only mount at the in-cluster path with KUBERNETES_SERVICE_HOST/PORT set, as the kubelet does;
+* a secret volume becomes a read-only bind mount of the Secret's data files (``items`` and their
+  ``path``/``mode`` honoured, else every key), each with ``mode``/``defaultMode`` (default 0644) and
+  owned as the kubelet leaves them: root, group ``fsGroup`` with group read added (so a 0440 file is
+  readable by the pod's non-root user through its fsGroup, and by nobody else);
+* an ``httpGet`` probe keeps its ``scheme`` (HTTPS: TLS without certificate checks, as the kubelet);
 * ``restartPolicy`` Always (a Deployment's) becomes ``--restart always``.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +46,7 @@ class PodContext:
     namespace: str
     workdir: Path
     configmaps: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Secret name -> key -> decoded value (env ``secretKeyRef`` and secret volumes).
     secrets: dict[str, dict[str, str]] = field(default_factory=dict)
     service_account: dict[str, str] | None = None  # token, ca.crt, namespace
     api_host: str = "127.0.0.1"
@@ -129,6 +137,71 @@ def _write_files(root: Path, data: dict[str, str]) -> Path:
     return root
 
 
+def _mode(value: Any, what: str) -> int:
+    # Kubernetes modes are decimal in JSON (288) and octal in YAML (0440 parses to 288); only the
+    # permission bits are allowed.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
+        raise UnsupportedSpec(f"{what}: mode {value!r} is not a permission value between 0 and 0777")
+    return value
+
+
+def _secret_files(vol_name: str, src: dict[str, Any], pod: PodContext) -> dict[str, tuple[str, int]]:
+    """Relative path -> (content, mode) of a secret volume, as the kubelet projects it."""
+    name = src.get("secretName")
+    if not name:
+        raise UnsupportedSpec(f"volume {vol_name}: secret without secretName")
+    default = _mode(src.get("defaultMode", 0o644), f"volume {vol_name} defaultMode")
+    data = pod.secrets.get(name)
+    if data is None:
+        if src.get("optional"):
+            return {}  # an absent optional Secret mounts as an empty directory
+        raise UnsupportedSpec(f"volume {vol_name}: Secret {name!r} not given (have {sorted(pod.secrets)})")
+    items = src.get("items")
+    if items is None:
+        return {key: (value, default) for key, value in data.items()}
+    files: dict[str, tuple[str, int]] = {}
+    for it in items:
+        key, path = it["key"], it["path"]
+        parts = Path(path).parts
+        if Path(path).is_absolute() or ".." in parts or not parts:
+            raise UnsupportedSpec(f"volume {vol_name}: item path {path!r} must be relative, without '..'")
+        if key not in data:
+            if src.get("optional"):
+                continue
+            raise UnsupportedSpec(
+                f"volume {vol_name}: Secret {name!r} has no key {key!r} (has {sorted(data)})")
+        files[path] = (data[key], _mode(it.get("mode", default), f"volume {vol_name} item {key}"))
+    return files
+
+
+def _write_secret(root: Path, files: dict[str, tuple[str, int]], fs_group: int | None) -> Path:
+    """Write the files owned root:fsGroup (root:root without one), as the kubelet's secret volume.
+
+    With an fsGroup the kubelet adds group read to every file (and setgid to directories), so the
+    pod's user reads them through its supplementary group whatever the mode said.
+    """
+    if os.geteuid() != 0:
+        raise UnsupportedSpec("secret volumes are written owned by root, as the kubelet writes them: "
+                              "run the container tests as root (as dockerd runs)")
+    gid = 0 if fs_group is None else int(fs_group)
+    if root.exists():
+        shutil.rmtree(root)  # the Secret's files exactly, nothing left from an earlier run
+    root.mkdir(parents=True)
+    dirs = {root}
+    for rel, (text, mode) in files.items():
+        path = root / rel
+        for parent in path.relative_to(root).parents:
+            dirs.add(root / parent)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        os.chown(path, 0, gid)
+        path.chmod(mode | (0o440 if fs_group is not None else 0))
+    for d in dirs:
+        os.chown(d, 0, gid)
+        d.chmod(0o755 | (0o2000 if fs_group is not None else 0))
+    return root
+
+
 def _mounts(container: dict[str, Any], spec: dict[str, Any], pod: PodContext) -> list[str]:
     volumes = spec.get("volumes") or []
     pod_sc = spec.get("securityContext") or {}
@@ -159,9 +232,14 @@ def _mounts(container: dict[str, Any], spec: dict[str, Any], pod: PodContext) ->
                 # fsGroup: group-owned and setgid, as the kubelet prepares the volume.
                 opts += [f"gid={int(group)}", "mode=2775"]
             flags += ["--tmpfs", f"{target}:{','.join(opts)}"]
+        elif "secret" in vol:
+            files = _secret_files(m["name"], vol["secret"] or {}, pod)
+            src = _write_secret(pod.workdir / "volumes" / m["name"], files, pod_sc.get("fsGroup"))
+            # Secret volumes are always read-only in Kubernetes, whatever readOnly says.
+            flags += ["-v", f"{src}:{target}:ro"]
         else:
             raise UnsupportedSpec(
-                f"volume {m['name']}: only configMap and emptyDir are translated, got {sorted(vol)}")
+                f"volume {m['name']}: only configMap, secret and emptyDir are translated, got {sorted(vol)}")
     if spec.get("automountServiceAccountToken", True):
         if pod.service_account is None:
             raise UnsupportedSpec("the pod mounts its ServiceAccount token but no token was given")
@@ -222,6 +300,7 @@ class Probe:
     command: tuple[str, ...] = ()
     path: str = ""
     port: int = 0
+    scheme: str = "HTTP"  # of an httpGet: HTTP or HTTPS (the kubelet does not verify the certificate)
     period: float = 10.0
     failure_threshold: int = 3
     timeout: float = 1.0
@@ -242,6 +321,11 @@ def probe(container: dict[str, Any], which: str) -> Probe:
         port = get["port"]
         if isinstance(port, str):
             port = _find(container.get("ports") or [], port, "port")["containerPort"]
-        return Probe("http", path=get.get("path", "/"), port=int(port), period=period,
+        scheme = get.get("scheme", "HTTP")
+        if scheme not in ("HTTP", "HTTPS"):  # the API server accepts exactly these two
+            raise UnsupportedSpec(f"{which}: httpGet scheme {scheme!r} is not HTTP or HTTPS")
+        if get.get("httpHeaders") or get.get("host"):
+            raise UnsupportedSpec(f"{which}: httpGet host/httpHeaders are not translated")
+        return Probe("http", path=get.get("path", "/"), port=int(port), scheme=scheme, period=period,
                      failure_threshold=failures, timeout=timeout)
     raise UnsupportedSpec(f"{which}: only exec and httpGet probes are translated, got {sorted(p)}")

@@ -8,7 +8,10 @@ UID, read-only root filesystem, no privilege escalation, no capabilities, the re
 config mounted at /etc/llm-placement and a real ServiceAccount token at the in-cluster path. With
 ``--network host`` it listens on the loopback ports the chart config names, which is where the suite's
 kube-scheduler (the chart's scheduler configuration, tests/integration/harness) calls it, as the
-chart's sidecar is called over the pod's loopback.
+chart's sidecar is called over the pod's loopback. As the chart does by default, the verbs are served
+over TLS and answered only for kube-scheduler's client certificate (docs/security.md): the serving
+Secret is mounted as the kubelet mounts it, with the harness's verbs PKI in place of the helm-made
+certificates, and kube-scheduler calls with the client certificate, as the chart configures it.
 
 Needs a Docker daemon (scripts/start-dockerd.sh starts one when none answers, and stops it at the end)
 and debootstrap for the base image (scripts/install-system-deps.sh). Cold: ~3 min for the base image
@@ -17,6 +20,7 @@ and ~1.5 min for the image build; cached: seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -32,6 +36,7 @@ import httpx
 import pytest
 import yaml
 
+from testkit.container import probe
 from tests.prometheus.helpers import need_binary
 
 from .harness import (
@@ -52,7 +57,16 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
-from .harness.container import Container, ScriptError, chart_container, docker, run_script
+from .harness.container import (
+    Container,
+    ScriptError,
+    chart_container,
+    chart_values,
+    docker,
+    render_chart,
+    run_probe,
+    run_script,
+)
 from .harness.procs import Component
 from .harness.tokens import pod_reader_token
 
@@ -117,7 +131,8 @@ def setup(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setu
         ensure_namespace(cp.core, NS)
         container = chart_container(cp, image, workdir, f"llmp-it-{os.getpid()}")
         start_to_ready = container.start()
-        cp.start_scheduler()
+        # The chart's stanza over TLS with kube-scheduler's client certificate (the chart's default).
+        cp.start_scheduler(overrides=container.scheduler_overrides(cp))
         nodes = {n["metadata"]["name"]: n for n in list_nodes(cp.core)}
         yield Setup(cp, container, nodes, start_to_ready)
     finally:
@@ -204,6 +219,20 @@ def test_the_container_runs_as_the_chart_says(setup: Setup) -> None:
     assert probe_ro.returncode == 0, probe_ro.stderr
     cmdline = docker("exec", c.name, "cat", "/proc/1/cmdline").stdout.split("\0")
     assert cmdline[-3:-1] == ["--config", "/etc/llm-placement/config.yaml"], cmdline
+    # The serving Secret as the kubelet mounts it: read-only, root:fsGroup 0440, so the process reads
+    # its key through the fsGroup and cannot change it.
+    tls = docker("exec", c.name, "python", "-c",
+                 "import os, pathlib, stat, sys\n"
+                 "d = pathlib.Path('/etc/llm-placement-tls')\n"
+                 "print(sorted((f.name, oct(stat.S_IMODE(f.stat().st_mode)), f.stat().st_uid, f.stat().st_gid)"
+                 " for f in d.iterdir()))\n"
+                 "(d / 'tls.key').read_text()\n"
+                 "try: (d / 'x').write_text('x')\n"
+                 "except OSError: pass\n"
+                 "else: sys.exit(3)", check=False)
+    assert tls.returncode == 0, tls.stderr
+    assert tls.stdout.strip() == str(sorted((f, "0o440", 0, 65532) for f in ("ca.crt", "tls.crt", "tls.key")))
+    assert c.base_url.startswith("https://")
 
 
 @pytest.mark.parametrize(("stage", "pod_kw", "allowed"), [
@@ -241,12 +270,44 @@ def test_a_gang_is_bound_whole_and_explained(clean: Setup) -> None:
     wait_until(lambda: (cp.metric_value("llm_placement_gangs_total", {"outcome": "bound"}) or 0) > before,
                20, "the gang counted as bound")
     token = pod_reader_token(cp.api, NS, "reader")
-    r = httpx.get(f"{cp.extender_base}/explain/{NS}/{members[0]}",
-                  headers={"Authorization": f"Bearer {token}"}, timeout=20)
-    assert r.status_code == 200, r.text
-    assert placed[members[0]] in r.text, "explain does not name the node the member was bound to"
-    # /explain checks the caller with the API server (TokenReview): the container's own token works.
-    assert httpx.get(f"{cp.extender_base}/explain/{NS}/{members[0]}", timeout=20).status_code == 401
+    # /explain needs no client certificate (a bearer token instead), over the verbs' TLS port.
+    with clean.container.client(certificate=False) as client:
+        url = f"{clean.container.base_url}/explain/{NS}/{members[0]}"
+        r = client.get(url, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200, r.text
+        assert placed[members[0]] in r.text, "explain does not name the node the member was bound to"
+        # /explain checks the caller with the API server (TokenReview): the container's own token works.
+        assert client.get(url).status_code == 401
+
+
+def test_a_caller_without_kube_schedulers_certificate_is_refused(clean: Setup) -> None:
+    cp, c = clean.cp, clean.container
+    # A pod no scheduler takes, so only this test's calls touch it.
+    pod = llm_pod("forged", stage="serving", model_params="7B", precision="int8", gpus=1)
+    pod["spec"]["schedulerName"] = "nobody"
+    body = {"Pod": create_pod(cp.core, NS, pod), "Nodes": None, "NodeNames": ["c-l4-0"]}
+    url = f"{c.base_url}{cp.extender_path}/filter"
+    with c.client(certificate=False) as stranger, c.client() as scheduler:
+        assert (stranger.post(url, json=body).status_code, scheduler.post(url, json=body).status_code) == (403, 200)
+
+
+def test_the_probes_answer_over_https(clean: Setup, tmp_path: Path) -> None:
+    c = clean.container
+    # The chart's default (scheduler mode): exec probes to the loopback HTTPS port, run in the container.
+    for which in ("startupProbe", "livenessProbe", "readinessProbe"):
+        p = probe(c.spec, which)
+        assert p.kind == "exec" and "https://127.0.0.1" in p.command[-1], p
+        assert run_probe(c.name, p), which
+    # default-scheduler mode: httpGet with scheme HTTPS on the same port, as the kubelet sends it.
+    docs = render_chart(chart_values(clean.cp, mode="default-scheduler"), tmp_path)
+    spec = next(x for d in docs if d["kind"] == "Deployment"
+                for x in d["spec"]["template"]["spec"]["containers"] if x["name"] == "extender")
+    for which in ("startupProbe", "livenessProbe", "readinessProbe"):
+        p = probe(spec, which)
+        assert (p.kind, p.scheme) == ("http", "HTTPS"), p
+        assert run_probe(c.name, p), which
+        # The same probe in plain HTTP fails: the port speaks only TLS.
+        assert not run_probe(c.name, dataclasses.replace(p, scheme="HTTP")), which
 
 
 def test_metrics_are_scraped_by_a_real_prometheus(clean: Setup, tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ Kubernetes meaning (the container tests run the image through it, never with han
 from __future__ import annotations
 
 import copy
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -177,7 +179,7 @@ def test_no_token_mount_without_automount(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("volume", "complaint"), [
     ({"name": "cfg", "configMap": {"name": "other"}}, "ConfigMap 'other'"),
-    ({"name": "cfg", "hostPath": {"path": "/"}}, "only configMap and emptyDir"),
+    ({"name": "cfg", "hostPath": {"path": "/"}}, "only configMap, secret and emptyDir"),
 ])
 def test_volumes_that_cannot_be_honoured_are_refused(tmp_path: Path, volume: dict[str, Any],
                                                      complaint: str) -> None:
@@ -206,6 +208,125 @@ def test_probes_resolve_named_ports_and_keep_timing() -> None:
     bad["readinessProbe"]["httpGet"]["port"] = "metrics"
     with pytest.raises(UnsupportedSpec, match="port 'metrics'"):
         probe(bad, "readinessProbe")
+
+
+# --- secret volumes ---------------------------------------------------------------------------------
+TLS = {"tls.crt": "CERT", "tls.key": "KEY", "ca.crt": "CA"}
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="secret files are owned by root, as the kubelet owns them")
+
+
+def with_secret(source: dict[str, Any], *, fs_group: int | None = 65532, read_only: bool = True) -> dict[str, Any]:
+    """The base deployment plus a secret volume mounted where the chart mounts the serving Secret."""
+    dep = deployment()
+    spec = dep["spec"]["template"]["spec"]
+    spec["volumes"].append({"name": "tls", "secret": source})
+    spec["containers"][0]["volumeMounts"].append(
+        {"name": "tls", "mountPath": "/etc/llm-placement-tls", "readOnly": read_only})
+    if fs_group is None:
+        del spec["securityContext"]["fsGroup"]
+    return dep
+
+
+def secret_mount(args: list[str]) -> Path:
+    (m,) = [m for m in pairs(args, "-v") if ":/etc/llm-placement-tls" in m]
+    src, target, mode = m.split(":")
+    assert (target, mode) == ("/etc/llm-placement-tls", "ro")  # read-only, as every secret volume
+    return Path(src)
+
+
+def tree(root: Path) -> dict[str, tuple[str, int, int, int]]:
+    """Relative path -> (content, permission bits, uid, gid) of every file under root."""
+    return {str(f.relative_to(root)): (f.read_text(), stat.S_IMODE(f.stat().st_mode), f.stat().st_uid,
+                                        f.stat().st_gid) for f in root.rglob("*") if f.is_file()}
+
+
+@as_root
+@pytest.mark.parametrize(("source", "fs_group", "expected"), [
+    # The chart's serving Secret: every key, 0440, group fsGroup so the non-root user reads it.
+    ({"secretName": "s", "defaultMode": 0o440}, 65532,
+     {k: (v, 0o440, 0, 65532) for k, v in TLS.items()}),
+    # No defaultMode: Kubernetes' 0644.
+    ({"secretName": "s"}, 65532, {k: (v, 0o644, 0, 65532) for k, v in TLS.items()}),
+    # With an fsGroup the kubelet adds group read: 0400 becomes 0440.
+    ({"secretName": "s", "defaultMode": 0o400}, 65532, {k: (v, 0o440, 0, 65532) for k, v in TLS.items()}),
+    # Without one, root:root and the mode as given (the pod's user cannot read it, as in a cluster).
+    ({"secretName": "s", "defaultMode": 0o400}, None, {k: (v, 0o400, 0, 0) for k, v in TLS.items()}),
+    # items: only those keys, at their path, with their own mode over defaultMode.
+    ({"secretName": "s", "defaultMode": 0o440,
+      "items": [{"key": "tls.key", "path": "keys/server.key", "mode": 0o600}, {"key": "ca.crt", "path": "ca.pem"}]},
+     65532, {"keys/server.key": ("KEY", 0o640, 0, 65532), "ca.pem": ("CA", 0o440, 0, 65532)}),
+    # optional: a missing key is left out, a missing Secret mounts an empty directory.
+    ({"secretName": "s", "optional": True, "items": [{"key": "nope", "path": "n"}, {"key": "ca.crt", "path": "c"}]},
+     65532, {"c": ("CA", 0o644, 0, 65532)}),
+    ({"secretName": "absent", "optional": True}, 65532, {}),
+])
+def test_a_secret_volume_is_its_files_with_the_kubelets_modes_and_owner(
+    tmp_path: Path, source: dict[str, Any], fs_group: int | None, expected: dict[str, Any]
+) -> None:
+    args = run_args(with_secret(source, fs_group=fs_group), ctx(tmp_path, secrets={"s": TLS}))
+    root = secret_mount(args)
+    assert tree(root) == expected
+    assert (root.stat().st_uid, root.stat().st_gid) == (0, 0 if fs_group is None else fs_group)
+    if fs_group is not None:
+        assert root.stat().st_mode & stat.S_ISGID  # new files keep the group, as the kubelet's dir
+
+
+@as_root
+def test_a_secret_volume_is_read_only_whatever_the_mount_says_and_rewritten_exactly(tmp_path: Path) -> None:
+    pod = ctx(tmp_path, secrets={"s": TLS})
+    run_args(with_secret({"secretName": "s"}, read_only=False), pod)
+    pod.secrets["s"] = {"ca.crt": "CA2"}
+    root = secret_mount(run_args(with_secret({"secretName": "s"}, read_only=False), pod))
+    assert tree(root) == {"ca.crt": ("CA2", 0o644, 0, 65532)}  # no file left from the first run
+
+
+@pytest.mark.parametrize(("source", "complaint"), [
+    ({"secretName": "absent"}, "Secret 'absent' not given"),
+    ({"secretName": "s", "items": [{"key": "nope", "path": "n"}]}, "has no key 'nope'"),
+    ({"secretName": "s", "items": [{"key": "ca.crt", "path": "../ca.crt"}]}, "must be relative"),
+    ({"secretName": "s", "items": [{"key": "ca.crt", "path": "/ca.crt"}]}, "must be relative"),
+    ({"secretName": "s", "defaultMode": "0440"}, "mode '0440'"),
+    ({"secretName": "s", "defaultMode": 0o4755}, "mode 2541"),
+    ({"secretName": "s", "items": [{"key": "ca.crt", "path": "c", "mode": -1}]}, "item ca.crt: mode -1"),
+    ({}, "without secretName"),
+])
+def test_secret_volumes_that_cannot_be_honoured_are_refused(tmp_path: Path, source: dict[str, Any],
+                                                            complaint: str) -> None:
+    with pytest.raises(UnsupportedSpec, match=complaint):
+        run_args(with_secret(source), ctx(tmp_path, secrets={"s": TLS}))
+
+
+def test_secret_files_need_root_to_be_owned_as_the_kubelet_owns_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(UnsupportedSpec, match="owned by root"):
+        run_args(with_secret({"secretName": "s"}), ctx(tmp_path, secrets={"s": TLS}))
+
+
+# --- probes ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("get", "scheme"), [
+    ({"path": "/healthz", "port": "http"}, "HTTP"),
+    ({"path": "/healthz", "port": "http", "scheme": "HTTP"}, "HTTP"),
+    ({"path": "/healthz", "port": "http", "scheme": "HTTPS"}, "HTTPS"),
+    ({"path": "/healthz", "port": 8888, "scheme": "HTTPS"}, "HTTPS"),
+])
+def test_an_http_probe_keeps_its_scheme(get: dict[str, Any], scheme: str) -> None:
+    c = deployment(startupProbe={"httpGet": get})["spec"]["template"]["spec"]["containers"][0]
+    p = probe(c, "startupProbe")
+    assert (p.kind, p.scheme, p.port, p.path) == ("http", scheme, 8888, "/healthz")
+
+
+@pytest.mark.parametrize(("get", "complaint"), [
+    ({"port": 8888, "scheme": "https"}, "scheme 'https'"),  # the API server takes HTTP or HTTPS only
+    ({"port": 8888, "scheme": "FTP"}, "scheme 'FTP'"),
+    ({"port": 8888, "httpHeaders": [{"name": "Host", "value": "x"}]}, "httpHeaders"),
+    ({"port": 8888, "host": "10.0.0.1"}, "host"),
+])
+def test_http_probes_that_cannot_be_honoured_are_refused(get: dict[str, Any], complaint: str) -> None:
+    c = deployment(startupProbe={"httpGet": get})["spec"]["template"]["spec"]["containers"][0]
+    with pytest.raises(UnsupportedSpec, match=complaint):
+        probe(c, "startupProbe")
 
 
 @given(st.integers(min_value=0, max_value=10**6), st.sampled_from(["", "k", "M", "G", "Ki", "Mi", "Gi"]))

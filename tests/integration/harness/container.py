@@ -5,11 +5,17 @@ build-image.sh, Debian-made base), render the chart for the control plane's port
 ServiceAccount the chart's extender rules and a token, and ``docker run`` the container with the flags
 testkit.container derives from the rendered Deployment (``--network host``: the container's loopback
 is the host's, where kube-scheduler calls it as it calls the chart's sidecar).
+
+The chart serves the verbs over TLS by default (docs/security.md). Its helm-made Secrets
+(``<fullname>-verbs-serving``/``-verbs-client``) are replaced by the harness's verbs PKI under the same
+file names (tls.crt, tls.key, ca.crt), so the test holds kube-scheduler's client certificate and a
+certificate of another CA; the secret volume is then mounted as the kubelet would (testkit.container).
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass
@@ -23,6 +29,8 @@ from kubernetes.client import RbacAuthorizationV1Api
 from testkit.container import PodContext, Probe, docker_run_args, probe
 
 from .controlplane import EXTENDER_ROLE, ControlPlane, ensure_namespace
+from .pki import KeyPair, VerbsPKI, make_verbs_pki
+from .schedconfig import with_verbs_tls
 from .tokens import create_or_keep
 
 REPO = Path(__file__).resolve().parents[3]
@@ -86,10 +94,34 @@ def run_probe(container: str, p: Probe) -> bool:
         proc = subprocess.run(["docker", "exec", container, *p.command], capture_output=True,
                               timeout=p.timeout + 10)
         return proc.returncode == 0
+    # HTTPS probes: TLS without verifying the certificate and without a client certificate, as the
+    # kubelet probes.
+    url = f"{p.scheme.lower()}://127.0.0.1:{p.port}{p.path}"
     try:
-        return 200 <= httpx.get(f"http://127.0.0.1:{p.port}{p.path}", timeout=p.timeout).status_code < 400
+        return 200 <= httpx.get(url, timeout=p.timeout, verify=False).status_code < 400
     except httpx.HTTPError:
         return False
+
+
+# The files of the chart's verbs Secrets (templates/verbs-tls.yaml), from the harness's verbs PKI.
+def _verbs_files(pki: VerbsPKI, pair: KeyPair) -> dict[str, str]:
+    return {"tls.crt": pair.cert.read_text(), "tls.key": pair.key.read_text(), "ca.crt": pki.ca.cert.read_text()}
+
+
+def verbs_secrets(docs: list[dict[str, Any]], pki: VerbsPKI) -> dict[str, dict[str, str]]:
+    """The rendered verbs Secrets' data, made by the harness PKI under the chart's own key names."""
+    pairs = {"-verbs-serving": pki.serving, "-verbs-client": pki.scheduler}
+    out: dict[str, dict[str, str]] = {}
+    for d in docs:
+        name = d["metadata"]["name"]
+        pair = next((kp for suffix, kp in pairs.items() if name.endswith(suffix)), None)
+        if d["kind"] != "Secret" or pair is None:
+            continue
+        out[name] = _verbs_files(pki, pair)
+        if set(out[name]) != set(d.get("data") or {}):
+            raise AssertionError(f"Secret {name}: the chart renders keys {sorted(d.get('data') or {})}, "
+                                 f"the harness makes {sorted(out[name])}")
+    return out
 
 
 @dataclass
@@ -99,6 +131,27 @@ class Container:
     name: str
     argv: list[str]  # after `docker run`
     spec: dict[str, Any]  # the rendered container spec (its probes)
+    base_url: str  # where the verbs, /healthz and /explain answer (https with the chart's TLS)
+    verbs: VerbsPKI | None  # the serving and client certificates, when the chart serves TLS
+
+    def client(self, *, certificate: bool = True) -> httpx.Client:
+        """A client that trusts the container's serving certificate; with kube-scheduler's client
+        certificate unless ``certificate=False``."""
+        if self.verbs is None:
+            return httpx.Client(timeout=20)
+        ctx = ssl.create_default_context(cafile=str(self.verbs.ca.cert))
+        if certificate:
+            ctx.load_cert_chain(str(self.verbs.scheduler.cert), str(self.verbs.scheduler.key))
+        return httpx.Client(verify=ctx, timeout=20)
+
+    def scheduler_overrides(self, cp: ControlPlane) -> dict[str, Any]:
+        """kube-scheduler's ``extenders`` for this container: the chart's stanza, over TLS with the
+        client certificate when the chart serves TLS (the fields the chart renders)."""
+        ext = cp.scheduler_config()["extenders"][0]
+        if self.verbs is not None:
+            v = self.verbs
+            ext = with_verbs_tls(ext, v.scheduler.cert, v.scheduler.key, v.ca.cert)
+        return {"extenders": [ext]}
 
     def start(self, timeout: float = READY_TIMEOUT) -> float:
         """``docker run`` it; return the seconds from the run to its readiness probe passing."""
@@ -146,16 +199,27 @@ class Container:
         docker("rm", "-f", self.name, check=False)
 
 
-def chart_container(cp: ControlPlane, image: str, workdir: Path, name: str) -> Container:
-    """The chart rendered for ``cp``'s extender ports, turned into a Container (not started)."""
-    docs = render_chart({"extender": {"port": cp.ports.extender, "metricsPort": cp.ports.extender_metrics}},
-                        workdir)
+def chart_values(cp: ControlPlane, **values: Any) -> dict[str, Any]:
+    """Chart values for ``cp``'s extender ports (and ``values`` on top)."""
+    return {**values, "extender": {"port": cp.ports.extender, "metricsPort": cp.ports.extender_metrics,
+                                   **values.get("extender", {})}}
+
+
+def chart_container(cp: ControlPlane, image: str, workdir: Path, name: str, **values: Any) -> Container:
+    """The chart rendered for ``cp``'s extender ports (plus ``values``), turned into a Container (not
+    started)."""
+    docs = render_chart(chart_values(cp, **values), workdir)
     deployment = next(d for d in docs if d["kind"] == "Deployment")
+    configmaps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
+    config = yaml.safe_load(next(data["config.yaml"] for cm, data in configmaps.items()
+                                 if cm.endswith("-extender-config")))
+    verbs = make_verbs_pki(workdir / "verbs-pki") if config.get("tls_cert_file") else None
     pod = PodContext(
-        name=f"{name}-pod", namespace=RELEASE_NS, workdir=workdir / "pod",
-        configmaps={d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"},
+        name=f"{name}-pod", namespace=RELEASE_NS, workdir=workdir / "pod", configmaps=configmaps,
+        secrets=verbs_secrets(docs, verbs) if verbs is not None else {},
         service_account=service_account_token(cp), api_host="127.0.0.1", api_port=cp.ports.apiserver,
     )
     argv = docker_run_args(deployment, "extender", image=image, pod=pod, container_id=name)
     spec = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "extender")
-    return Container(name, argv, spec)
+    scheme = "https" if verbs is not None else "http"
+    return Container(name, argv, spec, f"{scheme}://127.0.0.1:{cp.ports.extender}", verbs)
