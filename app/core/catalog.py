@@ -56,6 +56,9 @@ class GpuSpec(BaseModel):
     # Memory as the driver reports it (nvidia-smi memory.total, GFD nvidia.com/gpu.memory), MiB:
     # what a node without that label really offers, rather than the marketed decimal GB.
     memory_mib: PositiveFloat | None = None
+    # CUDA compute capability ("9.0"), as NVIDIA's compute capability tables list it: matched to GPU
+    # Feature Discovery's labels to bound the throughput of a product the catalog lacks.
+    compute_capability: str | None = Field(None, pattern=r"^\d+\.\d+$")
     hourly_cost_usd: PositiveFloat  # representative on-demand list price per GPU-hour
     source: tuple[str, ...] = Field(min_length=1)
     aliases: tuple[str, ...] = Field(min_length=1)
