@@ -150,7 +150,7 @@ def node_facts(
     node_class = _node_class(labels, ann, bool(gpu_count or mig), warnings)
     # An unknown GPU is priced like a big one: pricing it like a CPU node would make it the cheapest
     # node in the cluster and pull every CPU pod onto it, stranding its GPUs.
-    per_gpu = gpu.hourly_cost_usd if gpu else unknown_gpu_hourly_cost
+    per_gpu = gpu.hourly_cost_usd if gpu and gpu.hourly_cost_usd else unknown_gpu_hourly_cost
     physical = gpu_count + (mig_gpus if mig else 0)  # a MIG-partitioned GPU costs what it costs whole
     cost = per_gpu * physical if physical else cpu_hourly_cost
     if (raw_cost := ann.get(ANN + "hourly-cost")) is not None:
