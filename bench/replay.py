@@ -71,7 +71,10 @@ extender's own estimates): a training pod's trace duration is its run on an H100
 work at the measured training throughput of the GPU it got (bench/data/training_throughput.yaml); a
 batch serving pod runs its tokens at the GPU's measured per-token time relative to the H100's
 (median over serving-corpus points measured alike on both GPUs); a GPU without measurements is
-scaled by its datasheet peak or bandwidth and named in the result's ``meta.runtime``. A pod with
+scaled by its datasheet peak or bandwidth, a product the catalog lacks by the dense BF16 figure its
+nodes declare (``llm-placement.io/gpu-bf16-tflops``), else it runs at the H100's speed; every GPU
+is named with where its speed comes from in the result's ``meta.runtime``, and each variant's
+summary lists under ``fallback_speed_gpus`` the GPUs its pods ran on at a speed not measured. A pod with
 ``depends-on`` first reads its ``input-data-gb`` from where its producers ran, over the tier the
 two nodes share, at the single-stream bandwidth bench/data/data_path.yaml states with its source.
 Interactive serving is judged by the serving corpus's measured per-token time for its model size,
@@ -666,6 +669,8 @@ class Bench:
                            timeout_s=timeout, clock=clock, runtime=runtime,
                            admission_idle=kueue.idle if kueue else None,
                            on_progress=lambda done, _t: progress.update(task, completed=done))
+                if runtime is not None:
+                    r.fallback_gpus = dict(sorted(runtime.fallback_used.items()))
             finally:
                 if kueue is not None:
                     kueue.stop()
@@ -698,6 +703,7 @@ def summarize(r: ReplayResult) -> dict[str, Any]:
         "pods": r.pods, "placed": r.placed, "failed": r.failed, "gpu_pods_failed": r.gpu_pods_failed,
         "gpus_placed": r.gpus_placed, "gpus_failed": r.gpus_failed, "completed": r.completed,
         "overcommits": len(r.overcommits), "unknown_nodes": r.unknown_nodes,
+        "fallback_speed_gpus": r.fallback_gpus,
         "mean_gpus_allocated": mean("gpus_allocated"), "mean_gpus_stranded": mean("gpus_stranded"),
         "mean_stranded_share": statistics.mean(stranded_share) if stranded_share else 0.0,
         "mean_whole_free_nodes": mean("whole_free_nodes"),

@@ -398,6 +398,9 @@ class ReplayResult:
     # while waiting for the rest (partial gangs hold their GPUs, as on a real cluster).
     gang_deadlocks: int = 0
     idle_held_gpu_s: float = 0.0
+    # Virtual clock: GPUs pods ran on at a speed not measured, and how it was had ("datasheet",
+    # "declared", "none": runtime.PodRuntime.fallback_used), so a figure says what it rests on.
+    fallback_gpus: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
