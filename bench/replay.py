@@ -676,7 +676,8 @@ class Bench:
                     kueue.stop()
                     console.print(f"  Kueue: {kueue.admitted} workloads seen admitted, "
                                   f"{kueue.topology_assigned} placed by its topology-aware scheduling; "
-                                  f"asked whether idle: {kueue.idle_answers}")
+                                  f"asked whether idle: {kueue.idle_answers}, not idle only because a "
+                                  f"waiting workload fit: {kueue.waited_for_admissible}")
         t0 = time.monotonic()
         self.clear(ns)
         console.print(f"  {label} {variant}: {r.placed}/{r.pods} placed, {r.wall_s:.0f}s "
@@ -704,6 +705,7 @@ def summarize(r: ReplayResult) -> dict[str, Any]:
         "gpus_placed": r.gpus_placed, "gpus_failed": r.gpus_failed, "completed": r.completed,
         "overcommits": len(r.overcommits), "unknown_nodes": r.unknown_nodes,
         "fallback_speed_gpus": r.fallback_gpus,
+        "admission_settle_timeouts": r.admission_settle_timeouts,
         "mean_gpus_allocated": mean("gpus_allocated"), "mean_gpus_stranded": mean("gpus_stranded"),
         "mean_stranded_share": statistics.mean(stranded_share) if stranded_share else 0.0,
         "mean_whole_free_nodes": mean("whole_free_nodes"),

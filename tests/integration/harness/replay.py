@@ -401,6 +401,9 @@ class ReplayResult:
     # Virtual clock: GPUs pods ran on at a speed not measured, and how it was had ("datasheet",
     # "declared", "none": runtime.PodRuntime.fallback_used), so a figure says what it rests on.
     fallback_gpus: dict[str, str] = field(default_factory=dict)
+    # Virtual clock with an admission controller: times the clock moved on after ADMISSION_SETTLE_S
+    # without the controller saying it had nothing left to admit (0 in a clean run).
+    admission_settle_timeouts: int = 0
 
 
 @dataclass
@@ -551,8 +554,8 @@ def replay(
 
     ``admission_idle``: an admission controller in front of kube-scheduler (Kueue, the ``kueue``
     variant) whose gated pods wait like unschedulable ones; the virtual clock also waits until it
-    says it has tried every waiting workload and released every admitted one (at most
-    ``ADMISSION_SETTLE_S`` without news).
+    says it has nothing it could admit now (``Kueue.idle``), at most ``ADMISSION_SETTLE_S``
+    without news, each such move counted in ``ReplayResult.admission_settle_timeouts``.
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
@@ -609,6 +612,7 @@ def replay(
     quiet_since = t0
     deadline_wall = t0 + timeout_s
     settled_since: float | None = None
+    admission_said_idle = False
 
     def take_sample(now: float, seen: dict[str, PodState]) -> Sample:
         smp, over = _sample(len(created), vt, now - t0, caps, by_name, seen)
@@ -677,8 +681,12 @@ def replay(
                     # wait until kube-scheduler's active and backoff queues are empty (every
                     # retry made and failed again), or retry_settle_s without news at most.
                     quiet = idle >= retry_settle_s or (idle >= PARKED_QUIET_S and scheduler_queues_idle(cp))
-                    if quiet and admission_idle is not None and idle < ADMISSION_SETTLE_S:
-                        quiet = admission_idle()
+                    if quiet and admission_idle is not None:
+                        if idle < ADMISSION_SETTLE_S:
+                            quiet = admission_idle()
+                            admission_said_idle = quiet
+                        else:
+                            admission_said_idle = False
                 else:
                     quiet = idle >= quiet_s
                 if not due and undecided == 0 and not finishing and quiet:
@@ -696,6 +704,10 @@ def replay(
                         result.gang_deadlocks = len(stuck)
                         break
                     if events:
+                        if admission_idle is not None and parked and not admission_said_idle:
+                            # Moving on without the admission controller's word: counted, so a
+                            # result says whether its clock ever outran the controller.
+                            result.admission_settle_timeouts += 1
                         nxt = max(vt, min(events))
                         if nxt > vt:
                             smp, over = _sample(len(created), vt, now - t0, caps, by_name, states)
