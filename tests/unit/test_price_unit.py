@@ -121,3 +121,18 @@ def test_the_scorer_prices_unknown_gpus_per_unit_of_work_too(declared: str | Non
     scores = {s.node: s.terms["cost"] for s in score_nodes(spec, list(fits.values()), {},
                                                            svc.placer.policy.scoring)}
     assert max(scores, key=lambda n: scores[n]) == cheapest
+
+
+def test_the_planner_estimates_training_on_an_uncatalogued_gpu_from_the_same_throughput() -> None:
+    from app.plan.estimate import task_seconds
+
+    svc = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
+    svc.absorb_node(node_object("h100", gpus=8, product="NVIDIA-H100-80GB-HBM3"))
+    svc.absorb_node(node_object("x", gpus=8, product=ANON, annotations={"llm-placement.io/gpu-bf16-tflops": "989"}))
+    svc.absorb_node(node_object("y", gpus=8, product=ANON))
+    spec = spec_of("pretraining", gpus=8)
+    fits, _ = svc.placer.evaluate_nodes(spec, ["h100", "x", "y"])
+    secs = {n: task_seconds("t", spec.model_copy(update={"model_params": 7e9}), f, f.node, duration=None,
+                            tokens=1e9, default_concurrency=1) for n, f in fits.items()}
+    assert secs["x"] == secs["h100"]  # declared as fast as an H100
+    assert secs["y"] == pytest.approx(secs["h100"] * 989 / SLOWEST.bf16_tflops, rel=1e-3)  # penalty
