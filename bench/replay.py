@@ -967,6 +967,7 @@ def main(
                 console.print(f"  gangs {v}: {r.gangs_started}/{r.gangs} gangs ran, {waited} waited; "
                               f"solver {delta}"
                               + (f", {runs / waited:.1f} runs per waiting gang" if waited and delta else ""))
+            _gang_wait_table("gangs", doc["variants"])
             stem = f"replay-gangs-{name}" if name else "replay-gangs"
             (out / f"{stem}.json").write_text(json.dumps(doc, indent=2))
             console.print(f"wrote {out / f'{stem}.json'}")
