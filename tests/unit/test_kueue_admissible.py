@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness.kueue import ADMISSION_GATE, HOSTNAME, admissible_now, in_flight
+from tests.integration.harness.kueue import (
+    ADMISSION_GATE,
+    GROUP_COUNT,
+    GROUP_LABEL,
+    HOSTNAME,
+    admissible_now,
+    in_flight,
+    unclaimed,
+)
 
 QUOTA = {"nvidia.com/gpu": "32", "cpu": "384000m", "memory": str(4 * 2**40)}
 
@@ -88,6 +96,19 @@ def test_nodes_outside_the_flavor_do_not_count() -> None:
     assert admissible_now([workload("b", 1)], {}, [other], QUOTA, tas=True, node_labels={"pool": "cpu"}) == ["b"]
 
 
+def test_a_released_pod_kube_scheduler_has_not_tried_is_in_flight() -> None:
+    # Kueue lifted its gates, kube-scheduler has not looked yet: PodScheduled still says
+    # SchedulingGated, which a watcher of that condition reads as unschedulable.
+    released = pod("b-0")
+    released["status"]["phase"] = "Pending"
+    released["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]
+    tried = pod("b-1")
+    tried["status"]["phase"] = "Pending"
+    tried["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    assert in_flight([workload("b", 1, reserved=True, members=["b-0"])], {"b-0": released}) == 1
+    assert in_flight([workload("b", 1, reserved=True, members=["b-1"])], {"b-1": tried}) == 0
+
+
 def test_in_flight_counts_gated_admitted_and_ended_but_reserved_workloads() -> None:
     wls = [workload("gated", 1, reserved=True, members=["g"]),
            workload("ended", 1, reserved=True, members=["e"]),
@@ -96,3 +117,19 @@ def test_in_flight_counts_gated_admitted_and_ended_but_reserved_workloads() -> N
     pods = {"g": pod("g", gated=True), "e": pod("e", node="n0", phase="Succeeded"), "r": pod("r", node="n1"),
             "d": pod("d", node="n2", phase="Succeeded")}
     assert in_flight(wls, pods) == 2
+
+
+def test_gated_pods_of_a_complete_group_no_workload_owns_yet_are_in_flight() -> None:
+    # The group's pods exist behind Kueue's gate but Kueue has not created its Workload: its queues
+    # show nothing pending, yet it is about to act.
+    def member(name: str, group: str, total: int) -> dict[str, Any]:
+        p = pod(name, gated=True, phase="Pending")
+        p["metadata"]["labels"] = {GROUP_LABEL: group}
+        p["metadata"]["annotations"] = {GROUP_COUNT: str(total)}
+        return p
+
+    pods = {"a-0": member("a-0", "a", 2), "a-1": member("a-1", "a", 2), "c-0": member("c-0", "c", 3)}
+    assert unclaimed([], pods) == ["a-0", "a-1"]  # c is incomplete: Kueue waits for its last pod
+    assert in_flight([], pods) == 2
+    owned = [workload("a", 2, members=["a-0", "a-1"])]
+    assert unclaimed(owned, pods) == [] and in_flight(owned, pods) == 0

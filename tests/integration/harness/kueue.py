@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -332,10 +333,12 @@ class Kueue:
         return wls, pods
 
     def in_flight(self, listed: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None) -> int:
-        """Workloads Kueue has yet to act on: admitted with a pod still behind a scheduling gate it is
-        about to lift, or still holding quota although every pod of theirs has ended (Kueue has not
-        yet seen them finish, so a waiting group cannot have been tried against the freed quota).
-        While any is left the replay's clock must wait."""
+        """Workloads Kueue or kube-scheduler has yet to act on: admitted with a pod still behind a
+        scheduling gate Kueue is about to lift, or released but not yet tried by kube-scheduler, or
+        still holding quota although every pod of theirs has ended (Kueue has not yet seen them
+        finish, so a waiting group cannot have been tried against the freed quota); and gated pods
+        of a complete group no Workload owns yet (``unclaimed``). While any is left the replay's
+        clock must wait."""
         wls, pods = listed or self._listed()
         return in_flight(wls, pods)
 
@@ -351,15 +354,17 @@ class Kueue:
         wls, pods = listed or self._listed()
         return admissible_now(wls, pods, self.nodes(), self.quota, tas=self.tas, node_labels=self.node_labels)
 
-    def idle(self) -> bool:
+    def idle(self, seen_bound: Collection[str] | None = None) -> bool:
         """True when Kueue has nothing it could admit now: every pending workload tried since the
         last change (its ``pending_workloads{status="active"}`` is 0), every admitted one released,
         and no waiting workload that fits the free quota (and, with TAS, the free nodes) now. The
         last is what makes the answer exact: after a release Kueue retries its inadmissible
         workloads only after a batch period (1 s in v0.17.0, pkg/cache/queue/
         inadmissible_workloads.go, requeueBatchPeriod), during which the first two hold although a
-        group is about to be admitted. Asked at most every IDLE_POLL_S (it lists the namespace's
-        pods and Workloads)."""
+        group is about to be admitted. ``seen_bound``: the pods the caller has seen bound; a pod the
+        API shows bound that is not among them is news the caller has yet to read (a decision made
+        while it asked), so the answer is no. Asked at most every IDLE_POLL_S (it lists the
+        namespace's pods and Workloads)."""
         now = time.monotonic()
         if now - self._asked < IDLE_POLL_S:
             return False
@@ -371,6 +376,9 @@ class Kueue:
             if idle and self.admissible(listed):
                 self.waited_for_admissible += 1
                 idle = False
+            if idle and seen_bound is not None:
+                seen = set(seen_bound)
+                idle = all(name in seen for name, p in listed[1].items() if p["spec"].get("nodeName"))
         self.idle_answers[idle] += 1
         return idle
 
@@ -500,8 +508,44 @@ def in_flight(workloads: list[dict[str, Any]], pods: dict[str, dict[str, Any]]) 
         gated = any(g.get("name") in KUEUE_GATES for p in members if p
                     for g in p["spec"].get("schedulingGates") or [])
         ended = all(p is None or (p.get("status") or {}).get("phase") in TERMINAL for p in members)
-        busy += gated or ended
-    return busy
+        busy += gated or ended or any(p is not None and _released_unseen(p) for p in members)
+    return busy + len(unclaimed(workloads, pods))
+
+
+def unclaimed(workloads: list[dict[str, Any]], pods: dict[str, dict[str, Any]]) -> list[str]:
+    """Gated pods whose group is complete (or that stand alone) but that no Workload owns yet:
+    Kueue has still to create their Workload, so it has something to act on although its queues
+    show nothing pending."""
+    owned = {o["name"] for w in workloads for o in w["metadata"].get("ownerReferences") or []}
+    members: dict[str, int] = {}
+    for p in pods.values():
+        if (group := (p["metadata"].get("labels") or {}).get(GROUP_LABEL)) is not None:
+            members[group] = members.get(group, 0) + 1
+    out = []
+    for name, p in pods.items():
+        meta = p["metadata"]
+        if name in owned or meta.get("deletionTimestamp") or (p.get("status") or {}).get("phase") in TERMINAL:
+            continue
+        if not any(g.get("name") in KUEUE_GATES for g in p["spec"].get("schedulingGates") or []):
+            continue
+        group = (meta.get("labels") or {}).get(GROUP_LABEL)
+        total = int((meta.get("annotations") or {}).get(GROUP_COUNT, "1") or 1)
+        if group is None or members.get(group, 0) >= total:
+            out.append(name)
+    return sorted(out)
+
+
+def _released_unseen(pod: dict[str, Any]) -> bool:
+    """A pod Kueue has released (no gate left) that kube-scheduler has not tried yet: unbound, not
+    ended, its PodScheduled condition still the gate's (SchedulingGated) or absent. Such a pod looks
+    unschedulable to a watcher of that condition while it is about to be bound."""
+    if pod["spec"].get("nodeName") or (pod.get("status") or {}).get("phase") in TERMINAL:
+        return False
+    if any(g.get("name") in KUEUE_GATES for g in pod["spec"].get("schedulingGates") or []):
+        return False
+    cond = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "PodScheduled"), None)
+    return cond is None or cond.get("reason") == "SchedulingGated"
 
 
 def _requests(pod_spec: dict[str, Any]) -> dict[str, float]:

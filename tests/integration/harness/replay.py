@@ -49,7 +49,7 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -617,7 +617,7 @@ def replay(
     retry_settle_s: float = 5.0,
     on_progress: Callable[[int, int], None] | None = None,
     runtime: Callable[[ReplayPod, str, dict[str, str]], float] | None = None,
-    admission_idle: Callable[[], bool] | None = None,
+    admission_idle: Callable[[Collection[str]], bool] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` into ``namespace`` (which must exist and be empty) on ``nodes``.
 
@@ -635,7 +635,8 @@ def replay(
 
     ``admission_idle``: an admission controller in front of kube-scheduler (Kueue, the ``kueue``
     variant) whose gated pods wait like unschedulable ones; the virtual clock also waits until it
-    says it has nothing it could admit now (``Kueue.idle``), at most ``ADMISSION_SETTLE_S``
+    says it has nothing it could admit now and every bind it knows of has reached this driver's
+    watch (``Kueue.idle``, given the pods seen bound), at most ``ADMISSION_SETTLE_S``
     without news, each such move counted in ``ReplayResult.admission_settle_timeouts``.
     """
     if clock not in CLOCKS:
@@ -765,7 +766,9 @@ def replay(
                     quiet = idle >= retry_settle_s or (idle >= PARKED_QUIET_S and scheduler_queues_idle(cp))
                     if quiet and admission_idle is not None:
                         if idle < ADMISSION_SETTLE_S:
-                            quiet = admission_idle()
+                            # The pods this driver has seen bound: a bind the controller's answer
+                            # rests on but the watch has not delivered yet keeps the clock here.
+                            quiet = admission_idle(where.keys())
                             admission_said_idle = quiet
                         else:
                             admission_said_idle = False
