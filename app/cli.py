@@ -115,7 +115,8 @@ def catalog(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")]
         table.add_column(col, justify="left" if col in ("GPU", "interconnect") else "right")
     for e in sorted(cat.entries, key=lambda e: -e.hbm_bandwidth_tbs):
         table.add_row(e.name, f"{e.memory_gb:g}", f"{e.hbm_bandwidth_tbs:g}", f"{e.bf16_tflops:g}",
-                      f"{e.int8_tops:g}", e.interconnect, f"{e.hourly_cost_usd:.2f}")
+                      f"{e.int8_tops:g}" if e.int8_tops else "-", e.interconnect,
+                      f"{e.hourly_cost_usd:.2f}" if e.hourly_cost_usd else "-")
     console.print(table)
 
 

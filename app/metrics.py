@@ -96,6 +96,10 @@ class Metrics:
         Gauge, "llm_placement_unknown_gpu_nodes",
         "Nodes with GPUs whose product is missing from the catalog (handled conservatively).",
     )
+    unknown_gpu_product_nodes = _Declared(
+        Gauge, "llm_placement_unknown_gpu_product_nodes",
+        "Nodes with GPUs whose product is missing from the catalog, by product label value.", ("product",),
+    )
     cache_nodes = _Declared(Gauge, "llm_placement_cache_nodes", "Nodes in the extender cache.")
     cache_pods = _Declared(Gauge, "llm_placement_cache_pods", "Pods holding resources in the extender cache.")
 

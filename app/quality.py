@@ -90,6 +90,9 @@ class ClusterQuality:
     hourly_cost: dict[str, float] = field(default_factory=dict)  # stage -> $/hour
     pending_gpus: int = 0
     unknown_gpu_nodes: int = 0
+    # Product label string -> nodes with GPUs of that product missing from the catalog ("" when the
+    # node has no product label), so an operator sees which products to add or declare.
+    unknown_gpu_products: dict[str, int] = field(default_factory=dict)
 
 
 def capture(snapshot: ClusterSnapshot, reserved: Callable[[str], int] | None = None) -> QualityInput:
@@ -115,6 +118,26 @@ def capture(snapshot: ClusterSnapshot, reserved: Callable[[str], int] | None = N
     return QualityInput(nodes, used, held, list(bound.values()), pending)
 
 
+# A node label is written by whoever labels nodes: its value is cut short, and past this many
+# products the rest are summed under OTHER_PRODUCTS, so a label gone wrong cannot flood the registry.
+MAX_PRODUCT_LABEL = 64
+MAX_UNKNOWN_PRODUCTS = 32
+OTHER_PRODUCTS = "(other)"
+
+
+def _product_label(product: str | None) -> str:
+    return (product or "")[:MAX_PRODUCT_LABEL]
+
+
+def _bounded(counts: Counter[str]) -> dict[str, int]:
+    """The most common products, the rest summed under OTHER_PRODUCTS."""
+    top = dict(counts.most_common(MAX_UNKNOWN_PRODUCTS))
+    rest = sum(counts.values()) - sum(top.values())
+    if rest:
+        top[OTHER_PRODUCTS] = rest
+    return top
+
+
 def compute(data: QualityInput) -> ClusterQuality:
     """The cluster-level quality numbers (see the module docstring for each definition)."""
     free: Counter[tuple[str, str]] = Counter()
@@ -124,6 +147,7 @@ def compute(data: QualityInput) -> ClusterQuality:
     stranded: Counter[str] = Counter()
     min_request = min(data.pending_gpu_requests, default=None)
     unknown = 0
+    unknown_products: Counter[str] = Counter()
     facts: dict[str, NodeFacts] = {}
     for n in data.nodes:
         facts[n.name] = n
@@ -132,6 +156,7 @@ def compute(data: QualityInput) -> ClusterQuality:
         gpu = gpu_label(n)
         if n.gpu is None:
             unknown += 1
+            unknown_products[_product_label(n.gpu_product)] += 1
         if n.unschedulable:
             continue
         busy = max(0, data.used_gpus.get(n.name, 0)) + data.reserved_gpus.get(n.name, 0)
@@ -159,6 +184,7 @@ def compute(data: QualityInput) -> ClusterQuality:
         hourly_cost=cost,
         pending_gpus=sum(data.pending_gpu_requests),
         unknown_gpu_nodes=unknown,
+        unknown_gpu_products=_bounded(unknown_products),
     )
 
 
@@ -182,6 +208,7 @@ class QualityPublisher:
         self._lock = threading.Lock()  # the periodic thread and an on-demand refresh may overlap
         self._free: set[tuple[str, str]] = set()
         self._gpu: set[str] = set()
+        self._unknown_products: set[str] = set()
 
     def publish(self, q: ClusterQuality) -> None:
         m = self.metrics
@@ -204,6 +231,11 @@ class QualityPublisher:
                 m.running_hourly_cost.labels(stage).set(dollars)
             m.pending_gpus.set(q.pending_gpus)
             m.unknown_gpu_nodes.set(q.unknown_gpu_nodes)
+            for product in self._unknown_products - q.unknown_gpu_products.keys():
+                m.unknown_gpu_product_nodes.remove(product)
+            for product, count in q.unknown_gpu_products.items():
+                m.unknown_gpu_product_nodes.labels(product).set(count)
+            self._unknown_products = set(q.unknown_gpu_products)
 
 
 class QualityRefresher:

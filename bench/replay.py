@@ -71,7 +71,10 @@ extender's own estimates): a training pod's trace duration is its run on an H100
 work at the measured training throughput of the GPU it got (bench/data/training_throughput.yaml); a
 batch serving pod runs its tokens at the GPU's measured per-token time relative to the H100's
 (median over serving-corpus points measured alike on both GPUs); a GPU without measurements is
-scaled by its datasheet peak or bandwidth and named in the result's ``meta.runtime``. A pod with
+scaled by its datasheet peak or bandwidth, a product the catalog lacks by the dense BF16 figure its
+nodes declare (``llm-placement.io/gpu-bf16-tflops``), else it runs at the H100's speed; every GPU
+is named with where its speed comes from in the result's ``meta.runtime``, and each variant's
+summary lists under ``fallback_speed_gpus`` the GPUs its pods ran on at a speed not measured. A pod with
 ``depends-on`` first reads its ``input-data-gb`` from where its producers ran, over the tier the
 two nodes share, at the single-stream bandwidth bench/data/data_path.yaml states with its source.
 Interactive serving is judged by the serving corpus's measured per-token time for its model size,
@@ -82,7 +85,11 @@ free nodes, sampled at every 1 % of created pods and (virtual clock) averaged ov
 between events, each state weighted by how long it lasted; stranded GPU-hours per node, priced, and
 the part beyond what perfect packing of the same partly used work would strand; pods placed /
 failed; over-commits (must be none); gangs run whole, deadlocks, GPU-hours held idle by partial
-gangs; queueing delay and job / pipeline completion; dollars spent (each pod's share of its node's
+gangs; per gang, when it could first have started on free whole nodes of one GPU model, when it
+did and why it waited (held for a larger gang, queue order, or nothing started meanwhile:
+tests/integration/harness/replay.py, ``GangWaits``), printed for the longest waits; queueing delay
+and job / pipeline completion; with Kueue, the times the clock moved on without Kueue's word
+(``admission_settle_timeouts``, 0 in a clean run); dollars spent (each pod's share of its node's
 list price from app/core/catalog.py x the hours it really ran); GB read per data-path tier; for
 pipelines, co-location of each consumer with its producer (same node or NVLink domain); for
 ``ours``, the extender's agreement counter
@@ -666,12 +673,15 @@ class Bench:
                            timeout_s=timeout, clock=clock, runtime=runtime,
                            admission_idle=kueue.idle if kueue else None,
                            on_progress=lambda done, _t: progress.update(task, completed=done))
+                if runtime is not None:
+                    r.fallback_gpus = dict(sorted(runtime.fallback_used.items()))
             finally:
                 if kueue is not None:
                     kueue.stop()
                     console.print(f"  Kueue: {kueue.admitted} workloads seen admitted, "
                                   f"{kueue.topology_assigned} placed by its topology-aware scheduling; "
-                                  f"asked whether idle: {kueue.idle_answers}")
+                                  f"asked whether idle: {kueue.idle_answers}, not idle only because a "
+                                  f"waiting workload fit: {kueue.waited_for_admissible}")
         t0 = time.monotonic()
         self.clear(ns)
         console.print(f"  {label} {variant}: {r.placed}/{r.pods} placed, {r.wall_s:.0f}s "
@@ -698,6 +708,8 @@ def summarize(r: ReplayResult) -> dict[str, Any]:
         "pods": r.pods, "placed": r.placed, "failed": r.failed, "gpu_pods_failed": r.gpu_pods_failed,
         "gpus_placed": r.gpus_placed, "gpus_failed": r.gpus_failed, "completed": r.completed,
         "overcommits": len(r.overcommits), "unknown_nodes": r.unknown_nodes,
+        "fallback_speed_gpus": r.fallback_gpus,
+        "admission_settle_timeouts": r.admission_settle_timeouts,
         "mean_gpus_allocated": mean("gpus_allocated"), "mean_gpus_stranded": mean("gpus_stranded"),
         "mean_stranded_share": statistics.mean(stranded_share) if stranded_share else 0.0,
         "mean_whole_free_nodes": mean("whole_free_nodes"),
@@ -743,7 +755,38 @@ def outcomes(r: ReplayResult) -> dict[str, Any]:
         # how long each ran on the node it got (its reads included).
         "queue_s_by_pod": {n: round(w, 1) for n, w in wait_of.items()},
         "ran_s_by_pod": {n: round(r.ran_s[n], 1) for n in sorted(r.ran_s)},
+        **gang_wait_figures(r),
     }
+
+
+def gang_wait_figures(r: ReplayResult) -> dict[str, Any]:
+    """Per gang: when it could first have started on free whole nodes of one GPU model, when it did
+    and why it waited (harness GangWaits); and the totals of those waits, by reason."""
+    waited = {g: w for g, w in r.gang_waits.items() if w["wait_s"]}
+    by_why: dict[str, float] = defaultdict(float)
+    for w in waited.values():
+        by_why[w["why"]] += w["wait_s"] / 3600
+    return {"gangs_waited_on_free_whole_nodes": len(waited),
+            "gang_wait_h_on_free_whole_nodes": sum(by_why.values()),
+            "gang_wait_h_by_why": dict(sorted(by_why.items())),
+            "gang_waits": r.gang_waits}
+
+
+def _gang_wait_table(title: str, variants: dict[str, dict[str, Any]], top: int = 10) -> None:
+    """The longest waits on free whole nodes, per variant (the full table is in the JSON)."""
+    t = Table(title=f"{title}: gangs that waited while free whole nodes of one model could hold them")
+    for c in ("variant", "gang", "members x GPUs", "could start (h)", "started (h)", "waited (h)", "why"):
+        t.add_column(c)
+    for v, s in variants.items():
+        rows = sorted(((g, w) for g, w in (s.get("gang_waits") or {}).items() if w["wait_s"]),
+                      key=lambda gw: -gw[1]["wait_s"])
+        for g, w in rows[:top]:
+            t.add_row(v, g.rsplit("/", 1)[-1], f"{w['members']} x {w['gpus'] // max(1, w['members'])}",
+                      f"{w['could_start'] / 3600:.1f}", f"{w['started'] / 3600:.1f}",
+                      f"{w['wait_s'] / 3600:.1f}", w["why"])
+        t.add_row(v, f"total ({len(rows)} gangs)", "", "", "",
+                  f"{s.get('gang_wait_h_on_free_whole_nodes', 0.0):.1f}", "")
+    console.print(t)
 
 
 def plot_fragmentation(label: str, results: dict[str, ReplayResult], out: Path) -> Path:
@@ -924,6 +967,7 @@ def main(
                 console.print(f"  gangs {v}: {r.gangs_started}/{r.gangs} gangs ran, {waited} waited; "
                               f"solver {delta}"
                               + (f", {runs / waited:.1f} runs per waiting gang" if waited and delta else ""))
+            _gang_wait_table("gangs", doc["variants"])
             stem = f"replay-gangs-{name}" if name else "replay-gangs"
             (out / f"{stem}.json").write_text(json.dumps(doc, indent=2))
             console.print(f"wrote {out / f'{stem}.json'}")
@@ -943,6 +987,7 @@ def main(
                     # After every variant, so a later failure does not lose a long replay.
                     (out / f"{stem}.json").write_text(json.dumps(llm_doc, indent=2))
                 _outcome_table(f"llm {key}", llm_doc[key]["variants"])
+                _gang_wait_table(f"llm {key}", llm_doc[key]["variants"])
             console.print(f"wrote {out / f'{stem}.json'}")
         if trace:
             nodes = openb_nodes(data)

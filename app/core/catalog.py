@@ -46,7 +46,7 @@ class GpuSpec(BaseModel):
     memory_gb: PositiveFloat  # as marketed, decimal GB
     hbm_bandwidth_tbs: PositiveFloat
     bf16_tflops: PositiveFloat  # dense; FP16 where the part has no BF16 (see notes)
-    int8_tops: PositiveFloat  # dense
+    int8_tops: PositiveFloat | None = None  # dense; None where no public source gives it (see notes)
     interconnect: str = Field(min_length=1)
     nvlink: StrictBool  # NVLink/xGMI reaches every GPU in the box
     fp8: StrictBool = False  # FP8 tensor cores (W8A8)
@@ -56,7 +56,12 @@ class GpuSpec(BaseModel):
     # Memory as the driver reports it (nvidia-smi memory.total, GFD nvidia.com/gpu.memory), MiB:
     # what a node without that label really offers, rather than the marketed decimal GB.
     memory_mib: PositiveFloat | None = None
-    hourly_cost_usd: PositiveFloat  # representative on-demand list price per GPU-hour
+    # CUDA compute capability ("9.0"), as NVIDIA's compute capability tables list it: matched to GPU
+    # Feature Discovery's labels to bound the throughput of a product the catalog lacks.
+    compute_capability: str | None = Field(None, pattern=r"^\d+\.\d+$")
+    # Representative on-demand list price per GPU-hour; None where no public list price was found
+    # (see notes): such a node is priced like an unknown GPU (unknown_gpu_hourly_cost) unless annotated.
+    hourly_cost_usd: PositiveFloat | None = None
     source: tuple[str, ...] = Field(min_length=1)
     aliases: tuple[str, ...] = Field(min_length=1)
     notes: tuple[str, ...] = ()

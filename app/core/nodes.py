@@ -12,9 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.core.catalog import GpuCatalog, GpuSpec
+from app.core.catalog import GpuCatalog, GpuSpec, normalize
 from app.core.policy import NodeFactsPolicy, NodeLabelKeys
-from app.core.units import parse_bandwidth_tbs, parse_money, parse_quantity
+from app.core.units import parse_bandwidth_tbs, parse_money, parse_quantity, parse_tflops
+
+__all__ = ["NodeClass", "NodeFacts", "facts_for", "node_facts", "penalty_tflops", "work_tflops"]
 
 ANN = "llm-placement.io/"
 # A CPU socket's DRAM bandwidth, used for CPU-served small models; deliberately modest.
@@ -26,6 +28,9 @@ MIN_GPU_MEMORY_GB = 0.25
 MAX_GPU_MEMORY_GB = 16_384.0
 # GPUs one node may advertise: the largest servers have 16; a count of 10^18 is not a node.
 MAX_NODE_GPUS = 1024
+# Two memory figures denote the same product when they differ by at most this share: the driver's
+# MiB is a little more or less than the marketed decimal GB (docs/node-facts.md).
+MEMORY_MATCH_SHARE = 0.08
 MigSlices = tuple[tuple[str, float, int, int], ...]
 
 
@@ -57,6 +62,11 @@ class NodeFacts(BaseModel):
     zone: str = ""
     rdma: bool = False
     hourly_cost: float = Field(0.0, ge=0)
+    # Dense BF16 TFLOPS per GPU that work on this node is priced by (docs/node-facts.md, "Throughput"):
+    # the operator's figure, else the catalog's, else inferred from what the labels say, else the
+    # penalty figure; 0 on a node built without it (see ``work_tflops``). ``gpu_tflops_basis`` says which.
+    gpu_tflops: float = Field(0.0, ge=0)
+    gpu_tflops_basis: str = ""
     unschedulable: bool = False
     # A PreferNoSchedule taint: kube-scheduler's TaintToleration scores it, so filter_to_best
     # leaves the choice among equal-best nodes to kube-scheduler (app/core/narrowing.py).
@@ -135,10 +145,12 @@ def node_facts(
     mig = _valid_mig(mig, warnings)
     mig_gpus = mig_gpus if mig and 0 <= mig_gpus <= MAX_NODE_GPUS else 0
     product, gpu, mem_gb, bw = _gpu_hardware(labels, ann, catalog, keys, gpu_count, warnings)
+    tflops, basis = (_gpu_throughput(labels, ann, catalog, keys, product, gpu, warnings)
+                     if gpu_count or mig else (0.0, ""))
     node_class = _node_class(labels, ann, bool(gpu_count or mig), warnings)
     # An unknown GPU is priced like a big one: pricing it like a CPU node would make it the cheapest
     # node in the cluster and pull every CPU pod onto it, stranding its GPUs.
-    per_gpu = gpu.hourly_cost_usd if gpu else unknown_gpu_hourly_cost
+    per_gpu = gpu.hourly_cost_usd if gpu and gpu.hourly_cost_usd else unknown_gpu_hourly_cost
     physical = gpu_count + (mig_gpus if mig else 0)  # a MIG-partitioned GPU costs what it costs whole
     cost = per_gpu * physical if physical else cpu_hourly_cost
     if (raw_cost := ann.get(ANN + "hourly-cost")) is not None:
@@ -154,7 +166,7 @@ def node_facts(
     # The raw product too: a claim's productName selector (docs/dra.md) tells apart two products the
     # catalog reads as one model. MIG slices with their free counts: a MIG pod's verdict depends on them.
     shape = (node_class, gpu.name if gpu else product, gpu_count, mem_gb, bw, qty("cpu"), qty("memory"), cost,
-             mig, product)
+             mig, product, tflops)
     return NodeFacts(
         shape=shape,
         name=name,
@@ -172,6 +184,8 @@ def node_facts(
         zone=labels.get("topology.kubernetes.io/zone", ""),
         rdma=rdma,
         hourly_cost=cost,
+        gpu_tflops=tflops,
+        gpu_tflops_basis=basis,
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
         prefer_no_schedule=_prefer_no_schedule(node),
         labels=labels,
@@ -206,6 +220,88 @@ def _gpu_hardware(
         except ValueError as exc:
             warnings.append(str(exc))
     return product, gpu, mem_gb, bw
+
+
+def penalty_tflops(catalog: GpuCatalog) -> tuple[float, str]:
+    """What a GPU nothing is known of is priced by: as slow as the slowest catalogued GPU. Its work
+    then ranks after every catalogued GPU's at any sane price, never before (docs/node-facts.md)."""
+    slowest = min(catalog, key=lambda g: (g.bf16_tflops, g.name))
+    return slowest.bf16_tflops, f"unknown: assumed as slow as the slowest catalogued GPU ({slowest.name})"
+
+
+def work_tflops(facts: NodeFacts) -> float:
+    """Dense BF16 TFLOPS per GPU that training on ``facts`` is priced by (0 for a node without GPUs).
+
+    Node facts from :func:`node_facts` carry it; facts built by hand fall back to their catalog
+    entry, else to the penalty figure of the packaged catalog, so no GPU is ever priced per hour
+    beside others priced per unit of work."""
+    if facts.gpu_tflops > 0:
+        return facts.gpu_tflops
+    if facts.gpu is not None:
+        return facts.gpu.bf16_tflops
+    if not facts.gpu_node:
+        return 0.0
+    from app.core.catalog import default_catalog
+
+    return penalty_tflops(default_catalog())[0]
+
+
+def _gpu_throughput(
+    labels: dict[str, str], ann: dict[str, str], catalog: GpuCatalog, keys: NodeLabelKeys,
+    product: str | None, gpu: GpuSpec | None, warnings: list[str],
+) -> tuple[float, str]:
+    """Dense BF16 TFLOPS per GPU and where the figure comes from (docs/node-facts.md, "Throughput").
+
+    An operator's annotation wins; then the catalog entry. For a product the catalog lacks, the
+    catalogued GPUs consistent with everything the node says (a product name that extends a
+    catalogued one, GPU Feature Discovery's compute capability and memory) bound it from below: the
+    slowest of them. Nothing known, or nothing consistent: the penalty figure."""
+    if (raw := ann.get(ANN + "gpu-bf16-tflops")) is not None:
+        try:
+            return parse_tflops(raw), "declared by the node annotation"
+        except ValueError as exc:
+            warnings.append(f"{exc}; ignored")
+    if gpu is not None:
+        return gpu.bf16_tflops, "catalog"
+    said: list[str] = []
+    pool = list(catalog)
+    if product and (named := _named_like(catalog, product)):
+        pool = [g for g in pool if g in named]
+        said.append(f'product "{product}" extends {"/".join(sorted(g.name for g in named))}')
+    cc = _compute_capability(labels, keys)
+    if cc is not None:
+        pool = [g for g in pool if g.compute_capability == cc]
+        said.append(f"compute capability {cc}")
+    if (raw_mem := _first(labels, keys.gpu_memory_mib)) is not None:
+        try:
+            mib = parse_quantity(raw_mem)
+        except ValueError:
+            mib = 0.0
+        if mib > 0:
+            pool = [g for g in pool if abs(_memory_mib(g) - mib) <= MEMORY_MATCH_SHARE * mib]
+            said.append(f"{mib:g} MiB")
+    if said and pool:
+        slowest = min(pool, key=lambda g: (g.bf16_tflops, g.name))
+        return slowest.bf16_tflops, f"inferred ({', '.join(said)}): as slow as {slowest.name}"
+    return penalty_tflops(catalog)
+
+
+def _named_like(catalog: GpuCatalog, product: str) -> list[GpuSpec]:
+    """Catalogued GPUs whose name or an alias the product name extends ("NVIDIA-H100-80GB-HBM3-OEM"
+    extends "NVIDIA-H100-80GB-HBM3"): whole words only, so an "A10" never matches an "A100"."""
+    key = normalize(product)
+    return [g for g in catalog if any(key.startswith(normalize(a) + "-") for a in (g.name, *g.aliases))]
+
+
+def _compute_capability(labels: dict[str, str], keys: NodeLabelKeys) -> str | None:
+    major, minor = _first(labels, keys.gpu_compute_major), _first(labels, keys.gpu_compute_minor)
+    if major is None or minor is None or not major.isdigit() or not minor.isdigit():
+        return None
+    return f"{int(major)}.{int(minor)}"
+
+
+def _memory_mib(g: GpuSpec) -> float:
+    return g.memory_mib or g.memory_gb * 1000.0 / 1.048576
 
 
 def _node_class(labels: dict[str, str], ann: dict[str, str], gpus: bool, warnings: list[str]) -> NodeClass:

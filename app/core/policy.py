@@ -71,6 +71,9 @@ class NodeLabelKeys(BaseModel):
         "node.koordinator.sh/gpu-model",
     )
     gpu_memory_mib: tuple[str, ...] = ("nvidia.com/gpu.memory",)
+    # GPU Feature Discovery's compute capability: bounds the throughput of a product the catalog lacks.
+    gpu_compute_major: tuple[str, ...] = ("nvidia.com/gpu.compute.major",)
+    gpu_compute_minor: tuple[str, ...] = ("nvidia.com/gpu.compute.minor",)
     # At least one: a node's GPUs could not be counted at all without it.
     gpu_resource: tuple[str, ...] = Field(("nvidia.com/gpu", "amd.com/gpu"), min_length=1)
     nvlink_domain: tuple[str, ...] = (

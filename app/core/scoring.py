@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.feasibility import NodeFit
-from app.core.nodes import NodeClass
+from app.core.nodes import NodeClass, work_tflops
 from app.core.policy import ScoringPolicy, StageWeights
 from app.core.ranking import bands
 from app.core.score_list import Floats, Ints, NodeScore, ScoreList
@@ -154,9 +154,10 @@ def work_cost(spec: WorkloadSpec, f: NodeFit, interactive: bool) -> float:
     """
     if spec.stage is Stage.SERVING and not interactive and f.ms_per_token:
         return f.pod_hourly_cost * f.ms_per_token
-    gpu = f.node.gpu
-    if spec.stage in TRAINING_STAGES and spec.gpus > 0 and gpu is not None and gpu.bf16_tflops > 0:
-        return f.pod_hourly_cost / gpu.bf16_tflops
+    # Every GPU node has a throughput: a product the catalog lacks gets an inferred or penalty
+    # figure (docs/node-facts.md, "Throughput"), never its hourly price beside others' per-work prices.
+    if spec.stage in TRAINING_STAGES and spec.gpus > 0 and (tflops := work_tflops(f.node)) > 0:
+        return f.pod_hourly_cost / tflops
     return f.pod_hourly_cost
 
 
@@ -236,7 +237,7 @@ def _outclassed(spec: WorkloadSpec, class_fits: Sequence[NodeFit], present: list
     (``work_cost``) and speed (dense BF16 peak)."""
     if spec.stage not in TRAINING_STAGES or spec.gpus <= 0:
         return set()
-    speed = {c: g.bf16_tflops if (g := class_fits[c].node.gpu) else 0.0 for c in present}
+    speed = {c: work_tflops(class_fits[c].node) for c in present}
     return outclassed({c: (work_cost(spec, class_fits[c], False), speed[c]) for c in present})
 
 

@@ -37,6 +37,9 @@ MAX_PARAMS = 1e16  # 10,000T parameters
 MAX_NUMBER = 1e12  # any plain annotation number (GB, ms, dollars)
 MAX_INT = 2**31 - 1
 MAX_BANDWIDTH_TBS = 1e6
+# The fastest GPU today has a few thousand dense BF16 TFLOPS; an operator's figure past this is a typo.
+MAX_GPU_TFLOPS = 100_000.0
+_TFLOPS_SCALE = {"": 1.0, "TFLOPS": 1.0, "tflops": 1.0, "TFLOP/s": 1.0}
 MAX_TEXT = 64  # characters of a bad value quoted back in a message
 
 
@@ -114,6 +117,12 @@ def parse_bandwidth_tbs(text: str) -> float:
     """``"4.1TB/s"`` or ``"900GB/s"`` -> TB/s. A bare number is read as TB/s."""
     return parse_number("bandwidth", text, what="like 3.35TB/s or 900GB/s", units=_BW_SCALE,
                         maximum=MAX_BANDWIDTH_TBS)
+
+
+def parse_tflops(text: str) -> float:
+    """``"1500"`` or ``"1500 TFLOPS"`` -> 1500.0 (dense BF16 TFLOPS per GPU)."""
+    return parse_number("gpu-bf16-tflops", text, what="dense BF16 TFLOPS like 989 or 989 TFLOPS",
+                        units=_TFLOPS_SCALE, maximum=MAX_GPU_TFLOPS)
 
 
 def parse_money(text: str) -> float:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from app.core.feasibility import NodeFit, evaluate
-from app.core.nodes import NodeFacts
+from app.core.nodes import NodeFacts, work_tflops
 from app.core.policy import GangPolicy
 from app.core.scoring import outclassed
 from app.core.snapshot import ClusterSnapshot, NodeUsage
@@ -271,13 +271,16 @@ def _free(snapshot: ClusterSnapshot, name: str, facts: NodeFacts, reserved: Call
 
 
 def _price(f: NodeFacts, per_work: bool = False) -> float:
-    """Per GPU-hour, or (training) per GPU-hour over the GPU's dense BF16 peak, rounded so GPUs
-    priced alike share a rank."""
+    """Per GPU-hour, or (training) per GPU-hour over the GPU's dense BF16 throughput, rounded so
+    GPUs priced alike share a rank."""
     if not f.gpu_count:
         return 0.0
     hourly = f.hourly_cost / f.gpu_count
-    if per_work and f.gpu is not None and f.gpu.bf16_tflops > 0:
-        return round(1000 * hourly / f.gpu.bf16_tflops, 4)
+    if per_work:
+        # Every GPU has a throughput to divide by: a product the catalog lacks is inferred or
+        # penalised (docs/node-facts.md, "Throughput"), never ranked by its hourly price beside
+        # per-work prices (that made unknown GPUs look cheapest).
+        return round(1000 * hourly / work_tflops(f), 4)
     return round(hourly, 2)
 
 

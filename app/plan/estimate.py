@@ -1,7 +1,8 @@
 """How long a task takes on a node: given, or estimated from the work with the sizing model.
 
 * Pretraining / alignment: ``6 x params x tokens`` FLOPs (forward + backward, the usual dense
-  transformer count) at ``TRAIN_MFU`` of the GPUs' dense BF16 peak from the catalog.
+  transformer count) at ``TRAIN_MFU`` of the GPUs' dense BF16 throughput (the catalog's peak; for
+  a product the catalog lacks, the node facts' declared, inferred or penalty figure).
 * Serving-class tasks (eval, serve): decode is memory-bound (docs/stage-policy.md), so each generated
   token costs the predicted ms/token of ``app.core.sizing``; ``concurrency`` streams share it.
 * Anything else (data-prep, quantisation) has no portable work measure: it must give ``duration``.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 
 from app.core.feasibility import NodeFit
-from app.core.nodes import NodeFacts
+from app.core.nodes import NodeFacts, work_tflops
 from app.core.workload import TRAINING_STAGES, Stage, WorkloadSpec
 
 # Share of peak dense BF16 FLOPS that large training jobs sustain (model FLOPs utilisation); 35-45%
@@ -39,10 +40,12 @@ def task_seconds(
     if spec.model_params is None:
         raise EstimateError(f"task {name}: tokens need model_params to estimate a duration")
     if spec.stage in TRAINING_STAGES:
-        if spec.gpus <= 0 or node.gpu is None:
-            raise EstimateError(f"task {name}: training from tokens needs GPUs of a catalogued product")
+        if spec.gpus <= 0 or (tflops := work_tflops(node)) <= 0:
+            raise EstimateError(f"task {name}: training from tokens needs GPUs")
+        # The GPU's dense BF16 throughput as the scorer prices work (docs/node-facts.md,
+        # "Throughput"): a product the catalog lacks is declared, inferred or penalised alike.
         flops = 6.0 * spec.model_params * tokens
-        return _capped(name, node, flops / (spec.gpus * node.gpu.bf16_tflops * 1e12 * TRAIN_MFU))
+        return _capped(name, node, flops / (spec.gpus * tflops * 1e12 * TRAIN_MFU))
     if spec.stage is Stage.SERVING and fit.ms_per_token is not None:
         streams = spec.concurrency or default_concurrency
         return _capped(name, node, tokens * fit.ms_per_token / 1000.0 / streams)

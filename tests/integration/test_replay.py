@@ -330,3 +330,67 @@ def test_kueue_admits_each_gang_whole_in_front_of_mostallocated(gang_results: di
     # The second gang starts only when the first has ended: it was never admitted beside it.
     first_end = min(starts[first]) + max(queued_.ran_s[f"{first}-{i}"] for i in range(3))
     assert min(starts[second]) >= first_end
+
+
+# ----- the virtual clock waits for Kueue: a group admissible between two trace events starts then --
+def _admission_trace(tas: bool) -> list[ReplayPod]:
+    """Gang ga (2 x 4 GPUs, 100 s) fills the 8 GPUs at 0; gang gb (the same) waits for it; gang gc
+    arrives at 1,000 s, the next trace event after ga's end. gb becomes admissible at 100 s."""
+    out = []
+    for gang, arrive in (("ga", 0.0), ("gb", 0.0), ("gc", 1000.0)):
+        for i in range(2):
+            pod = llm_pod(f"{gang}-{i}", stage="pretraining", model_params="1B", gpus=4, cpu="2",
+                          memory="8Gi", annotations={"llm-placement.io/gang-name": gang,
+                                                     "llm-placement.io/gang-size": "2"})
+            out.append(ReplayPod(queued(pod, pod_gang(pod), tas=tas), arrive=arrive, duration=100.0))
+    return out
+
+
+@pytest.fixture(scope="module")
+def admission_results(control_plane: ControlPlane, cluster: ClusterScope,
+                      kwok: Kwok) -> Iterator[dict[str, tuple[ReplayResult, int]]]:
+    try:
+        kueue_binary = build_kueue()
+    except KueueBuildError as exc:
+        pytest.fail(f"Kueue unavailable: {exc}", pytrace=False)
+    cluster.remove_nodes(list(cluster.nodes))
+    manifests = [gpu_node(cluster.node_name(f"k{i}"), "H100", gpus=GANG_GPUS, cpu="96", rdma=True,
+                          labels=kwok_node_labels(), index=300 + i) for i in range(GANG_NODES)]
+    cluster.add_nodes(manifests)
+    out: dict[str, tuple[ReplayResult, int]] = {}
+    try:
+        for variant in ("kueue", "kueue-tas"):
+            tas = variant == "kueue-tas"
+            ns = f"{cluster.namespace}-a-{variant}"
+            ensure_namespace(control_plane.core, ns)
+            restart_scheduler_with(control_plane, with_retry_backoff(variant_config(control_plane, "kueue"), 1),
+                                   f"replay-admission-{variant}")
+            trace = _admission_trace(tas)
+            queue = Kueue(kueue_binary, control_plane, control_plane.workdir, ns, tas=tas,
+                          node_labels=kwok_node_labels())
+            queue.start(cluster_quota(manifests, [p.manifest for p in trace]))
+            try:
+                r = replay(control_plane, ns, manifests, trace, variant=variant, speed=1.0, clock="virtual",
+                           settle_s=15.0, retry_settle_s=5.0, timeout_s=300.0, admission_idle=queue.idle)
+                out[variant] = (r, queue.waited_for_admissible)
+            finally:
+                queue.stop()
+                delete_all_pods(control_plane.core, ns)
+            kwok.check_alive()
+        yield out
+    finally:
+        control_plane.restart_scheduler()
+
+
+@pytest.mark.parametrize("variant", ["kueue", "kueue-tas"])
+def test_a_group_admissible_between_two_trace_events_starts_when_it_became_admissible(
+        admission_results: dict[str, tuple[ReplayResult, int]], variant: str) -> None:
+    r, waited = admission_results[variant]
+    assert r.gangs_started == 3 and r.completed == 6 and r.overcommits == []
+    start = {g: {r.started_at[f"{g}-{i}"] for i in range(2)} for g in ("ga", "gb", "gc")}
+    assert start["ga"] == {0.0}
+    # gb fits the moment ga ends (100 s); the clock must not move on to gc's arrival (1,000 s)
+    # before Kueue has admitted it.
+    assert start["gb"] == {100.0}, (start, r.admission_settle_timeouts, waited)
+    assert start["gc"] == {1000.0}
+    assert r.admission_settle_timeouts == 0

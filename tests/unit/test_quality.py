@@ -133,6 +133,33 @@ def test_unknown_products_get_a_bounded_label_and_are_counted(cat: GpuCatalog) -
     assert set(q.free_gpus) == {("node:mystery-0", UNKNOWN_GPU), ("node:mystery-1", UNKNOWN_GPU)}
 
 
+def test_uncatalogued_products_are_a_warning_metric_naming_each_product(cat: GpuCatalog) -> None:
+    m = Metrics()
+    pub = QualityPublisher(m)
+    snap = ClusterSnapshot()
+    for i, product in enumerate(["NVIDIA-H800", "NVIDIA-H800", "NVIDIA-L20", "x" * 200]):
+        snap.upsert_node(facts(cat, f"u-{i}", gpus=8, product=product))
+    snap.upsert_node(facts(cat, "h100", gpus=8, product=H100))
+    pub.publish(snapshot_quality(snap))
+    metric = "llm_placement_unknown_gpu_product_nodes"
+    assert sample(m, metric, product="NVIDIA-H800") == 2
+    assert sample(m, metric, product="NVIDIA-L20") == 1
+    assert sample(m, metric, product="x" * 64) == 1  # cut short: a label is no free-text field
+    assert sample(m, metric, product=H100) is None  # catalogued
+    snap.remove_node("u-2")
+    pub.publish(snapshot_quality(snap))
+    assert sample(m, metric, product="NVIDIA-L20") is None
+
+
+def test_unknown_product_series_are_bounded(cat: GpuCatalog) -> None:
+    snap = ClusterSnapshot()
+    for i in range(40):
+        snap.upsert_node(facts(cat, f"u-{i}", gpus=1, product=f"ACME-{i}"))
+    q = snapshot_quality(snap)
+    assert len(q.unknown_gpu_products) == 33 and q.unknown_gpu_products["(other)"] == 8
+    assert sum(q.unknown_gpu_products.values()) == 40
+
+
 @pytest.mark.parametrize(
     ("gpus", "cpu", "memory", "node_kw"),
     [

@@ -157,3 +157,46 @@ def test_a_consumer_reads_its_input_over_the_path_to_where_its_producer_ran() ->
     runtime = PodRuntime(nodes, [*gang, sft])
     assert runtime(sft, "c", where) == pytest.approx(100.0 + 100 * cross)
     assert PodRuntime(nodes)(sft, "c", where) == pytest.approx(100.0)  # without the trace: compute only
+
+
+# ----- every GPU has a run time, and the result says which ran at a fallback speed ----------------
+
+def test_the_speed_model_covers_every_catalogued_gpu() -> None:
+    from app.core.catalog import default_catalog
+
+    training, serving = TrainingSpeed.load(), ServingSpeed.load()
+    nodes = [node_object(f"n{i}", gpus=8, product=g.aliases[0]) for i, g in enumerate(default_catalog())]
+    facts = PodRuntime(nodes, training=training, serving=serving).facts()
+    assert set(facts) == {g.name for g in default_catalog()}
+    for gpu, f in facts.items():
+        assert f["training_time_ratio"] > 0 and f["batch_serving_time_ratio"] > 0, gpu
+        assert (f["training_from"] == "measured") == (gpu in training.curves), gpu
+
+
+class _Run:
+    def __init__(self, manifest: dict[str, object], duration: float) -> None:
+        self.manifest, self.duration = manifest, duration
+
+
+def test_an_uncatalogued_gpu_runs_at_its_declared_speed_and_is_named_as_a_fallback() -> None:
+    fast = node_object("x", gpus=8, product="Anon-Accelerator-X",
+                       annotations={"llm-placement.io/gpu-bf16-tflops": "1978"})  # 2 x the H100's 989
+    rt = PodRuntime([fast, node_object("h", gpus=8, product="NVIDIA-H100-80GB-HBM3")])
+    assert rt(_Run(train(), 1000.0), "x", {}) == pytest.approx(500.0)  # credited, not just charged
+    assert rt.fallback_used == {"Anon-Accelerator-X": "declared"}
+    assert rt(_Run(train(), 1000.0), "h", {}) == pytest.approx(1000.0)  # measured: not a fallback
+    assert rt.fallback_used == {"Anon-Accelerator-X": "declared"}
+    assert rt.facts()["Anon-Accelerator-X"]["training_time_ratio"] == pytest.approx(0.5)
+
+
+def test_an_uncatalogued_gpu_with_nothing_declared_runs_at_the_reference_speed_and_says_so() -> None:
+    rt = PodRuntime([node_object("x", gpus=8, product="Anon-Accelerator-X")])
+    assert rt(_Run(train(), 1000.0), "x", {}) == 1000.0
+    assert rt.fallback_used == {"Anon-Accelerator-X": "none"}
+    assert "fallback" in rt.facts()["Anon-Accelerator-X"]["training_from"]
+
+
+def test_a_datasheet_scaled_gpu_a_pod_ran_on_is_named_as_a_fallback() -> None:
+    rt = PodRuntime([node_object("l", gpus=8, product="NVIDIA-L40S")])
+    assert rt(_Run(train(), 1000.0), "l", {}) > 1000.0
+    assert rt.fallback_used == {"L40S": "datasheet"}

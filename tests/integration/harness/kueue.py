@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,11 @@ class Kueue:
         self._admitted: set[str] = set()
         self.idle_answers = {True: 0, False: 0}
         self._topology: set[str] = set()
+        self.quota: dict[str, str] = {}
+        self._nodes: list[dict[str, Any]] | None = None
+        # Times idle() said no only because a waiting workload could be admitted now (Kueue had not
+        # yet retried it, e.g. within its requeue batch period after a release).
+        self.waited_for_admissible = 0
 
     @property
     def _pki(self) -> Any:
@@ -192,6 +198,7 @@ class Kueue:
 
     def start(self, quota: dict[str, str], timeout: float = KUEUE_READY_TIMEOUT) -> None:
         """Install the CRDs, start the controller, register its webhooks and create the queues."""
+        self.quota = dict(quota)
         self.install_crds()
         core = self.cp.core
         from .controlplane import ensure_namespace
@@ -316,38 +323,62 @@ class Kueue:
             return None
         return metric_value(text, PENDING_METRIC, {"cluster_queue": QUEUE, "status": "active"})
 
-    def in_flight(self) -> int:
-        """Workloads Kueue has yet to act on: admitted with a pod still behind a scheduling gate it is
-        about to lift, or still holding quota although every pod of theirs has ended (Kueue has not
-        yet seen them finish, so a waiting group cannot have been tried against the freed quota).
-        While any is left the replay's clock must wait."""
+    def _listed(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The namespace's Workloads and pods (by name), as the API has them now."""
         co = CustomObjectsApi(self.cp.api)
         wls = co.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "workloads")["items"]
         self._note_admissions(wls)
         pods = {p["metadata"]["name"]: p for p in json.loads(
             self.cp.core.list_namespaced_pod(self.namespace, _preload_content=False).data)["items"]}
-        busy = 0
-        for w in wls:
-            conds = {c.get("type"): c.get("status") for c in (w.get("status") or {}).get("conditions") or []}
-            if conds.get("QuotaReserved") != "True" or conds.get("Finished") == "True":
-                continue
-            members = [pods.get(o["name"]) for o in w["metadata"].get("ownerReferences") or []]
-            gated = any(g.get("name") in KUEUE_GATES for p in members if p
-                        for g in p["spec"].get("schedulingGates") or [])
-            ended = all(p is None or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-                        for p in members)
-            busy += gated or ended
-        return busy
+        return wls, pods
 
-    def idle(self) -> bool:
-        """True when Kueue has tried every pending workload since the last change and released every
-        admitted one: the replay's virtual clock may move on. Asked at most every IDLE_POLL_S (it
-        lists the namespace's pods and Workloads)."""
+    def in_flight(self, listed: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None) -> int:
+        """Workloads Kueue or kube-scheduler has yet to act on: admitted with a pod still behind a
+        scheduling gate Kueue is about to lift, or released but not yet tried by kube-scheduler, or
+        still holding quota although every pod of theirs has ended (Kueue has not yet seen them
+        finish, so a waiting group cannot have been tried against the freed quota); and gated pods
+        of a complete group no Workload owns yet (``unclaimed``). While any is left the replay's
+        clock must wait."""
+        wls, pods = listed or self._listed()
+        return in_flight(wls, pods)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The cluster's nodes (listed once: a replay's nodes do not change)."""
+        if self._nodes is None:
+            self._nodes = json.loads(self.cp.core.list_node(_preload_content=False).data)["items"]
+        return self._nodes
+
+    def admissible(self, listed: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None
+                   ) -> list[str]:
+        """Waiting workloads that Kueue could admit now (``admissible_now``)."""
+        wls, pods = listed or self._listed()
+        return admissible_now(wls, pods, self.nodes(), self.quota, tas=self.tas, node_labels=self.node_labels)
+
+    def idle(self, seen_bound: Collection[str] | None = None) -> bool:
+        """True when Kueue has nothing it could admit now: every pending workload tried since the
+        last change (its ``pending_workloads{status="active"}`` is 0), every admitted one released,
+        and no waiting workload that fits the free quota (and, with TAS, the free nodes) now. The
+        last is what makes the answer exact: after a release Kueue retries its inadmissible
+        workloads only after a batch period (1 s in v0.17.0, pkg/cache/queue/
+        inadmissible_workloads.go, requeueBatchPeriod), during which the first two hold although a
+        group is about to be admitted. ``seen_bound``: the pods the caller has seen bound; a pod the
+        API shows bound that is not among them is news the caller has yet to read (a decision made
+        while it asked), so the answer is no. Asked at most every IDLE_POLL_S (it lists the
+        namespace's pods and Workloads)."""
         now = time.monotonic()
         if now - self._asked < IDLE_POLL_S:
             return False
         self._asked = now
-        idle = self.pending_active() == 0 and self.in_flight() == 0
+        idle = self.pending_active() == 0
+        if idle:
+            listed = self._listed()
+            idle = in_flight(*listed) == 0
+            if idle and self.admissible(listed):
+                self.waited_for_admissible += 1
+                idle = False
+            if idle and seen_bound is not None:
+                seen = set(seen_bound)
+                idle = all(name in seen for name, p in listed[1].items() if p["spec"].get("nodeName"))
         self.idle_answers[idle] += 1
         return idle
 
@@ -455,3 +486,152 @@ def _replace(create: Any, delete: Any, body: dict[str, Any]) -> None:
         if exc.status != 404:
             raise
     create(body)
+
+
+# ----- what Kueue could admit now (pure, unit-tested) ---------------------------------------------
+TERMINAL = ("Succeeded", "Failed")
+
+
+def _conditions(w: dict[str, Any]) -> dict[str, str]:
+    return {c.get("type"): c.get("status") for c in (w.get("status") or {}).get("conditions") or []}
+
+
+def in_flight(workloads: list[dict[str, Any]], pods: dict[str, dict[str, Any]]) -> int:
+    """Admitted workloads with a pod still behind one of Kueue's gates, or still holding quota
+    although every pod of theirs has ended (``Kueue.in_flight``)."""
+    busy = 0
+    for w in workloads:
+        conds = _conditions(w)
+        if conds.get("QuotaReserved") != "True" or conds.get("Finished") == "True":
+            continue
+        members = [pods.get(o["name"]) for o in w["metadata"].get("ownerReferences") or []]
+        gated = any(g.get("name") in KUEUE_GATES for p in members if p
+                    for g in p["spec"].get("schedulingGates") or [])
+        ended = all(p is None or (p.get("status") or {}).get("phase") in TERMINAL for p in members)
+        busy += gated or ended or any(p is not None and _released_unseen(p) for p in members)
+    return busy + len(unclaimed(workloads, pods))
+
+
+def unclaimed(workloads: list[dict[str, Any]], pods: dict[str, dict[str, Any]]) -> list[str]:
+    """Gated pods whose group is complete (or that stand alone) but that no Workload owns yet:
+    Kueue has still to create their Workload, so it has something to act on although its queues
+    show nothing pending."""
+    owned = {o["name"] for w in workloads for o in w["metadata"].get("ownerReferences") or []}
+    members: dict[str, int] = {}
+    for p in pods.values():
+        if (group := (p["metadata"].get("labels") or {}).get(GROUP_LABEL)) is not None:
+            members[group] = members.get(group, 0) + 1
+    out = []
+    for name, p in pods.items():
+        meta = p["metadata"]
+        if name in owned or meta.get("deletionTimestamp") or (p.get("status") or {}).get("phase") in TERMINAL:
+            continue
+        if not any(g.get("name") in KUEUE_GATES for g in p["spec"].get("schedulingGates") or []):
+            continue
+        group = (meta.get("labels") or {}).get(GROUP_LABEL)
+        total = int((meta.get("annotations") or {}).get(GROUP_COUNT, "1") or 1)
+        if group is None or members.get(group, 0) >= total:
+            out.append(name)
+    return sorted(out)
+
+
+def _released_unseen(pod: dict[str, Any]) -> bool:
+    """A pod Kueue has released (no gate left) that kube-scheduler has not tried yet: unbound, not
+    ended, its PodScheduled condition still the gate's (SchedulingGated) or absent. Such a pod looks
+    unschedulable to a watcher of that condition while it is about to be bound."""
+    if pod["spec"].get("nodeName") or (pod.get("status") or {}).get("phase") in TERMINAL:
+        return False
+    if any(g.get("name") in KUEUE_GATES for g in pod["spec"].get("schedulingGates") or []):
+        return False
+    cond = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "PodScheduled"), None)
+    return cond is None or cond.get("reason") == "SchedulingGated"
+
+
+def _requests(pod_spec: dict[str, Any]) -> dict[str, float]:
+    """A pod's effective requests: its containers' sum, or an init container's if larger."""
+    out: dict[str, float] = {}
+    for c in pod_spec.get("containers") or []:
+        for r, q in ((c.get("resources") or {}).get("requests") or {}).items():
+            out[r] = out.get(r, 0.0) + _quantity(str(q))
+    for c in pod_spec.get("initContainers") or []:
+        for r, q in ((c.get("resources") or {}).get("requests") or {}).items():
+            out[r] = max(out.get(r, 0.0), _quantity(str(q)))
+    return out
+
+
+def _pod_sets(w: dict[str, Any]) -> list[tuple[int, dict[str, float]]]:
+    """(count, requests of one pod) per pod set of a Workload."""
+    return [(int(ps.get("count") or 0), _requests(((ps.get("template") or {}).get("spec")) or {}))
+            for ps in (w.get("spec") or {}).get("podSets") or []]
+
+
+def admissible_now(workloads: list[dict[str, Any]], pods: dict[str, dict[str, Any]],
+                   nodes: list[dict[str, Any]], quota: dict[str, str], *, tas: bool,
+                   node_labels: dict[str, str] | None = None) -> list[str]:
+    """Names of waiting workloads (no quota reserved, not finished) that fit now, each on its own:
+    within the ClusterQueue's quota less what admitted, unfinished workloads reserve, and with
+    ``tas`` also on the nodes of the flavor (``node_labels``) with room for every pod, counting as
+    used what the namespace's running or pinned pods request (Kueue pins each pod of an admitted
+    workload to its node). What Kueue would admit at its next try, whatever its queues say."""
+    limit = {r: _quantity(q) for r, q in quota.items()}
+    reserved: dict[str, float] = {}
+    waiting = []
+    for w in workloads:
+        conds = _conditions(w)
+        if conds.get("Finished") == "True":
+            continue
+        if conds.get("QuotaReserved") == "True":
+            for count, req in _pod_sets(w):
+                for r, v in req.items():
+                    reserved[r] = reserved.get(r, 0.0) + count * v
+        else:
+            waiting.append(w)
+    free: dict[str, dict[str, float]] = {}
+    if tas:
+        want = node_labels or {}
+        for n in nodes:
+            labels = n["metadata"].get("labels") or {}
+            if all(labels.get(k) == v for k, v in want.items()) and not (n.get("spec") or {}).get("unschedulable"):
+                alloc = (n.get("status") or {}).get("allocatable") or {}
+                free[n["metadata"]["name"]] = {r: _quantity(str(q)) for r, q in alloc.items()}
+        for p in pods.values():
+            if (p.get("status") or {}).get("phase") in TERMINAL or p["metadata"].get("deletionTimestamp"):
+                continue
+            spec = p["spec"]
+            if any(g.get("name") in KUEUE_GATES for g in spec.get("schedulingGates") or []):
+                continue
+            node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get(HOSTNAME)
+            if node in free:
+                for r, v in _requests(spec).items():
+                    free[node][r] = free[node].get(r, 0.0) - v
+    out = []
+    for w in waiting:
+        sets = _pod_sets(w)
+        need: dict[str, float] = {}
+        for count, req in sets:
+            for r, v in req.items():
+                need[r] = need.get(r, 0.0) + count * v
+        if any(r not in limit or reserved.get(r, 0.0) + v > limit[r] + 1e-9 for r, v in need.items() if v > 0):
+            continue
+        if tas and not _fits_nodes(sets, free):
+            continue
+        out.append(w["metadata"]["name"])
+    return out
+
+
+def _fits_nodes(sets: list[tuple[int, dict[str, float]]], free: dict[str, dict[str, float]]) -> bool:
+    """Every pod of ``sets`` on some node of ``free`` (a copy is consumed, largest pod sets first)."""
+    room = {n: dict(f) for n, f in free.items()}
+    for count, req in sorted(sets, key=lambda s: -sum(s[1].values())):
+        placed = 0
+        for f in room.values():
+            while placed < count and all(f.get(r, 0.0) + 1e-9 >= v for r, v in req.items() if v > 0):
+                for r, v in req.items():
+                    f[r] = f.get(r, 0.0) - v
+                placed += 1
+            if placed == count:
+                break
+        if placed < count:
+            return False
+    return True

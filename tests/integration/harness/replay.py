@@ -49,7 +49,7 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -398,6 +398,15 @@ class ReplayResult:
     # while waiting for the rest (partial gangs hold their GPUs, as on a real cluster).
     gang_deadlocks: int = 0
     idle_held_gpu_s: float = 0.0
+    # Virtual clock: GPUs pods ran on at a speed not measured, and how it was had ("datasheet",
+    # "declared", "none": runtime.PodRuntime.fallback_used), so a figure says what it rests on.
+    fallback_gpus: dict[str, str] = field(default_factory=dict)
+    # Virtual clock with an admission controller: times the clock moved on after ADMISSION_SETTLE_S
+    # without the controller saying it had nothing left to admit (0 in a clean run).
+    admission_settle_timeouts: int = 0
+    # Virtual clock: per gang, when all its members existed, the first quiescent trace time at which
+    # free whole nodes of one GPU model could hold it, when it started, and why it waited (GangWaits).
+    gang_waits: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -457,6 +466,84 @@ def _sample(created: int, vt: float, wall: float, caps: dict[str, NodeCap], pods
             whole += 1
             whole8 += cap.gpus == 8
     return Sample(created, vt, wall, alloc, free, stranded, whole, whole8, placed, unsched, mixed, by_node), over
+
+
+# ----- per-gang waits ----------------------------------------------------------------------------
+class GangWaits:
+    """For each gang, when it could first have started on free whole nodes of one GPU model and when
+    it did (virtual clock). Checked at every quiescent trace time the clock is about to leave: a gang
+    all of whose members exist, not started, whose members fit (first fit, largest first) on nodes
+    of one model with no pod bound: it could have started then. Why it waited is read from what
+    started meanwhile: a gang needing more GPUs ("held for a larger gang"), anything else ("queue
+    order"), or nothing ("nothing started meanwhile": no scheduler or admission acted although the
+    nodes were free, as when a clock moves on before an admission controller)."""
+
+    def __init__(self, trace: list[ReplayPod], gangs: Gangs, nodes: list[dict[str, Any]],
+                 caps: dict[str, NodeCap]) -> None:
+        self.gangs = gangs
+        self.members: dict[str, list[str]] = defaultdict(list)
+        for name, key in gangs.of.items():
+            self.members[key].append(name)
+        self.need = {k: sorted((pod_gpus(p.manifest) for p in trace if gangs.of.get(p.name) == k), reverse=True)
+                     for k in gangs.size}
+        self.model = {n["metadata"]["name"]: node_product(n) for n in nodes}
+        self.caps = caps
+        self.first: dict[str, float] = {}
+        self.created: dict[str, float] = {}
+
+    def check(self, vt: float, created: dict[str, float], by_name: dict[str, ReplayPod],
+              states: dict[str, PodState]) -> None:
+        """Note the gangs that could start now, on the state at quiescent trace time ``vt``."""
+        todo = [k for k in self.gangs.size if k not in self.first and k not in self.gangs.started
+                and len(self.members[k]) >= self.gangs.size[k] and all(m in created for m in self.members[k])]
+        if not todo:
+            return
+        busy = {s.node for n, s in states.items() if s.node and not s.deleted and s.phase not in TERMINAL
+                and n in by_name}
+        whole: dict[str, list[int]] = defaultdict(list)
+        for node, cap in self.caps.items():
+            if cap.gpus and node not in busy:
+                whole[self.model.get(node, "")].append(cap.gpus)
+        for k in todo:
+            self.created[k] = max(created[m] for m in self.members[k])
+            if any(_first_fit(self.need[k], free) for free in whole.values()):
+                self.first[k] = vt
+
+    def table(self, started_at: dict[str, float], by_name: dict[str, ReplayPod]) -> dict[str, dict[str, Any]]:
+        starts = {k: min(started_at[m] for m in ms if m in started_at)
+                  for k, ms in self.members.items() if any(m in started_at for m in ms)}
+        solo = {n: t for n, t in started_at.items() if n not in self.gangs.of}
+        out: dict[str, dict[str, Any]] = {}
+        for k in sorted(self.gangs.size):
+            first, start = self.first.get(k), starts.get(k)
+            row: dict[str, Any] = {"members": self.gangs.size[k], "gpus": sum(self.need[k]),
+                                   "created": self.created.get(k), "could_start": first, "started": start,
+                                   "wait_s": None, "why": ""}
+            if first is not None and start is not None and start > first:
+                row["wait_s"] = start - first
+                larger = [g for g, t in starts.items() if g != k and first <= t < start
+                          and sum(self.need[g]) > sum(self.need[k])]
+                others = [g for g, t in starts.items() if g != k and first <= t < start]
+                others += [n for n, t in solo.items() if first <= t < start and pod_gpus(by_name[n].manifest)]
+                row["why"] = ("held for a larger gang" if larger else "queue order" if others
+                              else "nothing started meanwhile")
+            elif first is not None and start is None:
+                row["why"] = "never started"
+            out[k] = row
+        return out
+
+
+def _first_fit(need: list[int], free: list[int]) -> bool:
+    """``need`` (GPUs per member, largest first) fits the whole nodes ``free`` (GPUs each)."""
+    room = sorted(free, reverse=True)
+    for g in need:
+        for i, f in enumerate(room):
+            if f >= g:
+                room[i] -= g
+                break
+        else:
+            return False
+    return True
 
 
 # ----- the driver --------------------------------------------------------------------------------
@@ -530,7 +617,7 @@ def replay(
     retry_settle_s: float = 5.0,
     on_progress: Callable[[int, int], None] | None = None,
     runtime: Callable[[ReplayPod, str, dict[str, str]], float] | None = None,
-    admission_idle: Callable[[], bool] | None = None,
+    admission_idle: Callable[[Collection[str]], bool] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` into ``namespace`` (which must exist and be empty) on ``nodes``.
 
@@ -548,8 +635,9 @@ def replay(
 
     ``admission_idle``: an admission controller in front of kube-scheduler (Kueue, the ``kueue``
     variant) whose gated pods wait like unschedulable ones; the virtual clock also waits until it
-    says it has tried every waiting workload and released every admitted one (at most
-    ``ADMISSION_SETTLE_S`` without news).
+    says it has nothing it could admit now and every bind it knows of has reached this driver's
+    watch (``Kueue.idle``, given the pods seen bound), at most ``ADMISSION_SETTLE_S``
+    without news, each such move counted in ``ReplayResult.admission_settle_timeouts``.
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
@@ -594,6 +682,7 @@ def replay(
     bound_at: dict[str, float] = {}
     gangs = Gangs(trace)
     result.gangs = len(gangs.size)
+    waits = GangWaits(trace, gangs, nodes, caps)
     where: dict[str, str] = {}  # pod -> node, as bound
     ends: list[tuple[float, int, str]] = []
     finishing: set[str] = set()
@@ -606,6 +695,7 @@ def replay(
     quiet_since = t0
     deadline_wall = t0 + timeout_s
     settled_since: float | None = None
+    admission_said_idle = False
 
     def take_sample(now: float, seen: dict[str, PodState]) -> Sample:
         smp, over = _sample(len(created), vt, now - t0, caps, by_name, seen)
@@ -674,8 +764,14 @@ def replay(
                     # wait until kube-scheduler's active and backoff queues are empty (every
                     # retry made and failed again), or retry_settle_s without news at most.
                     quiet = idle >= retry_settle_s or (idle >= PARKED_QUIET_S and scheduler_queues_idle(cp))
-                    if quiet and admission_idle is not None and idle < ADMISSION_SETTLE_S:
-                        quiet = admission_idle()
+                    if quiet and admission_idle is not None:
+                        if idle < ADMISSION_SETTLE_S:
+                            # The pods this driver has seen bound: a bind the controller's answer
+                            # rests on but the watch has not delivered yet keeps the clock here.
+                            quiet = admission_idle(where.keys())
+                            admission_said_idle = quiet
+                        else:
+                            admission_said_idle = False
                 else:
                     quiet = idle >= quiet_s
                 if not due and undecided == 0 and not finishing and quiet:
@@ -693,6 +789,11 @@ def replay(
                         result.gang_deadlocks = len(stuck)
                         break
                     if events:
+                        waits.check(vt, created, by_name, states)
+                        if admission_idle is not None and parked and not admission_said_idle:
+                            # Moving on without the admission controller's word: counted, so a
+                            # result says whether its clock ever outran the controller.
+                            result.admission_settle_timeouts += 1
                         nxt = max(vt, min(events))
                         if nxt > vt:
                             smp, over = _sample(len(created), vt, now - t0, caps, by_name, states)
@@ -762,6 +863,7 @@ def replay(
         result.bound_at = bound_at
         result.created_at = dict(created)
         result.gangs_started = len(gangs.started)
+        result.gang_waits = waits.table(result.started_at, by_name)
         # Members of gangs that never started held their GPUs from their bind to the end.
         for members in gangs.waiting().values():
             for m, at in members.items():

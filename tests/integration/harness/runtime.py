@@ -34,6 +34,7 @@ import yaml
 from app.calibration import corpus
 from app.calibration.corpus import Measurement
 from app.core.catalog import GpuCatalog
+from app.core.units import parse_tflops
 from app.core.workload import (
     TRAINING_STAGES,
     LatencyClass,
@@ -236,6 +237,41 @@ class ServingJudge:
         return Judged(curve.values[-1] * params / xs[-1], "scaled")
 
 
+TFLOPS_ANNOTATION = "llm-placement.io/gpu-bf16-tflops"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+# How a GPU's speed was had: measured rows / pairs, else a datasheet ratio, else a figure the
+# scenario declares on its nodes, else none at all (the trace's duration, the reference's speed).
+MEASURED, DATASHEET, DECLARED, NONE = "measured", "datasheet", "declared", "none"
+
+
+def uncatalogued(nodes: list[dict[str, Any]], catalog: GpuCatalog | None = None) -> dict[str, str]:
+    """node name -> product label of GPU nodes whose product the catalog lacks."""
+    catalog = catalog or GpuCatalog.load()
+    out: dict[str, str] = {}
+    for n in nodes:
+        product = (n["metadata"].get("labels") or {}).get(PRODUCT_LABEL)
+        if product and catalog.lookup(product) is None:
+            out[n["metadata"]["name"]] = product
+    return out
+
+
+def declared_tflops(nodes: list[dict[str, Any]]) -> dict[str, float]:
+    """Product label -> the dense BF16 TFLOPS a scenario declares on its nodes of that product (the
+    node annotation operators use, docs/node-facts.md "Throughput"): the truth a replay runs an
+    uncatalogued GPU at. Unreadable figures are left out (the product then runs at no known speed)."""
+    out: dict[str, float] = {}
+    for n in nodes:
+        meta = n["metadata"]
+        product = (meta.get("labels") or {}).get(PRODUCT_LABEL)
+        raw = (meta.get("annotations") or {}).get(TFLOPS_ANNOTATION)
+        if product and raw is not None:
+            try:
+                out[product] = parse_tflops(raw)
+            except ValueError:
+                continue
+    return out
+
+
 def node_gpus(nodes: list[dict[str, Any]], catalog: GpuCatalog | None = None) -> dict[str, str | None]:
     """node name -> catalog GPU name (from the GPU Feature Discovery product label), None without."""
     catalog = catalog or GpuCatalog.load()
@@ -256,8 +292,12 @@ class PodRuntime:
     """A replayed pod's run time on the node it got (the replay driver's ``runtime`` callback).
 
     Training runs its work at the GPU's measured training speed, batch serving its tokens at the
-    GPU's measured per-token time; anything else runs its trace duration. With the trace's pods
-    given, a pod first reads its inputs from where its producers ran (``Inputs``).
+    GPU's measured per-token time; anything else runs its trace duration. A GPU of a product the
+    catalog lacks runs training at the dense BF16 figure its nodes declare
+    (``llm-placement.io/gpu-bf16-tflops``) over the reference's, else at the reference's speed (the
+    trace's duration, nothing known). ``fallback_used`` names every GPU a pod ran on at a speed not
+    measured (a datasheet ratio, a declared figure or none), so each result says which. With the
+    trace's pods given, a pod first reads its inputs from where its producers ran (``Inputs``).
     """
 
     def __init__(self, nodes: list[dict[str, Any]], pods: Sequence[_Pod] = (),
@@ -265,15 +305,43 @@ class PodRuntime:
                  catalog: GpuCatalog | None = None) -> None:
         catalog = catalog or GpuCatalog.load()
         self.gpus = node_gpus(nodes, catalog)
+        self.unknown = uncatalogued(nodes, catalog)
+        self.declared = declared_tflops(nodes)
         self.training = training or TrainingSpeed.load()
         self.serving = serving or ServingSpeed.load(catalog)
         self.inputs = Inputs(nodes, pods) if pods else None
+        self.fallback_used: dict[str, str] = {}  # GPU -> how its speed was had, for pods that ran there
 
     def __call__(self, pod: _Pod, node: str, where: dict[str, str]) -> float:
         duration, gpu = pod.duration or 0.0, self.gpus.get(node)
-        run = self.training.seconds(pod.manifest, duration, gpu)
-        run = run if run != duration else self.serving.seconds(pod.manifest, duration, gpu)
+        if gpu is None and node in self.unknown:
+            run = self._uncatalogued(pod, duration, self.unknown[node])
+        else:
+            run = self.training.seconds(pod.manifest, duration, gpu)
+            if run != duration and gpu in self.training.scaled:
+                self.fallback_used[gpu] = DATASHEET
+            elif run == duration:
+                run = self.serving.seconds(pod.manifest, duration, gpu)
+                if run != duration and gpu in self.serving.scaled:
+                    self.fallback_used[gpu] = DATASHEET
         return run + (self.inputs.seconds(pod.manifest, node, where) if self.inputs else 0.0)
+
+    def _uncatalogued(self, pod: _Pod, duration: float, product: str) -> float:
+        """Training on a product the catalog lacks: scaled by its declared figure, else the trace's
+        duration; batch serving keeps the trace's duration (no measured or declared bandwidth)."""
+        try:
+            spec = parse_workload(pod.manifest)
+        except WorkloadError:
+            return duration
+        if spec.gpus <= 0 or not (spec.stage in TRAINING_STAGES or _batch_serving(spec)):
+            return duration
+        tflops = self.declared.get(product)
+        ref = self.training.catalog.lookup(self.training.reference)
+        if spec.stage in TRAINING_STAGES and tflops is not None and ref is not None:
+            self.fallback_used[product] = DECLARED
+            return duration * ref.bf16_tflops / tflops
+        self.fallback_used[product] = NONE
+        return duration
 
     def facts(self, params: float = DEFAULT_PARAMS) -> dict[str, Any]:
         """Per GPU in the cluster: its speed ratios to the reference and where they come from."""
@@ -284,6 +352,16 @@ class PodRuntime:
                         "training_from": "datasheet BF16 peak" if gpu in self.training.scaled else "measured",
                         "batch_serving_time_ratio": round(self.serving.ratio(gpu), 4),
                         "batch_serving_from": self._serving_source(gpu)}
+        ref = self.training.catalog.lookup(self.training.reference)
+        for product in sorted(set(self.unknown.values())):
+            tflops = self.declared.get(product)
+            ratio = ref.bf16_tflops / tflops if tflops is not None and ref is not None else None
+            out[product] = {
+                "training_time_ratio": round(ratio, 4) if ratio is not None else 1.0,
+                "training_from": ("declared BF16 peak (node annotation), not in the catalog" if ratio is not None
+                                  else "fallback: the reference GPU's speed (not in the catalog, nothing declared)"),
+                "batch_serving_time_ratio": 1.0,
+                "batch_serving_from": "fallback: the reference GPU's speed (not in the catalog)"}
         return out
 
     def _serving_source(self, gpu: str) -> str:
