@@ -129,7 +129,7 @@ def test_only_the_extender_lifts_the_gang_gate(
 # --- Pods no node can ever hold -------------------------------------------------------------------
 # The policy file's default largest GPU (podGuard.largestGpuMemoryGB: the catalog's largest, rounded
 # up; tests/unit/test_pod_guard_policy.py keeps the two in step).
-LARGEST_GB = 193
+LARGEST_GB = 288
 
 
 def _sized(name: str, params: str, gpus: int, stage: str | None = "serving", **ann: str) -> dict[str, Any]:
