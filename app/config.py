@@ -228,6 +228,7 @@ class Settings(BaseSettings):
     # estimate is multiplied by this quantile of its group's cross-validated measured / estimate
     # before it is compared with the target (docs/stage-policy.md, "Target decision"). Within the
     # levels the calibration records (0.5-0.99); higher refuses more targets the hardware meets.
+    # The default's rule: serving_model.DEFAULT_CONFIDENCE.
     serving_confidence: float = Field(DEFAULT_CONFIDENCE, ge=QUANTILE_LEVELS[0], le=QUANTILE_LEVELS[-1])
     # Measured serving profiles (YAML or JSON) that replace the estimates for the pods they match:
     # docs/stage-policy.md, "Measured profiles". Read and validated once, at start.

@@ -46,6 +46,7 @@ _BOUNDS = {
     "prefill_token_budget": (512.0, 131072.0),
     "pcie_allreduce_share": (0.1, 1.0),
     "expert_layer_prefill_us": (0.1, 20000.0),
+    "sequence_overhead_us": (0.01, 2000.0),
 }
 PRIOR_WEIGHT = 0.1  # log-units of residual per log-unit away from the default
 LOSS_SCALE = 0.25  # soft-L1 knee, in log ratio: rows off by more than ~1.3x count linearly

@@ -85,3 +85,22 @@ def test_staggered_arrival_is_the_first_rounds_share_of_the_measured_requests() 
     staggered = load_file("toy.yaml", text=text_of(point), registry=REGISTRY)[0].case()
     together = load_file("toy.yaml", text=text_of({**point, "arrival": "together"}), registry=REGISTRY)[0].case()
     assert staggered.together_share == pytest.approx(0.1) and together.together_share == 1.0
+
+
+def test_the_static_batches_of_the_tensorrt_llm_table_fit_with_their_recorded_kv_cache() -> None:
+    """A fixed-batch benchmark holds every sequence's whole KV cache, so each row's batch, at the KV
+    precision the corpus records for it, plus the weights fit on its GPUs: the table's fp8 rows at
+    batch 64 fit only with an 8-bit cache (their file's notes), which halves the KV read the model
+    charges per decode step."""
+    from app.calibration.corpus import packaged
+
+    rows = [r for r in packaged() if r.source.id == "nvidia-dli-trtllm-0.9.0-benchmarks"]
+    assert rows
+    for r in rows:
+        p = r.point
+        assert r.arch is not None
+        kv_bytes = r.arch.kv_bytes_per_token() * r.case().kv_bytes_per_value / 2.0
+        need = (r.params * p.precision.bytes_per_param + p.concurrency * (p.input_tokens + p.output_tokens)
+                * kv_bytes) / p.gpus / 1e9
+        assert need <= r.gpu.memory_gb, (p.locator, round(need), r.gpu.memory_gb)
+    assert any(r.point.kv_precision == "fp8" and r.point.concurrency == 64 for r in rows)

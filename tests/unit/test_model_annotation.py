@@ -77,7 +77,7 @@ def test_explain_shows_the_estimate_its_error_band_and_what_decided() -> None:
 
 
 def test_explain_shows_the_quantile_its_targets_were_checked_with() -> None:
-    from app.core.serving_model import default_calibration, target_quantile
+    from app.core.serving_model import DEFAULT_CONFIDENCE, default_calibration, target_quantile
     from app.explain import explain_spec
 
     svc = build_core(Settings(cluster_source="none", metrics_port=0), GpuCatalog.load())
@@ -86,9 +86,11 @@ def test_explain_shows_the_quantile_its_targets_were_checked_with() -> None:
                                  max_ms_per_token="500"))
     note = next(e for e in out["nodes"] if e["node"] == "h100")["serving_model"]
     for metric in ("tpot", "ttft"):
-        want = target_quantile(default_calibration(), "int4", metric, 0.9, 1)
-        assert note["target_quantile"][metric] == {"confidence": 0.9, "quantile": round(want.factor, 3),
+        want = target_quantile(default_calibration(), "int4", metric, DEFAULT_CONFIDENCE, 1)
+        assert note["target_quantile"][metric] == {"confidence": DEFAULT_CONFIDENCE, "quantile": round(want.factor, 3),
                                                    "group": want.group, "points": want.n}
     line = note["target_decision"][0]
-    assert line.startswith("meets 500 ms/token at 90 % confidence: estimate ")
-    assert f"x q90 {target_quantile(default_calibration(), 'int4', 'tpot', 0.9, 1).factor:.2f} =" in line
+    pct = f"{DEFAULT_CONFIDENCE * 100:g}"
+    assert line.startswith(f"meets 500 ms/token at {pct} % confidence: estimate ")
+    tpot = target_quantile(default_calibration(), "int4", "tpot", DEFAULT_CONFIDENCE, 1)
+    assert f"x q{pct} {tpot.factor:.2f} =" in line

@@ -5,6 +5,8 @@ Architectures here are made up for the rule under test; they claim nothing about
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from app.core.catalog import default_catalog
@@ -223,3 +225,18 @@ def test_a_lone_client_has_no_decode_step_to_wait_for():
 
     one = case(concurrency=1, prompt=1000)
     assert estimate(replace(one, together_share=0.0), CAL).ttft_ms == estimate(one, CAL).ttft_ms
+
+
+@pytest.mark.parametrize("clients", [2, 16, 64])
+def test_continuous_batching_pays_per_sequence_work_each_step_and_a_fixed_batch_does_not(clients: int):
+    """Each other sequence under continuous batching adds ``sequence_overhead_us`` to a decode step
+    (scheduling, sampling, streaming per request); one client and a static batch add nothing."""
+    cheap = CAL.model_copy(update={"sequence_overhead_us": 1.0})
+    dear = CAL.model_copy(update={"sequence_overhead_us": 101.0})
+    served = case(concurrency=clients)
+    static = dataclasses.replace(served, static=True)
+    added = estimate(served, dear).ms_per_token - estimate(served, cheap).ms_per_token
+    assert added == pytest.approx((clients - 1) * 100 / 1e3)
+    assert estimate(static, dear).ms_per_token == pytest.approx(estimate(static, cheap).ms_per_token)
+    alone = case(concurrency=1)
+    assert estimate(alone, dear).ms_per_token == pytest.approx(estimate(alone, cheap).ms_per_token)

@@ -213,3 +213,35 @@ def test_corpus_rows_count_in_their_engine() -> None:
     assert fit.decision_keys(lmdeploy)[0] == "engine lmdeploy"
     unstated = next(r for r in rows if r.point.engine == "unstated")
     assert not fit.decision_keys(unstated)[0].startswith("engine")
+
+
+def _sweep(fa: dict[float, float]) -> list[dict[str, object]]:
+    return [line for c, a in fa.items() for line in (
+        {"confidence": c, "metric": "tpot", "false_accept": a, "false_refusal": 0.0},
+        {"confidence": c, "metric": "ttft", "false_accept": 0.5, "false_refusal": 0.0})]
+
+
+@pytest.mark.parametrize(("fa", "chosen"), [
+    ({0.7: 0.025, 0.8: 0.018, 0.9: 0.015}, 0.8),  # the lowest within the budget
+    ({0.7: 0.02, 0.8: 0.018}, 0.7),  # at the budget counts as within
+    ({0.8: 0.018, 0.9: 0.025}, 0.8),  # a noisy higher level over the budget does not matter
+    ({0.8: 0.03, 0.9: 0.021}, None),  # none within
+])
+def test_the_default_confidence_rule_takes_the_lowest_within_the_false_accept_budget(
+        fa: dict[float, float], chosen: float | None) -> None:
+    from bench.serving_decisions import confidence_by_rule
+
+    assert confidence_by_rule(_sweep(fa)) == chosen
+
+
+def test_the_shipped_default_confidence_is_the_one_the_recorded_sweep_chooses() -> None:
+    """bench/results/serving_decisions.json is the leave-one-source-out run BENCHMARKS.md section 0
+    shows; the default follows its rule, so a refit that moves the sweep moves the default."""
+    import json
+    from pathlib import Path
+
+    from app.core.serving_model import DEFAULT_CONFIDENCE
+    from bench.serving_decisions import confidence_by_rule
+
+    recorded = json.loads((Path(__file__).parents[2] / "bench/results/serving_decisions.json").read_text())
+    assert recorded["confidence_by_rule"] == confidence_by_rule(recorded["sweep"]) == DEFAULT_CONFIDENCE
