@@ -114,7 +114,7 @@ def _told_to_wait_behind(cluster: ClusterScope, pod: str, gang: str) -> None:
     want = f"waits behind gang {cluster.namespace}/{gang} (created "
     wait_until(lambda: any(want in m and "planned on" in m
                            for m in scheduling_messages(cluster.core, cluster.namespace, pod)),
-               60, f"{pod} to be told it waits behind {gang}")
+               120, f"{pod} to be told it waits behind {gang}")
 
 
 def _bound_whole(cluster: ClusterScope, names: list[str], timeout: float = 120) -> dict[str, str]:
