@@ -41,13 +41,7 @@ class _Handler(BaseHTTPRequestHandler):
                 and (obj.get("status") or {}).get("allocation")):
             self.server.held.append((req.get("name"), time.monotonic()))
             time.sleep(self.server.delay)
-        out = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                          "response": {"uid": req.get("uid", ""), "allowed": True}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
+        _answer(self, {"uid": req.get("uid", ""), "allowed": True})
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -69,29 +63,50 @@ def slow_status_writes(api_client: Any, pki: PKI, namespace: str, resource: str,
     """While inside: status updates that allocate the named ``resource`` objects (resource.k8s.io)
     in ``namespace`` take ``delay`` seconds longer. Yields the list of writes held so far."""
     server = _Server(names, delay)
+    rules = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"], "operations": ["UPDATE"],
+              "resources": [f"{resource}/status"], "scope": "Namespaced"}]
+    with _webhook(api_client, pki, server, f"slow-{namespace}-{resource}", "slow.llm-placement.io",
+                  namespace, rules, min(30, int(delay) + 10)):
+        yield server.held
+
+
+def _answer(handler: BaseHTTPRequestHandler, response: dict[str, Any]) -> None:
+    """Write an AdmissionReview answering the request with ``response``."""
+    out = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                      "response": response}).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(out)))
+    handler.end_headers()
+    handler.wfile.write(out)
+
+
+@contextmanager
+def _webhook(api_client: Any, pki: PKI, server: ThreadingHTTPServer, name: str, hook: str, namespace: str,
+             rules: list[dict[str, Any]], timeout: int) -> Iterator[None]:
+    """Serve ``server`` over TLS (the apiserver's serving certificate, which names 127.0.0.1) and
+    register it as the validating webhook ``name`` for ``rules`` in ``namespace``, while inside."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(str(pki.apiserver.cert), str(pki.apiserver.key))
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, name="slow-writes", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
     thread.start()
     api = AdmissionregistrationV1Api(api_client)
-    name = f"slow-{namespace}-{resource}"
     ca = base64.b64encode(pki.ca.cert.read_bytes()).decode()
     api.create_validating_webhook_configuration({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name},
         "webhooks": [{
-            "name": "slow.llm-placement.io",
+            "name": hook,
             "clientConfig": {"url": f"https://127.0.0.1:{server.server_address[1]}/", "caBundle": ca},
-            "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"], "operations": ["UPDATE"],
-                       "resources": [f"{resource}/status"], "scope": "Namespaced"}],
+            "rules": rules,
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
             "sideEffects": "None", "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": min(30, int(delay) + 10), "failurePolicy": "Ignore",
+            "timeoutSeconds": timeout, "failurePolicy": "Ignore",
         }],
     })
     try:
-        yield server.held
+        yield
     finally:
         try:
             api.delete_validating_webhook_configuration(name)
@@ -120,13 +135,7 @@ class _RefuseHandler(BaseHTTPRequestHandler):
         response: dict[str, Any] = {"uid": req.get("uid", ""), "allowed": not refuse}
         if refuse:
             response["status"] = {"code": 403, "message": "gate removals refused for a while (test)"}
-        out = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                          "response": response}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
+        _answer(self, response)
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -149,34 +158,8 @@ def refused_gate_removals(api_client: Any, pki: PKI, namespace: str, gate: str,
     removes the scheduling gate ``gate`` is refused (403), as an admission webhook or a policy
     would. Yields the list of refusals so far."""
     server = _RefuseServer(gate, time.monotonic() + seconds)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(str(pki.apiserver.cert), str(pki.apiserver.key))
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, name="refuse-gates", daemon=True)
-    thread.start()
-    api = AdmissionregistrationV1Api(api_client)
-    name = f"refuse-gates-{namespace}"
-    ca = base64.b64encode(pki.ca.cert.read_bytes()).decode()
-    api.create_validating_webhook_configuration({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [{
-            "name": "refuse-gates.llm-placement.io",
-            "clientConfig": {"url": f"https://127.0.0.1:{server.server_address[1]}/", "caBundle": ca},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
-                       "resources": ["pods"], "scope": "Namespaced"}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            "sideEffects": "None", "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 5, "failurePolicy": "Ignore",
-        }],
-    })
-    try:
+    rules = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"],
+              "scope": "Namespaced"}]
+    with _webhook(api_client, pki, server, f"refuse-gates-{namespace}", "refuse-gates.llm-placement.io",
+                  namespace, rules, 5):
         yield server.refused
-    finally:
-        try:
-            api.delete_validating_webhook_configuration(name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        server.shutdown()
-        server.server_close()
