@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
-import uvicorn
 
-from app.api.app import create_app
 from app.api.fastpath import VerbFastPath
-from app.api.server import uvicorn_options
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.service import ExtenderService
+from testkit.live_verbs import live_verbs
 
 BIND = orjson.dumps({"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "n"})
 
@@ -92,20 +88,8 @@ def test_a_send_without_a_transport_is_used_as_it_is(service: ExtenderService) -
 @pytest.fixture(scope="module")
 def live(catalog: GpuCatalog) -> Iterator[int]:
     settings = Settings(cluster_source="none", metrics_port=0)
-    service = ExtenderService(settings, catalog)
-    service.ready.set()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(service), **uvicorn_options(settings)))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    yield sock.getsockname()[1]
-    server.should_exit = True
-    thread.join(10)
+    with live_verbs(settings, catalog) as port:
+        yield port
 
 
 def test_answers_through_uvicorn_arrive_whole_on_a_kept_alive_connection(live: int) -> None:

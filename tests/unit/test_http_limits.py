@@ -13,14 +13,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-import uvicorn
 from prometheus_client import CollectorRegistry, Counter
 
-from app.api.app import create_app
-from app.api.server import HttpLimits, start_metrics_server, uvicorn_options
+from app.api.server import HttpLimits, start_metrics_server
 from app.config import Settings
 from app.core.catalog import GpuCatalog
-from app.service import ExtenderService
+from testkit.live_verbs import live_verbs
 
 IDLE, REQUEST, MAX_HEAD = 0.5, 1.5, 4096
 # Far above the limits, far below "held for a minute": a missing limit shows up as a hang.
@@ -44,20 +42,8 @@ def _settings() -> Settings:
 @pytest.fixture(scope="module")
 def verbs(catalog: GpuCatalog) -> Iterator[Live]:
     settings = _settings()
-    service = ExtenderService(settings, catalog)
-    service.ready.set()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(service), **uvicorn_options(settings)))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    yield Live(sock.getsockname()[1])
-    server.should_exit = True
-    thread.join(10)
+    with live_verbs(settings, catalog) as port:
+        yield Live(port)
 
 
 @pytest.fixture(scope="module")

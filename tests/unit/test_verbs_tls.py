@@ -4,22 +4,16 @@ certificate of another CA fails the handshake; the probes' paths need none."""
 
 from __future__ import annotations
 
-import socket
 import ssl
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
-from app.api.app import create_app
-from app.api.server import uvicorn_options
 from app.config import ConfigError, Settings, load_settings
 from app.core.catalog import GpuCatalog
-from app.service import ExtenderService
+from testkit.live_verbs import live_verbs
 from tests.integration.harness.pki import VerbsPKI, make_verbs_pki
 
 BIND = b'{"PodName":"p","PodNamespace":"ns","PodUID":"u","Node":"n"}'
@@ -34,20 +28,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> VerbsPKI:
 def port(pki: VerbsPKI, catalog: GpuCatalog) -> Iterator[int]:
     settings = Settings(cluster_source="none", metrics_port=0, tls_cert_file=str(pki.serving.cert),
                         tls_key_file=str(pki.serving.key), tls_client_ca_file=str(pki.ca.cert))
-    service = ExtenderService(settings, catalog)
-    service.ready.set()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(service), **uvicorn_options(settings)))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    yield sock.getsockname()[1]
-    server.should_exit = True
-    thread.join(10)
+    with live_verbs(settings, catalog) as port:
+        yield port
 
 
 def _client(pki: VerbsPKI, cert: tuple[Path, Path] | None) -> httpx.Client:
