@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -24,7 +23,6 @@ from .conftest import ClusterScope
 from .harness import (
     assert_stays_unbound,
     create_pods,
-    delete_pods,
     get_pod,
     gpu_node,
     list_pods,
@@ -33,6 +31,7 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
+from .test_gang import TOLERATE, delete_run, nodes_held
 from .test_gang_gate import _policy_active, gang_gate  # noqa: F401  (the chart's gate policies)
 
 pytestmark = pytest.mark.integration
@@ -60,30 +59,16 @@ def blocks(cluster: ClusterScope) -> dict[str, str]:
 def run(cluster: ClusterScope, unique: Callable[[str], str]) -> Iterator[str]:
     value = unique("q")
     yield value
-    delete_pods(cluster.core, cluster.namespace, f"run={value}")
-    wait_until(lambda: not list_pods(cluster.core, cluster.namespace, f"run={value}"), 60,
-               f"pods of {value} to be deleted")
+    delete_run(cluster, value)
 
 
 # The race the gang queue settles, made deterministic: the later gang's members reach the extender
-# first. Every node carries HOLD during the test; the later gang tolerates it, so kube-scheduler
-# sends its members to the extender while the earlier gang's (complete, counted, but kept off every
-# node by kube-scheduler's own TaintToleration) wait; then each of them is given the toleration
-# (a pod update), so kube-scheduler offers it every node at once. (Lifting the taint node by node
-# instead would offer a member one node, replan its gang over that one node and drop its plan.)
-HOLD = {"key": ANN + "test-hold", "value": "hold", "effect": "NoSchedule"}
-TOLERATE = {"key": ANN + "test-hold", "operator": "Equal", "value": "hold", "effect": "NoSchedule"}
-
-
-@contextmanager
-def held_back(cluster: ClusterScope, blocks: dict[str, str]) -> Iterator[None]:
-    for n in blocks:
-        cluster.core.patch_node(n, {"spec": {"taints": [HOLD]}}, _preload_content=False)
-    try:
-        yield
-    finally:
-        for n in blocks:
-            cluster.core.patch_node(n, {"spec": {"taints": None}}, _preload_content=False)
+# first. Every node carries test_gang's HOLD taint during the test (nodes_held); the later gang
+# tolerates it, so kube-scheduler sends its members to the extender while the earlier gang's
+# (complete, counted, but kept off every node by kube-scheduler's own TaintToleration) wait; then
+# each of them is given the toleration (a pod update), so kube-scheduler offers it every node at
+# once. (Lifting the taint node by node instead would offer a member one node, replan its gang over
+# that one node and drop its plan.)
 
 
 def _gang(cluster: ClusterScope, run: str, name: str, size: int, required: str | None = None,
@@ -135,7 +120,7 @@ def test_the_earlier_gang_is_placed_and_the_later_one_waits(
 ) -> None:
     if attempt == 0:
         _policy_active(cluster, unique)
-    with held_back(cluster, blocks):
+    with nodes_held(cluster, blocks):
         a = _gang(cluster, run, "pretrain-a", 4, TIER1)
         big = _gang(cluster, run, "pretrain-too-big", 6, first_to_the_extender=True)
         _told_to_wait_behind(cluster, big[0], f"pretrain-a-{run}")
@@ -151,7 +136,7 @@ def test_created_the_other_way_round_the_six_member_gang_is_placed(
     unique: Callable[[str], str], run: str,
 ) -> None:
     _policy_active(cluster, unique)
-    with held_back(cluster, blocks):
+    with nodes_held(cluster, blocks):
         big = _gang(cluster, run, "pretrain-too-big", 6)
         a = _gang(cluster, run, "pretrain-a", 4, TIER1, first_to_the_extender=True)
         _told_to_wait_behind(cluster, a[0], f"pretrain-too-big-{run}")
@@ -165,7 +150,7 @@ def test_a_later_gang_that_fits_beside_the_earlier_one_starts_at_once(
     unique: Callable[[str], str], run: str,
 ) -> None:
     _policy_active(cluster, unique)
-    with held_back(cluster, blocks):
+    with nodes_held(cluster, blocks):
         a = _gang(cluster, run, "pretrain-a", 4, TIER1)
         small = _gang(cluster, run, "small", 2, first_to_the_extender=True)
         # A backfill: it fits beside the earlier gang's plan and starts while that gang is still
