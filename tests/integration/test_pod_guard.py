@@ -148,10 +148,10 @@ NEVER_FITS: list[tuple[str, int, dict[str, str], str, str]] = [
     ("405 b", 1, {"stage": "inference"}, "810 GB", "bf16"),
     ("+405B", 1, {"stage": ""}, "810 GB", "bf16"),
     ("1.5T", 1, {"precision": "int4"}, "750 GB", "int4"),
-    ("405B", 2, {"precision": "FP8"}, "405 GB", "fp8"),
+    ("700B", 2, {"precision": "FP8"}, "700 GB", "fp8"),
     ("405B", 1, {"precision-fallback": "fp8, int8"}, "405 GB", "fp8"),
     ("405B", 1, {"stage": "pretraining"}, "810 GB", "bf16"),
-    ("405B", 1, {"stage": "alignment", "finetune-method": "qlora"}, "202 GB", "int4"),
+    ("700B", 1, {"stage": "alignment", "finetune-method": "qlora"}, "350 GB", "int4"),
     ("100B", 1, {"precision": "fp32"}, "400 GB", "fp32"),
 ]
 
