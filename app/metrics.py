@@ -165,6 +165,17 @@ class Metrics:
         "Polls of Prometheus for the serving engines' latency metrics, by result (ok, error).", ("result",),
     )
     live_profiles = _Declared(Gauge, "llm_placement_live_profiles", "Learnt serving profiles in effect.")
+    # Labelled by metric only (tpot, ttft): which pods is in their events and explain, never a label.
+    serving_targets_missed = _Declared(
+        Gauge, "llm_placement_serving_targets_missed",
+        "Serving pods whose engines measure them missing their own latency target now, by metric "
+        "(docs/stage-policy.md, \"Targets the engines measure missed\").", ("metric",),
+    )
+    serving_target_misses = _Declared(
+        Counter, "llm_placement_serving_target_misses",
+        "Times a serving pod started missing its own latency target (one per pod and condition "
+        "change), by metric.", ("metric",),
+    )
     hourly_cost = _Declared(
         Counter, "llm_placement_bound_hourly_cost_dollars_total",
         "Sum of the $/hour of every pod bound, by stage and GPU model.", ("stage", "gpu"),
