@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from app.calibration import cluster_errors as ce
+from app.cluster.prometheus_history import HistoryReader
 from app.cluster.serving_metrics import PrometheusError, Source
 from app.core.catalog import GpuCatalog
 from app.core.datafile import load_user_yaml
@@ -147,7 +148,7 @@ def run(o: ClusterOptions, console: Console, err: Console) -> None:
     gpu_resources = tuple(settings.labels.gpu_resource)
     pods = ce.pod_table(objects, catalog, policies.node_facts, gpu_resources)
 
-    reader = ce.HistoryReader(Source(o.url, o.timeout, window_s, o.namespace_label, o.pod_label))
+    reader = HistoryReader(Source(o.url, o.timeout, window_s, o.namespace_label, o.pod_label))
     try:
         history = reader.history(start, end)
     except PrometheusError as exc:
