@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from app.core.gravity import MISSING, Distance
 from app.core.ranking import Agreement
 from app.core.reasons import PLAN_REJECT_REASONS, ReasonCode
+from app.core.serving_targets import METRICS as TARGET_METRICS
 from app.core.workload import ANNOTATION_KEYS, Stage
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -270,3 +271,6 @@ class Metrics:
         self.slo_ratio.labels(Stage.SERVING.value)
         for stage in (Stage.SERVING, Stage.PRETRAINING, Stage.ALIGNMENT):
             self.memory_fit.labels(stage.value)
+        # The gauge stays absent until pods are judged (live_profiles): 0 would claim they were.
+        for metric in TARGET_METRICS:
+            self.serving_target_misses.labels(metric)
