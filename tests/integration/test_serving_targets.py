@@ -13,6 +13,8 @@ write one Normal event once the pod meets its target again.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -94,5 +96,16 @@ def test_a_pod_missing_its_own_target_gets_one_warning_a_metric_and_an_explain_l
             (event,) = _reasons(cluster, slow, MET_REASON)
             assert event["type"] == "Normal"
             assert control_plane.metric_value("llm_placement_serving_targets_missed", {"metric": "tpot"}) == 0
+
+            # The same windows, read back by `calibrate --from-prometheus` with the extender's own
+            # credentials: both pods are attributed through the API server (their annotations, the
+            # L4 node), not through a file.
+            got = subprocess.run(
+                [sys.executable, "-m", "app.cli", "calibrate", "--from-prometheus", url, "--kubeconfig",
+                 str(control_plane.extender_kubeconfig), "--window", "4s", "--lookback", "60s",
+                 "--min-requests", "10"], capture_output=True, text=True, timeout=120,
+                env={"PATH": "/usr/bin:/bin", "COLUMNS": "240"}, cwd=Path(__file__).resolve().parents[2])
+            assert got.returncode == 0, got.stderr
+            assert "from 2 pods (vllm)" in got.stdout, got.stdout
     finally:
         exporter.close()
