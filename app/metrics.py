@@ -271,6 +271,6 @@ class Metrics:
         self.slo_ratio.labels(Stage.SERVING.value)
         for stage in (Stage.SERVING, Stage.PRETRAINING, Stage.ALIGNMENT):
             self.memory_fit.labels(stage.value)
-        # The gauge stays absent until pods are judged (live_profiles): 0 would claim they were.
         for metric in TARGET_METRICS:
             self.serving_target_misses.labels(metric)
+            self.serving_targets_missed.labels(metric).set(0)
