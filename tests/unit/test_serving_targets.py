@@ -216,3 +216,14 @@ def test_recovery_is_a_normal_event() -> None:
         poller.poll_once()
         clock[0] += 60
     assert [(e[3], e[5]) for e in events.sent] == [(MISSED_REASON, True), (MET_REASON, False)]
+
+
+def test_the_explain_command_prints_the_verdicts_under_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import render_explain
+
+    watch, _ = run([w(55, 300), w(56, 310)])
+    lines = [v.line() for v in watch.of("serve/chat")]
+    render_explain({"pod": "serve/chat", "summary": "bound to t4", "serving_targets": lines, "nodes": []})
+    out = capsys.readouterr().out
+    assert "engine: misses its max-ms-per-token 40: vllm measures 56.0 ms/token" in out
+    assert "engine: meets its max-ttft-ms 500: vllm measures 310.0 ms to first token" in out
