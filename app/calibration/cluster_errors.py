@@ -28,13 +28,12 @@ from app.calibration.fit import MET, MISSED
 from app.core.catalog import GpuCatalog
 from app.core.live_profiles import PodWindow, ServingPod
 from app.core.nodes import facts_for
-from app.core.policy import LearnPolicy, NodeFactsPolicy
+from app.core.policy import FeasibilityPolicy, LearnPolicy, NodeFactsPolicy
 from app.core.serving_model import (
     MIN_GROUP_POINTS,
     QUANTILE_LEVELS,
     ErrorQuantiles,
     ServingCalibration,
-    ServingDefaults,
     TargetQuantile,
     decision_keys,
     engine_key,
@@ -42,6 +41,7 @@ from app.core.serving_model import (
     serving_estimate,
     target_quantile,
 )
+from app.core.sizing import size
 from app.core.snapshot import serving_spec
 from app.core.workload import PREFIX, Precision, WorkloadError, parse_workload
 
@@ -140,8 +140,18 @@ def _ms(w: PodWindow, metric: str) -> float | None:
     return s * 1000.0 if s is not None and math.isfinite(s) and s > 0 else None
 
 
+def clients_held(facts: ServingPod, defaults: FeasibilityPolicy) -> int | None:
+    """The clients the pod's KV cache holds at once on its GPU, as the filter judges its latency at
+    (app.core.feasibility): the rest queue. None when nothing limits them."""
+    sizing = size(facts.spec, facts.precision, default_context=defaults.default_context_tokens,
+                  default_concurrency=defaults.default_concurrency,
+                  alignment_extra_headroom=defaults.alignment_extra_headroom)
+    usable = facts.gpu.memory_gb * (1 - defaults.memory_headroom)
+    return sizing.clients_held(usable, facts.spec.gpus) or None
+
+
 def steady_points(history: Mapping[tuple[str, str], Mapping[float, PodWindow]],
-                  pods: Callable[[str], ServingPod | None], defaults: ServingDefaults,
+                  pods: Callable[[str], ServingPod | None], defaults: FeasibilityPolicy,
                   policy: LearnPolicy) -> list[Point]:
     """One point per pod, metric and steady window (requests enough, the window before agreeing)."""
     out: list[Point] = []
@@ -151,7 +161,8 @@ def steady_points(history: Mapping[tuple[str, str], Mapping[float, PodWindow]],
         if facts is None:
             continue
         spec = facts.spec
-        clients = spec.concurrency or defaults.default_concurrency
+        held = clients_held(facts, defaults)
+        clients = held or spec.concurrency or defaults.default_concurrency
         group = error_group(spec, facts.precision, clients)
         times = sorted(windows)
         for t in times:
@@ -169,7 +180,7 @@ def steady_points(history: Mapping[tuple[str, str], Mapping[float, PodWindow]],
                 if metric == "ttft" and w.prompt_tokens and w.prompt_tokens >= 1:
                     judged = spec.model_copy(update={"prompt_tokens": max(1, round(w.prompt_tokens))})
                 est = serving_estimate(judged, facts.precision, facts.gpu, facts.gpu.hbm_bandwidth_tbs,
-                                       defaults)
+                                       defaults, held)
                 estimate = est.ms_per_token if metric == "tpot" else est.ttft_ms
                 if not (estimate > 0 and math.isfinite(estimate)):
                     continue

@@ -179,3 +179,26 @@ def test_defaults_carry_the_calibration_in_use() -> None:
     fast = ce.steady_points(history([20, 20]), {"serve/chat": CHAT}.get, DEFAULTS, LEARN)[0]
     slowed = ce.steady_points(history([20, 20]), {"serve/chat": CHAT}.get, slow, LEARN)[0]
     assert slowed.estimate_ms > fast.estimate_ms + 30
+
+
+def test_a_pod_is_judged_at_the_clients_its_kv_cache_holds_as_the_filter_does() -> None:
+    # 8B at 16 bits on a 24 GB L4 with 64 clients of 8k tokens: the cache holds a few, the rest queue.
+    busy = ServingPod(parse_workload(pod("busy", model_params="8B", concurrency="64", context_tokens="8192")),
+                      Precision.BF16, L4)
+    held = ce.clients_held(busy, DEFAULTS)
+    assert held is not None and 1 <= held < 64
+    (p,) = ce.steady_points(history([30, 30], pod_name="busy"), {"serve/busy": busy}.get, DEFAULTS, LEARN)
+    assert p.clients == held
+    at_held = serving_estimate(busy.spec, Precision.BF16, L4, L4.hbm_bandwidth_tbs, DEFAULTS, held)
+    assert p.estimate_ms == pytest.approx(at_held.ms_per_token)
+    fits, _ = placer_fit(busy)
+    assert fits.clients_held == held  # the filter's own figure
+
+
+def placer_fit(facts: ServingPod) -> Any:
+    from app.wiring import build_core
+
+    svc = build_core(Settings(cluster_source="none", metrics_port=0), CATALOG)
+    svc.absorb_node(node_object("l4", gpus=4, product="NVIDIA-L4"))
+    fits, rejections = svc.placer.evaluate_nodes(facts.spec, ["l4"])
+    return fits.get("l4"), rejections
