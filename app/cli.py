@@ -236,6 +236,9 @@ def explain(
 def render_explain(data: dict[str, Any]) -> None:
     console.print(f"[bold]{data['pod']}[/bold]  stage={data.get('stage')}  gpus={data.get('gpus')}")
     console.print(f"[bold]{data['summary']}[/bold]")
+    for line in data.get("serving_targets") or ():
+        color = "yellow" if line.startswith("misses") else "green"
+        console.print(f"[{color}]engine: {escape(line)}[/{color}]", highlight=False)
     gravity = data.get("gravity")
     if gravity:
         for edge in gravity.get("edges", []):

@@ -114,8 +114,17 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
             **{k: v for k, v in pull.items() if k != "nodes"},
             "tradeoff": _gravity_tradeoff(pull, fits, ranked[0]["node"] if ranked else None),
         },
+        # What the pod's own engine measures against its own targets, once two steady windows
+        # agree (docs/stage-policy.md, "Targets the engines measure missed"); None when not judged.
+        "serving_targets": _targets_note(service, spec),
         "nodes": nodes,
     }
+
+
+def _targets_note(service: ExtenderService, spec: WorkloadSpec) -> list[str] | None:
+    watch = service.serving_targets
+    verdicts = watch.of(spec.key) if watch is not None else []
+    return [v.line() for v in verdicts] or None
 
 
 def _feasible_entry(service: ExtenderService, spec: WorkloadSpec, f: NodeFit, s: NodeScore | None

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from app.core.gravity import MISSING, Distance
 from app.core.ranking import Agreement
 from app.core.reasons import PLAN_REJECT_REASONS, ReasonCode
+from app.core.serving_targets import METRICS as TARGET_METRICS
 from app.core.workload import ANNOTATION_KEYS, Stage
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -165,6 +166,17 @@ class Metrics:
         "Polls of Prometheus for the serving engines' latency metrics, by result (ok, error).", ("result",),
     )
     live_profiles = _Declared(Gauge, "llm_placement_live_profiles", "Learnt serving profiles in effect.")
+    # Labelled by metric only (tpot, ttft): which pods is in their events and explain, never a label.
+    serving_targets_missed = _Declared(
+        Gauge, "llm_placement_serving_targets_missed",
+        "Serving pods whose engines measure them missing their own latency target now, by metric "
+        "(docs/stage-policy.md, \"Targets the engines measure missed\").", ("metric",),
+    )
+    serving_target_misses = _Declared(
+        Counter, "llm_placement_serving_target_misses",
+        "Times a serving pod started missing its own latency target (one per pod and condition "
+        "change), by metric.", ("metric",),
+    )
     hourly_cost = _Declared(
         Counter, "llm_placement_bound_hourly_cost_dollars_total",
         "Sum of the $/hour of every pod bound, by stage and GPU model.", ("stage", "gpu"),
@@ -259,3 +271,6 @@ class Metrics:
         self.slo_ratio.labels(Stage.SERVING.value)
         for stage in (Stage.SERVING, Stage.PRETRAINING, Stage.ALIGNMENT):
             self.memory_fit.labels(stage.value)
+        for metric in TARGET_METRICS:
+            self.serving_target_misses.labels(metric)
+            self.serving_targets_missed.labels(metric).set(0)

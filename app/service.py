@@ -23,6 +23,7 @@ from app.core.nodes import NodeFacts, facts_for, node_inputs
 from app.core.placer import FilterDecision, GangHook, Placer
 from app.core.reasons import MESSAGE_PREFIX, problem_key
 from app.core.score_list import ScoreList
+from app.core.serving_targets import TargetWatch
 from app.core.snapshot import ClusterSnapshot
 from app.core.units import quote
 from app.core.workload import WorkloadError, WorkloadSpec
@@ -85,6 +86,9 @@ class ExtenderService:
         # Runs before each filter: a standby replica's first call adopts the gang plans the dead
         # leader persisted (app/gang/takeover.py); None without a cluster.
         self.before_filter: Callable[[], object] | None = None
+        # Serving pods judged against their own targets by what their engines measure (set when
+        # live_profiles is; docs/stage-policy.md, "Targets the engines measure missed").
+        self.serving_targets: TargetWatch | None = None
         self._quality = QualityPublisher(self.metrics)
         # Each verb's latency series, looked up once: ``labels()`` takes a lock and builds a key on
         # every call, and these are observed once per request.

@@ -21,6 +21,7 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import GravityModel
 from app.core.live_profiles import LiveProfileBook, ServingPod
+from app.core.serving_targets import TargetWatch
 from app.core.snapshot import ClusterSnapshot
 from app.decisions import DecisionMemory
 from app.gang.admission import HeldMembers
@@ -232,8 +233,13 @@ def start_live_profiles(service: ExtenderService) -> LiveProfilePoller | None:
         return None
     source = Source(live.prometheus_url, live.timeout_seconds, live.window_seconds,
                     live.namespace_label, live.pod_label, live.engines)
+    # The same windows judge each serving pod against its own targets (docs/stage-policy.md,
+    # "Targets the engines measure missed"); explain reads the verdicts from the service.
+    targets = TargetWatch(live.learn_policy())
+    service.serving_targets = targets
     poller = LiveProfilePoller(PrometheusReader(source), book, serving_pods(service),
-                               service.placer.policy.feasibility, service.metrics, live.interval_seconds)
+                               service.placer.policy.feasibility, service.metrics, live.interval_seconds,
+                               targets=targets, events=service.binder)
     poller.start()
     log.info("learning serving profiles from %s every %gs", live.prometheus_url, live.interval_seconds)
     return poller

@@ -427,6 +427,15 @@ ALERTS = (
           "Nodes advertise GPUs whose product label is not in the catalog; sized LLM workloads avoid "
           "them. Add the product to the catalog or annotate the nodes with "
           "llm-placement.io/gpu-memory-bandwidth and nvidia.com/gpu.memory."),
+    Alert("LLMPlacementServingTargetsMissed", "max by (metric) (llm_placement_serving_targets_missed)",
+          "> 0", "30m", "warning",
+          "{{ $value }} serving pods miss their own {{ $labels.metric }} target, as their engines measure it",
+          "For 30 minutes, serving engines measured pods above their own max-ms-per-token (tpot) or "
+          "max-ttft-ms (ttft) over two steady windows. Which pods: their ServingTargetMissed events "
+          "(kubectl get events -A --field-selector reason=ServingTargetMissed) and llm-placement explain. "
+          "The filter admitted them on an estimate this cluster's engines do not reach: refit the error "
+          "distribution from the cluster (llm-placement calibrate --from-prometheus) or raise "
+          "serving_confidence (docs/stage-policy.md, \"Targets the engines measure missed\")."),
     Alert("LLMPlacementWatchRestarts",
           "sum by (resource) (increase(llm_placement_watch_restarts_total[15m]))", "> 5", "15m", "warning",
           "llm-placement's {{ $labels.resource }} watch restarted {{ $value }} times in 15 minutes",

@@ -22,7 +22,12 @@ from rich.table import Table
 
 from app.calibration import corpus, fit
 from app.calibration.bench_results import BenchmarkRows, bench_rows
-from app.core.serving_model import DEFAULT_CONFIDENCE, ServingCalibration, default_calibration
+from app.core.serving_model import (
+    DEFAULT_CONFIDENCE,
+    QUANTILE_LEVELS,
+    ServingCalibration,
+    default_calibration,
+)
 
 console = Console()
 
@@ -49,7 +54,8 @@ def render_verdicts(title: str, rows: list[fit.Verdicts]) -> Table:
     return t
 
 
-def calibrate(
+# A command's options are its parameters: the corpus fit's and the cluster refit's together.
+def calibrate(  # noqa: PLR0913
     files: Annotated[list[Path] | None, typer.Argument(
         help="Measurement files or folders in the corpus format (default: the packaged corpus).")] = None,
     bench: Annotated[list[Path] | None, typer.Option(
@@ -71,8 +77,51 @@ def calibrate(
     from_defaults: Annotated[bool, typer.Option(
         help="Start from the model's physical defaults rather than the shipped calibration "
              "(always so for the packaged corpus).")] = False,
+    from_prometheus: Annotated[str | None, typer.Option(
+        "--from-prometheus", metavar="URL", rich_help_panel="From your cluster",
+        help="Refit the target decision's error distribution from what your engines measured: "
+             "Prometheus's base URL (docs/stage-policy.md, \"Calibrating from your cluster\").")] = None,
+    pods: Annotated[Path | None, typer.Option(
+        rich_help_panel="From your cluster",
+        help="With --from-prometheus: pods and nodes from `kubectl get pods,nodes -A -o yaml` "
+             "instead of listing them from the cluster.")] = None,
+    kubeconfig: Annotated[str | None, typer.Option(
+        rich_help_panel="From your cluster", help="With --from-prometheus: the kubeconfig.")] = None,
+    window: Annotated[str, typer.Option(
+        rich_help_panel="From your cluster", help="Window of each mean (as live_profiles: 10m).")] = "10m",
+    lookback: Annotated[str, typer.Option(
+        rich_help_panel="From your cluster", help="How far back to read windows (7d, 12h).")] = "7d",
+    min_requests: Annotated[float, typer.Option(
+        min=1, rich_help_panel="From your cluster", help="Requests a window needs to count.")] = 100,
+    steady_tolerance: Annotated[float, typer.Option(
+        min=0.0, max=1.0, rich_help_panel="From your cluster",
+        help="A window counts when the one before it is within this share.")] = 0.25,
+    confidence: Annotated[float, typer.Option(
+        min=QUANTILE_LEVELS[0], max=QUANTILE_LEVELS[-1], rich_help_panel="From your cluster",
+        help="The serving_confidence the table judges at.")] = DEFAULT_CONFIDENCE,
+    calibration: Annotated[Path | None, typer.Option(
+        rich_help_panel="From your cluster",
+        help="The calibration in use (serving_calibration_file; default: the shipped one).")] = None,
+    timeout: Annotated[float, typer.Option(
+        min=0.1, max=600, rich_help_panel="From your cluster", help="Seconds per Prometheus query.")] = 30.0,
+    namespace_label: Annotated[str, typer.Option(
+        rich_help_panel="From your cluster", help="Label holding the pod's namespace.")] = "namespace",
+    pod_label: Annotated[str, typer.Option(
+        rich_help_panel="From your cluster", help="Label holding the pod's name.")] = "pod",
 ) -> None:
     """Fit the serving model to measurements; print the error table before and after."""
+    if from_prometheus is not None:
+        if files or bench:
+            Console(stderr=True).print("[red]--from-prometheus reads your cluster's engines: give no "
+                                       "measurement files or --bench with it[/red]")
+            raise typer.Exit(2)
+        from app.calibration.from_prometheus import ClusterOptions
+        from app.calibration.from_prometheus import main as from_cluster
+
+        from_cluster(ClusterOptions(from_prometheus, kubeconfig, pods, window, lookback, min_requests,
+                                    steady_tolerance, confidence, calibration, out, timeout,
+                                    namespace_label, pod_label))
+        return
     err = Console(stderr=True)
     try:
         rows = corpus.load(files) if files else ([] if bench else corpus.packaged())

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -29,6 +29,7 @@ from app.core.live_profiles import (
     observe,
 )
 from app.core.serving_model import ServingDefaults, error_group, serving_estimate
+from app.core.serving_targets import TargetWatch
 from app.metrics import Metrics
 from app.ratelog import RateLimitedLog
 
@@ -127,15 +128,29 @@ def estimate_ratios(observations: Iterable[Observation], defaults: ServingDefaul
     return out
 
 
+class EventSink(Protocol):
+    """Where a pod's events go (the service's binder writes them to the API server)."""
+
+    def event(self, namespace: str, name: str, uid: str, reason: str, message: str,
+              warning: bool = False) -> None: ...
+
+
 class LiveProfilePoller:
-    """The thread that keeps a LiveProfileBook fed; ``poll_once`` is the whole of one cycle."""
+    """The thread that keeps a LiveProfileBook fed; ``poll_once`` is the whole of one cycle.
+
+    With ``targets``, the same windows also judge each serving pod against its own targets: a pod
+    that starts missing one (or meets it again) gets one event through ``events``, and the gauge
+    ``llm_placement_serving_targets_missed`` counts the pods missing one now.
+    """
 
     def __init__(self, reader: PrometheusReader, book: LiveProfileBook,
                  pods: Callable[[str], ServingPod | None], defaults: ServingDefaults,
                  metrics: Metrics, interval_seconds: float = 60.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, targets: TargetWatch | None = None,
+                 events: EventSink | None = None) -> None:
         self.reader, self.book, self.pods, self.defaults = reader, book, pods, defaults
         self.metrics, self.interval, self.clock = metrics, interval_seconds, clock
+        self.targets, self.events = targets, events
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warn = RateLimitedLog(log, 300.0)
@@ -152,8 +167,13 @@ class LiveProfilePoller:
                                f"where no learnt profile is current: {exc}")
             self.book.expire(now)
             self.metrics.live_profiles.set(len(self.book.learnt()))
+            if self.targets is not None:
+                self.targets.expire(now)
+                self._publish_targets()
             return []
         self.last_error = None
+        if self.targets is not None:
+            self._judge_targets(windows, now)
         observations = observe(windows, self.pods)
         applied = self.book.update(observations, now)
         for group, metric, ratio in estimate_ratios(applied, self.defaults):
@@ -161,6 +181,22 @@ class LiveProfilePoller:
         self.metrics.live_profile_polls.labels("ok").inc()
         self.metrics.live_profiles.set(len(self.book.learnt()))
         return applied
+
+    def _judge_targets(self, windows: list[PodWindow], now: float) -> None:
+        assert self.targets is not None
+        for v in self.targets.update(windows, self.pods, now):
+            if v.missed:
+                self.metrics.serving_target_misses.labels(v.metric).inc()
+                log.warning("serving pod %s %s", v.pod, v.line())
+            if self.events is not None:
+                namespace, _, name = v.pod.partition("/")
+                self.events.event(namespace, name, v.uid, v.reason, v.message(), warning=v.missed)
+        self._publish_targets()
+
+    def _publish_targets(self) -> None:
+        assert self.targets is not None
+        for metric, count in self.targets.missing().items():
+            self.metrics.serving_targets_missed.labels(metric).set(count)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="live-profiles", daemon=True)

@@ -38,7 +38,9 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("app.explain",),),
     (("app.wiring",),),
     # Entry points: HTTP, the demo, the offline commands.
-    (("app.api",), ("app.demo",), ("app.plan.cli",), ("app.calibration.command",)),
+    # (calibrate --from-prometheus reads Prometheus and the cluster: an entry point like its command.)
+    (("app.api",), ("app.demo",), ("app.plan.cli",),
+     ("app.calibration.command", "app.calibration.from_prometheus")),
     (("app.cli",),),
 )
 
