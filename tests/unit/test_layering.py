@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("app.explain",),),
     (("app.wiring",),),
     # Entry points: HTTP, the demo, the offline commands.
-    (("app.api",), ("app.demo",), ("app.plan.cli",), ("app.calibration.command",)),
+    (("app.api",), ("app.demo",), ("app.plan.cli",), ("app.calibration.command",), ("app.config_docs",)),
     (("app.cli",),),
 )
 
