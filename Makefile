@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit e2e lint lint-docker typecheck image docker controlplane etcd kwok kueue kustomize helm manifests system-deps bench soak hostile kind-up kind-e2e kind-down clean
+.PHONY: demo test unit e2e lint lint-docker typecheck image docker controlplane etcd kwok kueue kustomize helm manifests config-docs system-deps bench soak hostile kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -72,6 +72,10 @@ helm:
 ## Raw manifests in deploy/manifests rendered from the chart.
 manifests: $(STAMP) helm
 	bash scripts/render-manifests.sh
+
+## docs/configuration.md and the chart's extender.settings schema, from the settings model.
+config-docs: $(STAMP)
+	$(BIN)/python -m scripts.gen_config_docs
 
 ## The extender image from the Dockerfile (tag printed last). Default base: the official python:3.11
 ## slim image. BASE=debian: a Python 3.11 base made from Debian packages (no registry needed; what CI uses).
