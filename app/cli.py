@@ -346,6 +346,19 @@ def config_validate(
     typer.echo(f"{file}: OK")
 
 
+@config_cli.command("dump")
+def config_dump(
+    file: Annotated[Path | None, typer.Argument(
+        help="YAML settings file (default: LLMP_CONFIG), read as `serve --config FILE` reads it.")] = None,
+    all_settings: Annotated[bool, typer.Option(
+        "--all", help="Every setting, defaults included (default: only those that differ).")] = False,
+) -> None:
+    """Print the settings in the current versioned form: an unversioned file or old names, rewritten."""
+    from app.config import dump_settings
+
+    typer.echo(dump_settings(_settings(file), changed_only=not all_settings), nl=False)
+
+
 @config_cli.command("docs")
 def config_docs() -> None:
     """Print the reference of every setting (docs/configuration.md), generated from the model."""

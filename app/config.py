@@ -677,7 +677,17 @@ def _without_unknown(data: dict[str, Any], key: str, known: tuple[str, ...],
     return {**data, key: {k: v for k, v in mapping.items() if k not in unknown}}, problems
 
 
-def dump_settings(settings: Settings) -> str:
-    """``settings`` as a versioned YAML file that ``load_settings`` reads back to equal settings."""
-    document = {"apiVersion": API_VERSION, "kind": KIND, **settings.model_dump(mode="json")}
+def dump_settings(settings: Settings, changed_only: bool = False) -> str:
+    """``settings`` as a versioned YAML file that ``load_settings`` reads back to equal settings;
+    ``changed_only``: only the settings that differ from their defaults (a file to keep)."""
+    values = settings.model_dump(mode="json", exclude_defaults=changed_only)
+    if changed_only and "weights" in values:
+        # A term left out reads back as its stage's default, not StageWeights' generic one.
+        defaults = {stage: w.model_dump(mode="json") for stage, w in _default_weights().items()}
+        changed = {stage: {t: v for t, v in settings.weights[stage].model_dump(mode="json").items()
+                           if v != defaults[stage][t]} for stage in STAGES}
+        values["weights"] = {stage: terms for stage, terms in changed.items() if terms}
+        if not values["weights"]:
+            del values["weights"]
+    document = {"apiVersion": API_VERSION, "kind": KIND, **values}
     return yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=1000)

@@ -221,12 +221,13 @@ class GangPolicy:
     reservation_ttl_seconds: float
     bind_timeout_seconds: float
     solver_time_limit_seconds: float
-    # The oldest gang that cannot be placed holds whole nodes as they free (app.gang.hold).
-    hold_for_oldest: bool = False
+    # The oldest gang that cannot be placed holds whole nodes as they free (app.gang.hold; feature
+    # gate GangHoldForOldest).
+    hold_for_oldest: bool
     # Only this scheduler's gangs take part in the gang queue (empty: every gang).
-    scheduler_name: str = ""
+    scheduler_name: str
     # A gang missing members this long after its first member's creation is reported.
-    incomplete_warn_seconds: float = 600.0
+    incomplete_warn_seconds: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,3 +129,14 @@ def test_a_deprecated_form_passes_with_one_warning_on_stderr(tmp_path: Path, tex
     code, out, err = _run(tmp_path, text)
     assert code == 0 and len(out) == 1 and out[0].endswith(": OK")
     assert len(err) == 1 and err[0].startswith("warning: ") and warning in err[0], err
+
+
+def test_dump_rewrites_an_old_file_into_one_that_validates_without_warnings(tmp_path: Path) -> None:
+    old = tmp_path / "old.yaml"
+    old.write_text("port: 9000\nwhole_node_guard: false\nweights:\n  serving: {cost: 5}\n")
+    result = CliRunner().invoke(cli, ["config", "dump", str(old)])
+    assert result.exit_code == 0 and len(result.stderr.strip().splitlines()) == 2  # two deprecations
+    assert result.stdout == (f"{HEADER}port: 9000\nweights:\n  serving:\n    cost: 5.0\n"
+                             "feature_gates:\n  WholeNodeGuard: false\n")
+    code, out, err = _run(tmp_path, result.stdout)
+    assert code == 0 and err == [] and out[0].endswith(": OK")

@@ -110,6 +110,18 @@ def test_load_dump_load_gives_equal_settings(data: dict[str, Any]) -> None:
     second = _load(dumped)
     assert second.model_dump() == first.model_dump()
     assert dump_settings(second) == dumped  # and the dump is a fixed point
+    kept = _load(dump_settings(first, changed_only=True))  # only what differs from the defaults
+    assert kept.model_dump() == first.model_dump()
+
+
+def test_the_short_dump_holds_only_what_differs_from_the_defaults() -> None:
+    s = Settings(port=9000, weights={"pretraining": {"cost": 1.0}}, feature_gates={"FilterToBest": False})
+    document = yaml.safe_load(dump_settings(s, changed_only=True))
+    # pretraining's cost default is 0.5: 1.0 differs from the stage's default, not StageWeights' own.
+    assert document == {"apiVersion": API_VERSION, "kind": KIND, "port": 9000,
+                        "weights": {"pretraining": {"cost": 1.0}}, "feature_gates": {"FilterToBest": False}}
+    assert yaml.safe_load(dump_settings(Settings(), changed_only=True)) == {"apiVersion": API_VERSION,
+                                                                           "kind": KIND}
 
 
 def test_the_dump_is_versioned_and_names_every_setting() -> None:
