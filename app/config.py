@@ -626,7 +626,7 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     data.update(overrides)
     data, renamed = _translate_renamed(data)
     data, stages = _without_unknown(data, "weights", STAGES, "stage")
-    data, gates = _without_unknown(data, "feature_gates", tuple(FEATURE_GATES), "feature gate")
+    data, gates = _without_unknown(data, "feature_gates", tuple(FEATURE_GATES), "feature gate", any_case=True)
     problems += renamed + stages + gates
     try:
         settings = Settings(**data)
@@ -660,8 +660,8 @@ def _unversioned(data: dict[str, Any], path: str | Path) -> tuple[dict[str, Any]
     return data, tuple(problems)
 
 
-def _without_unknown(data: dict[str, Any], key: str, known: tuple[str, ...],
-                     what: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+def _without_unknown(data: dict[str, Any], key: str, known: tuple[str, ...], what: str,
+                     any_case: bool = False) -> tuple[dict[str, Any], tuple[str, ...]]:
     """A file's unknown entries under mapping ``key`` (stages of weights, feature gates), each named by
     its path, and the data without them, so the known entries are checked in the same pass (the
     field's validator only sees the whole mapping; it still refuses unknown entries that arrive
@@ -669,8 +669,9 @@ def _without_unknown(data: dict[str, Any], key: str, known: tuple[str, ...],
     mapping = data.get(key)
     if not isinstance(mapping, dict):
         return data, ()
-    lower = {k.lower() for k in known} if key == "feature_gates" else set(known)
-    unknown = [k for k in mapping if (str(k).lower() if key == "feature_gates" else k) not in lower]
+    fold = str.lower if any_case else str
+    names = {fold(k) for k in known}
+    unknown = [k for k in mapping if fold(str(k)) not in names]
     if not unknown:
         return data, ()
     problems = tuple(f"{key}.{k}: unknown {what}; expected one of {', '.join(known)}" for k in unknown)
