@@ -63,8 +63,10 @@ __all__ = [
 ]
 
 # The file's schema, versioned the way kube-scheduler's KubeSchedulerConfiguration
-# (kubescheduler.config.k8s.io/v1) and Kueue's Configuration (config.kueue.x-k8s.io) are: a group of
-# the product's own domain, a version, a kind naming the component (docs/configuration.md).
+# (kubescheduler.config.k8s.io/v1, helm/llm-placement/files/scheduler-config.yaml) and Kueue's
+# Configuration (config.kueue.x-k8s.io, https://kueue.sigs.k8s.io/docs/reference/kueue-config.v1beta2/)
+# are: a group of the product's own domain, a version, a kind naming the component
+# (docs/configuration.md).
 API_VERSION = "config.llm-placement.io/v1"
 KIND = "ExtenderConfiguration"
 # Files without apiVersion/kind, and the old names of RENAMED, are read until this version.

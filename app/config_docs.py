@@ -191,7 +191,9 @@ def markdown() -> str:
         "The extender reads one YAML file (`llm-placement serve --config FILE`, or `LLMP_CONFIG`), then",
         "`LLMP_*` environment variables, which override it (nested keys joined with `__`:",
         "`LLMP_WEIGHTS__SERVING__COST=3`, `LLMP_FEATURE_GATES__GANGHOLDFOROLDEST=true`). Every setting is",
-        "optional. The file is versioned, like kube-scheduler's `KubeSchedulerConfiguration`:",
+        "optional. The file is versioned, as kube-scheduler's `KubeSchedulerConfiguration`",
+        "(`kubescheduler.config.k8s.io/v1`) and Kueue's `Configuration` (`config.kueue.x-k8s.io`,",
+        "https://kueue.sigs.k8s.io/docs/reference/kueue-config.v1beta2/) are:",
         "",
         "```yaml",
         f"apiVersion: {API_VERSION}",
@@ -232,7 +234,8 @@ def markdown() -> str:
         " keeps at least one term above 0. Defaults:", "",
         *_weights(), "",
         "## Feature gates", "",
-        _text(Settings.model_fields["feature_gates"].description) + " As in Kubernetes, alpha gates"
+        _text(Settings.model_fields["feature_gates"].description) + " As in Kubernetes (\"Feature gates\","
+        " https://kubernetes.io/docs/reference/command-line-tools-reference/feature-gates/), alpha gates"
         " are off and beta gates on by default; in the version a gate goes, the gate is removed together"
         " with the code path it switches off (a beta gate's behaviour stays, an alpha gate's is promoted"
         " or removed).", "",
