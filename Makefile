@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit e2e lint lint-docker typecheck image docker controlplane etcd kwok kueue kustomize helm manifests system-deps bench soak hostile kind-up kind-e2e kind-down clean
+.PHONY: demo test unit e2e lint lint-docker typecheck image docker controlplane etcd kwok kueue kustomize helm manifests config-docs system-deps bench soak hostile kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -73,6 +73,10 @@ helm:
 manifests: $(STAMP) helm
 	bash scripts/render-manifests.sh
 
+## docs/configuration.md and the chart's extender.settings schema, from the settings model.
+config-docs: $(STAMP)
+	$(BIN)/python -m scripts.gen_config_docs
+
 ## The extender image from the Dockerfile (tag printed last). Default base: the official python:3.11
 ## slim image. BASE=debian: a Python 3.11 base made from Debian packages (no registry needed; what CI uses).
 image: docker
@@ -92,19 +96,19 @@ bench: $(STAMP) controlplane etcd kwok kueue
 	$(BIN)/python -m bench.gang_solver --instances 5
 	$(BIN)/python bench/extender_latency.py --runs 50
 	$(BIN)/python bench/data_gravity.py
-	$(BIN)/python bench/scheduler_throughput.py --quick
+	$(BIN)/python -m bench.scheduler_throughput --quick
 	@# The trace replays read the public openb trace beside the checkout; without it they are skipped.
 	@if [ -d ../shared/data/alibaba-gpu-v2023 ]; then \
 	  $(BIN)/python bench/trace_sim.py && \
-	  $(BIN)/python bench/replay.py --trace multigpu50 --trace default --sharing skip; \
+	  $(BIN)/python -m bench.replay --trace multigpu50 --trace default --sharing skip; \
 	else echo "bench: ../shared/data/alibaba-gpu-v2023 not found: openb trace replays skipped"; fi
 	@# Outcomes against MostAllocated and real Kueue (BENCHMARKS.md section 4): the LLM-cluster mix at
 	@# light, heavy and overload, and the pipeline mixes at heavy and overload.
-	$(BIN)/python bench/replay.py --llm-jobs 240 --load 0.5 --load 1.0 --load 1.3 --seed 1 --name s1
-	for s in 2 3; do $(BIN)/python bench/replay.py --llm-jobs 240 --load 1.0 --seed $$s --name s$$s || exit 1; done
-	$(BIN)/python bench/replay.py --gravity gpu --gravity cpu --gravity gpu-small --pipelines 48 \
+	$(BIN)/python -m bench.replay --llm-jobs 240 --load 0.5 --load 1.0 --load 1.3 --seed 1 --name s1
+	for s in 2 3; do $(BIN)/python -m bench.replay --llm-jobs 240 --load 1.0 --seed $$s --name s$$s || exit 1; done
+	$(BIN)/python -m bench.replay --gravity gpu --gravity cpu --gravity gpu-small --pipelines 48 \
 	  --load 1.0 --load 1.3 --variants ours --variants mostalloc --variants kueue --variants affinity --name loads
-	$(BIN)/python bench/replay.py --gangs 40 --variants ours --variants mostalloc --variants kueue \
+	$(BIN)/python -m bench.replay --gangs 40 --variants ours --variants mostalloc --variants kueue \
 	  --variants kueue-tas --name kueue
 
 ## Soak with faults: ~3,000 pods of every stage on kwok nodes while the extender, kube-scheduler,
@@ -117,7 +121,7 @@ soak: $(STAMP) controlplane etcd kwok
 ## incomplete gangs of one tenant (another tenant's bind time), a YAML bomb handed to the planner.
 ## Figures in bench/results/hostile.json and BENCHMARKS.md; exit 1 when a bound is missed.
 hostile: $(STAMP) controlplane etcd
-	$(BIN)/python bench/hostile.py
+	$(BIN)/python -m bench.hostile
 
 ## For laptops with Docker (not exercised in this repository's CI: its Docker refuses privileged
 ## containers, which kind needs; docs/install.md).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -14,19 +15,37 @@ from rich.markup import escape
 from rich.table import Table
 
 from app.calibration.command import calibrate
-from app.config import ConfigError, Settings, load_settings
+from app.config import ConfigDeprecationWarning, ConfigError, Settings, load_settings
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="llm-placement: LLM-lifecycle-aware scheduler extender for kube-scheduler.")
 console = Console()
+GIL_SWITCH_INTERVAL_SECONDS = 0.0005
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML settings file (env LLMP_CONFIG).")
 ]
 
 
+def _load_warning_each(config: Path | None, **overrides: Any) -> Settings:
+    """load_settings, each deprecation printed once as one ``warning:`` line on standard error (not
+    Python's warning format, which points into pydantic's frames)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigDeprecationWarning)
+        try:
+            return load_settings(config, **overrides)
+        finally:
+            err = Console(stderr=True)
+            for message in dict.fromkeys(str(w.message) for w in caught
+                                         if issubclass(w.category, ConfigDeprecationWarning)):
+                err.print(f"[yellow]warning: {escape(message)}[/yellow]", soft_wrap=True, highlight=False)
+            for w in caught:
+                if not issubclass(w.category, ConfigDeprecationWarning):
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def _settings(config: Path | None, **overrides: Any) -> Settings:
     try:
-        return load_settings(config, **{k: v for k, v in overrides.items() if v is not None})
+        return _load_warning_each(config, **{k: v for k, v in overrides.items() if v is not None})
     except ConfigError as exc:
         # One line whatever the terminal width (soft_wrap), and a message quoting a value such as
         # "[serving]" is printed as it is, not read as console markup.
@@ -54,8 +73,9 @@ def serve(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Bind, watch and metrics threads share the GIL with the event loop that answers filter calls.
     # With the default 5 ms switch interval a filter request can wait a full interval per handoff
-    # behind a bind thread; 0.5 ms keeps kube-scheduler's synchronous path short.
-    sys.setswitchinterval(settings.gil_switch_interval_seconds)
+    # behind a bind thread; 0.5 ms keeps kube-scheduler's synchronous path short. Not a setting:
+    # nothing an operator knows about the cluster changes the right value.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_SECONDS)
     # Our own one-line warnings say what failed; urllib3's per-retry lines only multiply them.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     try:
@@ -318,14 +338,36 @@ cli.add_typer(config_cli, name="config")
 def config_validate(
     file: Annotated[Path, typer.Argument(help="YAML settings file, read as `serve --config FILE` reads it.")],
 ) -> None:
-    """Check a settings file: one line per bad field, with its path; exit status 2 on any."""
+    """Check a settings file: one line per bad field, with its path; exit status 2 on any.
+    Deprecated forms (no apiVersion, an old name) pass with a warning on standard error."""
     try:
-        load_settings(file)
+        _load_warning_each(file)
     except ConfigError as exc:
         for problem in exc.problems:
             typer.echo(" ".join(problem.split()))  # one line each, whatever the message
         raise typer.Exit(2) from None
     typer.echo(f"{file}: OK")
+
+
+@config_cli.command("dump")
+def config_dump(
+    file: Annotated[Path | None, typer.Argument(
+        help="YAML settings file (default: LLMP_CONFIG), read as `serve --config FILE` reads it.")] = None,
+    all_settings: Annotated[bool, typer.Option(
+        "--all", help="Every setting, defaults included (default: only those that differ).")] = False,
+) -> None:
+    """Print the settings in the current versioned form: an unversioned file or old names, rewritten."""
+    from app.config import dump_settings
+
+    typer.echo(dump_settings(_settings(file), changed_only=not all_settings), nl=False)
+
+
+@config_cli.command("docs")
+def config_docs() -> None:
+    """Print the reference of every setting (docs/configuration.md), generated from the model."""
+    from app.config_docs import markdown
+
+    typer.echo(markdown(), nl=False)
 
 profiles_cli = typer.Typer(no_args_is_help=True, help="Measured serving profiles (docs/stage-policy.md).")
 cli.add_typer(profiles_cli, name="profiles")

@@ -1,21 +1,30 @@
-"""Typed settings: one object built from an optional YAML file, then environment (``LLMP_*``).
+"""Typed settings: one versioned object built from an optional YAML file, then environment (``LLMP_*``).
 
-Invalid configuration fails at start with a message that names the offending key, so an operator
-never runs a scheduler with silently defaulted policy.
+The file is an ``ExtenderConfiguration`` of ``config.llm-placement.io/v1`` (docs/configuration.md,
+generated from the field docstrings below). Invalid configuration fails at start with one line per
+bad field naming its path, so an operator never runs a scheduler with silently defaulted policy.
+Switches that exist to compare behaviours are feature gates with the version they go in
+(``FEATURE_GATES``); names the file no longer uses are read, with a warning, for one more version
+(``RENAMED``).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -47,7 +56,21 @@ from app.core.serving_model import (
     default_calibration,
 )
 
-__all__ = ["ConfigError", "NodeLabelKeys", "Settings", "StageWeights", "TierBandwidth", "load_settings"]
+__all__ = [
+    "API_VERSION", "FEATURE_GATES", "KIND", "RENAMED", "ConfigDeprecationWarning", "ConfigError",
+    "FeatureGate", "NodeLabelKeys", "Settings", "StageWeights", "TierBandwidth", "dump_settings",
+    "load_settings",
+]
+
+# The file's schema, versioned the way kube-scheduler's KubeSchedulerConfiguration
+# (kubescheduler.config.k8s.io/v1, helm/llm-placement/files/scheduler-config.yaml) and Kueue's
+# Configuration (config.kueue.x-k8s.io, https://kueue.sigs.k8s.io/docs/reference/kueue-config.v1beta2/)
+# are: a group of the product's own domain, a version, a kind naming the component
+# (docs/configuration.md).
+API_VERSION = "config.llm-placement.io/v1"
+KIND = "ExtenderConfiguration"
+# Files without apiVersion/kind, and the old names of RENAMED, are read until this version.
+UNVERSIONED_UNTIL = "0.2.0"
 
 MAX_HOURLY_COST = 1000.0  # dollars per hour for one GPU or one CPU node
 STAGES = ("data-prep", "pretraining", "alignment", "deployment", "serving")
@@ -90,6 +113,147 @@ def _problem(err: Any) -> str:
     return f"{key}: {msg}" if key else msg
 
 
+class ConfigDeprecationWarning(FutureWarning):
+    """A file or variable uses a form that still loads but goes in a stated version. A FutureWarning
+    so that Python shows it by default: the operator running the extender is its audience."""
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureGate:
+    """A behaviour kept switchable only to compare it with the one it replaced, Kubernetes-style:
+    alpha gates default off, beta gates default on; in ``until`` the gate goes, and with it the
+    losing code path (a beta gate's behaviour stays, an alpha gate's is promoted or removed)."""
+
+    stage: Literal["alpha", "beta"]
+    default: bool
+    until: str
+    doc: str
+
+
+FEATURE_GATES: dict[str, FeatureGate] = {
+    "WholeNodeGuard": FeatureGate(
+        "beta", True, "0.3.0",
+        "A GPU pod never opens a whole node while a partly used node of the same shape can take it "
+        "(docs/scoring.md, \"The whole-node guard\"). Off only to measure what the guard is worth."),
+    "CrossShapeGuard": FeatureGate(
+        "alpha", False, "0.3.0",
+        "The whole-node guard across GPU shapes: a partly used node of at least as good hardware "
+        "stands in for a whole node when its price premium is below half the price of the GPUs the "
+        "whole node would strand (docs/scoring.md, \"Across shapes\"). Measured to buy little; off "
+        "keeps the cheapest GPU that meets a pod's needs deciding the type."),
+    "ScoreRankBands": FeatureGate(
+        "beta", True, "0.3.0",
+        "Weighted totals become kube-scheduler's 0-10 by rank of distinct totals, so every "
+        "difference stays in order (docs/scoring.md); off: round(10 x total), the old mapping, which "
+        "rounds small preferences away (kept for comparison only)."),
+    "FilterToBest": FeatureGate(
+        "beta", True, "0.3.0",
+        "Filter answers only the extender's best node(s), one when the pod has no soft in-tree "
+        "preference (docs/scoring.md); off: every feasible node, and prioritize ranks them."),
+    "DefaultTargetFilter": FeatureGate(
+        "beta", True, "0.3.0",
+        "An interactive serving pod without max-ms-per-token is kept off nodes slower than "
+        "default_interactive_ms_per_token when another candidate meets it (docs/stage-policy.md); "
+        "off: the default target is a preference only."),
+    "GangHoldForOldest": FeatureGate(
+        "alpha", False, "0.3.0",
+        "The oldest gang that cannot be placed holds whole nodes as they free, so smaller jobs cannot "
+        "keep it waiting; costs the held GPUs' idle time (docs/gangs.md, \"Holding nodes for the "
+        "oldest gang\"; BENCHMARKS.md measures both sides)."),
+}
+# The guard across shapes lets a partly used node's price premium reach this share of the price of
+# the GPUs a whole node would strand: the value the pipeline replay measured (BENCHMARKS.md).
+CROSS_SHAPE_IDLE_SHARE = 0.5
+
+_BOOL = TypeAdapter(bool)
+
+
+def _share(v: Any) -> bool:
+    share = TypeAdapter(float).validate_python(v)
+    if not 0 <= share <= 1:
+        raise ValueError(f"must be between 0 and 1, not {share:g}")
+    return share > 0
+
+
+def _choice(on: str, off: str) -> Callable[[Any], bool]:
+    def parse(v: Any) -> bool:
+        if str(v) not in (on, off):
+            raise ValueError(f"must be {on!r} or {off!r}, not {v!r}")
+        return str(v) == on
+    return parse
+
+
+@dataclass(frozen=True, slots=True)
+class Renamed:
+    """A name the file no longer uses: the gate it became (None: removed) and how its value reads."""
+
+    gate: str | None
+    parse: Callable[[Any], bool]
+    schema: dict[str, Any]  # what the chart's values.schema.json still accepts under the old name
+    note: str = ""
+
+
+_FLAG = {"type": "boolean"}
+RENAMED: dict[str, Renamed] = {
+    "whole_node_guard": Renamed("WholeNodeGuard", _BOOL.validate_python, _FLAG),
+    "stranded_idle_share": Renamed("CrossShapeGuard", _share, {"type": "number", "minimum": 0, "maximum": 1},
+                                   f"any share above 0 turns it on, at {CROSS_SHAPE_IDLE_SHARE:g}"),
+    "score_mapping": Renamed("ScoreRankBands", _choice("rank", "linear"),
+                             {"type": "string", "enum": ["rank", "linear"]}, "rank: true, linear: false"),
+    "filter_to_best": Renamed("FilterToBest", _choice("auto", "off"),
+                              {"type": "string", "enum": ["auto", "off"]}, "auto: true, off: false"),
+    "default_target_filter": Renamed("DefaultTargetFilter", _BOOL.validate_python, _FLAG),
+    "gang_hold_for_oldest": Renamed("GangHoldForOldest", _BOOL.validate_python, _FLAG),
+    "gil_switch_interval_seconds": Renamed(
+        None, lambda v: True, {"type": "number"},
+        "the extender sets Python's thread switch interval itself (0.5 ms)"),
+}
+
+
+def _renamed_message(old: str, rule: Renamed) -> str:
+    if rule.gate is None:
+        return f"{old} is no longer read ({rule.note}); remove it (accepted until {UNVERSIONED_UNTIL})"
+    how = f" ({rule.note})" if rule.note else ""
+    return (f"{old} is deprecated: set feature_gates.{rule.gate} instead{how}; the old name is "
+            f"accepted until {UNVERSIONED_UNTIL}")
+
+
+def _translate_renamed(data: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """``data`` with each old name of RENAMED turned into its feature gate (a gate set under
+    ``feature_gates`` wins over an old name), a deprecation warning per old name, and one
+    ``old: reason`` problem per old name whose value does not read."""
+    old_names = [k for k in data if k in RENAMED]
+    if not old_names:
+        return data, ()
+    data = dict(data)
+    gates = data.get("feature_gates")
+    gates = dict(gates) if isinstance(gates, dict) else gates
+    problems: list[str] = []
+    for old in old_names:
+        rule, value = RENAMED[old], data.pop(old)
+        warnings.warn(_renamed_message(old, rule), ConfigDeprecationWarning, stacklevel=4)
+        try:
+            on = rule.parse(value)
+        except (ValueError, ValidationError) as exc:
+            reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+            problems.append(f"{old}: {reason}")
+            continue
+        if rule.gate is None:
+            continue
+        gates = {} if gates is None else gates
+        if isinstance(gates, dict) and not any(_gate_name(g) == rule.gate for g in gates):
+            gates[rule.gate] = on
+    if gates:
+        data["feature_gates"] = gates
+    return data, tuple(problems)
+
+
+def _gate_name(name: Any) -> str | None:
+    """The gate ``name`` spells, whatever its case (environment variables arrive lower-cased)."""
+    by_lower = {g.lower(): g for g in FEATURE_GATES}
+    return by_lower.get(str(name).lower())
+
+
 def _default_weights() -> dict[str, StageWeights]:
     # Why these shapes: serving is memory-bound and sold per token, so bandwidth and cost dominate;
     # training pays for idle GPUs in lockstep, so packing (keep whole nodes free) and gravity matter;
@@ -118,21 +282,28 @@ def _default_weights() -> dict[str, StageWeights]:
 class LiveProfileSettings(BaseModel):
     """Where the serving engines' latency histograms are, and when a measurement counts."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
     prometheus_url: str = Field(min_length=1, pattern=r"^https?://")
+    """Base URL of the Prometheus that scrapes the serving engines (required)."""
     interval_seconds: float = Field(60.0, ge=1, le=3600)
+    """How often the histograms are read."""
     window_seconds: float = Field(600.0, ge=30, le=86400)
+    """The window each reading covers."""
     timeout_seconds: float = Field(2.0, gt=0, le=30)
-    # Requests (first tokens) a key needs in the window before its figures may become a profile.
+    """Timeout of one Prometheus query."""
     min_requests: int = Field(100, ge=1)
-    # Two consecutive polls must agree within this share before a learnt profile applies.
+    """Requests (first tokens) a key needs in the window before its figures may become a profile."""
     steady_tolerance: float = Field(0.25, gt=0, le=1)
+    """Two consecutive readings must agree within this share before a learnt profile applies."""
     stale_after_seconds: float = Field(1800.0, gt=0, le=7 * 86400)
-    # The labels the scrape configuration puts the pod's namespace and name in.
+    """A learnt profile not confirmed for this long stops applying."""
     namespace_label: str = Field("namespace", min_length=1)
+    """The label the scrape configuration puts the pod's namespace in."""
     pod_label: str = Field("pod", min_length=1)
+    """The label the scrape configuration puts the pod's name in."""
     engines: tuple[Literal["vllm", "sglang", "tgi"], ...] = Field(("vllm", "sglang", "tgi"), min_length=1)
+    """The engines whose metric names are read."""
 
     def learn_policy(self) -> LearnPolicy:
         return LearnPolicy(min_requests=self.min_requests, steady_tolerance=self.steady_tolerance,
@@ -140,130 +311,136 @@ class LiveProfileSettings(BaseModel):
 
 
 class Settings(BaseSettings):
-    """Everything the service reads at start. YAML file first, then ``LLMP_`` environment variables."""
+    """Everything the service reads at start. YAML file first, then ``LLMP_`` environment variables.
+
+    Each field's docstring is its entry in docs/configuration.md and the chart's values.schema.json
+    (both generated: ``python -m scripts.gen_config_docs``)."""
 
     # Frozen: components take their policies once (``policies()``); a setting changed afterwards
     # would silently reach some of them and not others.
     # No inf or NaN anywhere: an infinite weight or time limit makes every node tie or nothing
     # schedule, silently.
     model_config = SettingsConfigDict(
-        env_prefix="LLMP_", env_nested_delimiter="__", extra="forbid", frozen=True, allow_inf_nan=False
+        env_prefix="LLMP_", env_nested_delimiter="__", extra="forbid", frozen=True, allow_inf_nan=False,
+        use_attribute_docstrings=True,
     )
 
     host: str = "127.0.0.1"
+    """Listen address of the verbs (filter, prioritize, bind, preempt), /healthz, /readyz and /explain."""
     port: int = Field(8888, ge=1, le=65535)
+    """Listen port of the verbs."""
     # Loopback by default: exposing metrics is a deployment decision (the chart sets 0.0.0.0).
     metrics_host: str = "127.0.0.1"
+    """Listen address of Prometheus /metrics."""
     metrics_port: int = Field(9090, ge=0, le=65535)
+    """Listen port of /metrics; 0: no metrics server."""
     url_prefix: str = "/scheduler"
-    # TLS for the verbs (docs/security.md): the serving certificate and key (PEM). With
-    # tls_client_ca_file, a verb call must present a client certificate that CA signed
-    # (kube-scheduler's, from the extender's tlsConfig): a certificate of another CA fails the TLS
-    # handshake, none at all is answered 403. /healthz, /readyz and /explain need none (probes, and
-    # explain has its own bearer-token check).
+    """Path the verbs are served under (kube-scheduler's urlPrefix)."""
     tls_cert_file: str | None = None
+    """Serving certificate of the verbs (PEM); with tls_key_file, the verbs are served over TLS
+    (docs/security.md)."""
     tls_key_file: str | None = None
+    """Key of tls_cert_file (PEM)."""
     tls_client_ca_file: str | None = None
+    """With it, a verb call must present a client certificate this CA signed (kube-scheduler's): one of
+    another CA fails the handshake, none at all is answered 403. /healthz, /readyz and /explain need
+    none (docs/security.md)."""
     kubeconfig: str | None = None
-    # "kubernetes": list+watch the API server; "none": serve only from request bodies (non-cache mode).
+    """Out-of-cluster kubeconfig; none: KUBECONFIG, ~/.kube/config, then the in-cluster ServiceAccount."""
     cluster_source: Literal["kubernetes", "none"] = "kubernetes"
+    """kubernetes: list and watch the API server; none: serve only from request bodies (non-cache mode)."""
     scheduler_name: str = "llm-placement"
+    """The schedulerName of the pods this extender places (gangs of other schedulers are left alone)."""
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, le=1 << 30)
-    # Connection limits of the verbs' and the metrics' HTTP servers (docs/extender-protocol.md,
-    # "Connection limits"): a connection with no request under way is closed after the idle
-    # timeout, a request must arrive whole within the request timeout of its first byte, and a
-    # request head over max_header_bytes is answered 431. kube-scheduler sends each request at once.
+    """Largest request body a verb reads."""
+    # kube-scheduler sends each request at once, so the connection limits never touch it.
     http_idle_timeout_seconds: float = Field(5.0, gt=0, le=3600)
+    """A connection with no request under way is closed after this long (docs/extender-protocol.md,
+    "Connection limits")."""
     http_request_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+    """A request must arrive whole within this long of its first byte, else its connection is closed."""
     http_max_header_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    """A request head over this size is answered 431."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    gil_switch_interval_seconds: float = Field(0.0005, gt=0, le=0.1)
+    """Log level of the extender."""
 
     labels: NodeLabelKeys = NodeLabelKeys()
+    """Node label keys the node facts are read from, first hit wins (docs/node-facts.md)."""
     weights: dict[str, StageWeights] = Field(default_factory=_default_weights)
-    # How weighted totals become kube-scheduler's 0-10: "rank" bands keep every difference in order
-    # (docs/scoring.md); "linear" is round(10 x total), which rounds small preferences away.
-    score_mapping: ScoreMapping = ScoreMapping.RANK
-    # A GPU pod never opens a whole node while a partly used node of the same shape can take it
-    # (docs/scoring.md): off only to measure what the guard is worth.
-    whole_node_guard: bool = True
-    # The guard across GPU shapes (docs/scoring.md, "Across shapes"): a partly used node of at least as
-    # good hardware takes a GPU pod instead of a whole node being opened when its price premium is
-    # below this share of the price of the GPUs the whole node would strand. 0 (default): same shape
-    # only, so the cheapest GPU that meets a pod's needs keeps deciding the type.
-    stranded_idle_share: float = Field(0.0, ge=0, le=1)
-    # /explain shows where pods run: "kubernetes" lets only callers whose bearer token may get the
-    # pod read it (TokenReview + SubjectAccessReview); "none" leaves it open (no API server to ask).
+    """Weights of the prioritize terms per stage (docs/scoring.md). A stage or term left out keeps its
+    default: overriding one term of one stage keeps that stage's other terms."""
     explain_auth: Literal["kubernetes", "none"] = "kubernetes"
-    # auto: filter answers only our best node(s), one when the pod has no soft in-tree preference
-    # (docs/scoring.md); off: every feasible node, and prioritize ranks them.
-    filter_to_best: Literal["auto", "off"] = "auto"
+    """/explain shows where pods run: kubernetes lets only callers whose bearer token may get the pod
+    read it (TokenReview and SubjectAccessReview); none leaves it open (no API server to ask)."""
     tier_bandwidth_gbps: TierBandwidth = TierBandwidth()
+    """GB/s assumed between a producer and a consumer at each distance (docs/data-gravity.md)."""
 
-    # Fraction of GPU memory kept free (fragmentation, CUDA context, allocator slack).
     # At most half: above that no GPU holds what its own memory says it holds.
     memory_headroom: float = Field(0.1, ge=0, le=0.5)
-    # Alignment batches vary; keep more headroom than the estimate.
+    """Share of GPU memory kept free (fragmentation, CUDA context, allocator slack)."""
     alignment_extra_headroom: float = Field(0.15, ge=0, le=1)
-    # Defaults for pods that leave these out: past the longest context any model serves (10M tokens)
-    # or 65,536 sequences at once the KV-cache estimate outgrows every GPU, and no un-annotated
-    # serving pod could be placed.
+    """Further headroom for alignment pods, whose batches vary more than the estimate."""
+    # Past the longest context any model serves (10M tokens) or 65,536 sequences at once the KV-cache
+    # estimate outgrows every GPU, and no un-annotated serving pod could be placed.
     default_context_tokens: int = Field(4096, gt=0, le=10_000_000)
-    # A serving pod without a `concurrency` annotation is judged at one request at a time: the load
-    # of the single-client measurements engines publish, which such a pod's targets are usually
-    # read from (docs/stage-policy.md, "Default load"). A pod serving more states it.
+    """Context length of a serving pod that states none."""
     default_concurrency: int = Field(1, gt=0, le=65_536)
-    # Latency an interactive (chat) service should reach when the pod sets no max-ms-per-token:
-    # ~20 tokens/s, faster than people read. A soft target: slower nodes score lower, not zero.
-    # 1 ms (faster than any GPU decodes) to 10 s per token; outside that the target means nothing.
+    """Concurrent requests of a serving pod without a concurrency annotation: one, the load of the
+    single-client measurements engines publish (docs/stage-policy.md, "Default load")."""
+    # ~20 tokens/s, faster than people read. 1 ms (faster than any GPU decodes) to 10 s per token;
+    # outside that the target means nothing.
     default_interactive_ms_per_token: float = Field(50.0, ge=1, le=10_000)
-    # Hold such a pod to that target in filter too, but only when some candidate node meets it
-    # (otherwise the fastest available still serves it, scored lower): docs/stage-policy.md.
-    default_target_filter: bool = True
-    # The serving model's fitted parameters (efficiencies, per-step floors, all-reduce latencies),
-    # as written by `llm-placement calibrate` from your own measurements; none: the shipped
-    # calibration from the packaged corpus (docs/stage-policy.md, "The serving model").
+    """Latency an interactive serving pod without max-ms-per-token is held to: slower nodes score lower,
+    and with the DefaultTargetFilter gate are filtered out when another node meets it."""
     serving_calibration_file: str | None = None
-    # How sure the filter must be that an estimated serving pod meets its latency targets: the
-    # estimate is multiplied by this quantile of its group's cross-validated measured / estimate
-    # before it is compared with the target (docs/stage-policy.md, "Target decision"). Within the
-    # levels the calibration records (0.5-0.99); higher refuses more targets the hardware meets.
+    """The serving model's fitted parameters as written by `llm-placement calibrate` from your own
+    measurements; none: the shipped calibration (docs/stage-policy.md, "The serving model")."""
     # The default's rule: serving_model.DEFAULT_CONFIDENCE.
     serving_confidence: float = Field(DEFAULT_CONFIDENCE, ge=QUANTILE_LEVELS[0], le=QUANTILE_LEVELS[-1])
-    # Measured serving profiles (YAML or JSON) that replace the estimates for the pods they match:
-    # docs/stage-policy.md, "Measured profiles". Read and validated once, at start.
+    """How sure the filter must be that an estimated serving pod meets its latency targets: the
+    estimate times this quantile of its group's cross-validated measured / estimate must be within the
+    target (docs/stage-policy.md, "Target decision"). Higher refuses more targets the hardware meets."""
     profiles_file: str | None = None
-    # Learn serving profiles from the engines' own latency metrics in Prometheus (opt-in):
-    # docs/stage-policy.md, "Learnt profiles".
+    """Measured serving profiles (YAML or JSON) that replace the estimates for the pods they match,
+    read and checked once at start (docs/stage-policy.md, "Measured profiles")."""
     live_profiles: LiveProfileSettings | None = None
+    """Learn serving profiles from the engines' own latency metrics in Prometheus; none: off
+    (docs/stage-policy.md, "Learnt profiles")."""
     cpu_stages_may_use_gpu_nodes: bool = False
+    """Let data-prep and deployment pods (CPU stages) run on GPU nodes."""
     # Prices per hour up to $1,000: more overflows nothing, but is a unit mistake (cents, per month).
     default_cpu_hourly_cost: float = Field(0.05, ge=0, le=MAX_HOURLY_COST)
-    # Per GPU-hour for GPUs missing from the catalog (conservative: priced like a large GPU).
+    """Dollars per hour of a CPU node without a price label."""
     unknown_gpu_hourly_cost: float = Field(4.0, ge=0, le=MAX_HOURLY_COST)
+    """Dollars per GPU-hour of a GPU missing from the catalog (priced like a large GPU, conservatively)."""
 
-    # Must outlast the bind barrier (checked below), else a gang's GPUs are released while its
-    # members still wait to bind. At most a day: a dead gang holds its GPUs that long.
+    # At most a day: a dead gang holds its GPUs that long.
     gang_reservation_ttl_seconds: float = Field(120.0, gt=0, le=86_400)
+    """How long a gang's reserved GPUs wait for its members to bind; must outlast
+    gang_bind_timeout_seconds (docs/gangs.md)."""
     # Below kube-scheduler's bind timeout in practice (httpTimeout, 5 s in our manifests).
     gang_bind_timeout_seconds: float = Field(3.0, gt=0, le=600)
-    # A filter after this long without one first adopts the gang plans persisted on pending members:
-    # a standby replica taking over from a dead leader (docs/gangs.md, "Two replicas").
+    """How long a gang member's bind waits for the rest of its gang (the bind barrier)."""
     gang_takeover_idle_seconds: float = Field(10.0, gt=0, le=86_400)
-    # The oldest gang that cannot be placed keeps whole nodes for itself as they free, so smaller
-    # jobs cannot keep it waiting; costs the held GPUs' idle time (docs/gangs.md).
-    gang_hold_for_oldest: bool = False
-    # A gang still missing members this long after its first member's creation is reported: a
-    # warning event on its pods and a metric (docs/gangs.md, "Incomplete gangs").
+    """A filter after this long without one first adopts the gang plans persisted on pending members: a
+    standby replica taking over from a dead leader (docs/gangs.md, "Two replicas")."""
     gang_incomplete_warn_seconds: float = Field(600.0, gt=0, le=7 * 86_400)
+    """A gang still missing members this long after its first member's creation is reported: a warning
+    event on its pods and a metric (docs/gangs.md, "Incomplete gangs")."""
     # The solve runs beside filter calls; a minute is already far past any useful improvement.
     solver_time_limit_seconds: float = Field(0.5, gt=0, le=60)
+    """Time limit of one gang placement solve."""
     producer_memory_seconds: float = Field(3600.0, ge=0, le=30 * 86_400)
-    # Data gravity: a transfer of about this many seconds is hardly worth anything, so reading 14 GB
-    # locally instead of over the leaf (a second either way) does not outweigh packing or price,
-    # while a cross-zone read of the same data (~15 s) still does (docs/data-gravity.md). 0: the
-    # pure ratio, where any speed-up counts fully.
+    """How long after a producer pod finished its output still counts as where its data is (data
+    gravity, docs/data-gravity.md)."""
+    # Reading 14 GB locally instead of over the leaf (a second either way) does not outweigh packing
+    # or price, while a cross-zone read of the same data (~15 s) still does (docs/data-gravity.md).
     gravity_negligible_seconds: float = Field(10.0, ge=0, le=86_400)
+    """A transfer of about this many seconds is hardly worth anything to data gravity; 0: the pure
+    ratio, where any speed-up counts fully."""
+    feature_gates: dict[str, bool] = Field(default_factory=dict)
+    """Switches kept only to compare a behaviour with the one it replaced, by gate name; a gate left
+    out keeps its default. Each goes in a stated version (docs/configuration.md, "Feature gates")."""
 
     _policies: Policies | None = PrivateAttr(default=None)
     _profiles: ProfileBook | None = PrivateAttr(default=None)
@@ -308,6 +485,10 @@ class Settings(BaseSettings):
                 raise ValueError(f"serving_calibration_file: {exc}") from None
         return self
 
+    def gate(self, name: str) -> bool:
+        """Whether feature gate ``name`` is on: as set under feature_gates, else its default."""
+        return self.feature_gates.get(name, FEATURE_GATES[name].default)
+
     def policies(self) -> Policies:
         """Each pure component's own typed, immutable slice of these settings (built once)."""
         if self._policies is None:
@@ -318,7 +499,7 @@ class Settings(BaseSettings):
                 default_context_tokens=self.default_context_tokens,
                 default_concurrency=self.default_concurrency,
                 default_interactive_ms_per_token=self.default_interactive_ms_per_token,
-                default_target_filter=self.default_target_filter,
+                default_target_filter=self.gate("DefaultTargetFilter"),
                 serving=self._calibration,
                 serving_confidence=self.serving_confidence,
                 profiles=self._profiles if self.live_profiles is None
@@ -328,13 +509,13 @@ class Settings(BaseSettings):
                 weights=MappingProxyType(dict(self.weights)),
                 memory_headroom=self.memory_headroom,
                 default_interactive_ms_per_token=self.default_interactive_ms_per_token,
-                score_mapping=self.score_mapping,
-                whole_node_guard=self.whole_node_guard,
-                stranded_idle_share=self.stranded_idle_share,
+                score_mapping=ScoreMapping.RANK if self.gate("ScoreRankBands") else ScoreMapping.LINEAR,
+                whole_node_guard=self.gate("WholeNodeGuard"),
+                stranded_idle_share=CROSS_SHAPE_IDLE_SHARE if self.gate("CrossShapeGuard") else 0.0,
             )
             self._policies = Policies(
                 placement=PlacementPolicy(feasibility, scoring, tuple(self.labels.gpu_resource),
-                                          filter_to_best=self.filter_to_best == "auto"),
+                                          filter_to_best=self.gate("FilterToBest")),
                 node_facts=NodeFactsPolicy(
                     self.labels, self.default_cpu_hourly_cost, self.unknown_gpu_hourly_cost
                 ),
@@ -348,12 +529,34 @@ class Settings(BaseSettings):
                     reservation_ttl_seconds=self.gang_reservation_ttl_seconds,
                     bind_timeout_seconds=self.gang_bind_timeout_seconds,
                     solver_time_limit_seconds=self.solver_time_limit_seconds,
-                    hold_for_oldest=self.gang_hold_for_oldest,
+                    hold_for_oldest=self.gate("GangHoldForOldest"),
                     scheduler_name=self.scheduler_name,
                     incomplete_warn_seconds=self.gang_incomplete_warn_seconds,
                 ),
             )
         return self._policies
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        """Old names (RENAMED) from keyword arguments or the environment: their gates, and a warning."""
+        if not isinstance(data, dict):
+            return data
+        data, problems = _translate_renamed(data)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return data
+
+    @field_validator("feature_gates", mode="before")
+    @classmethod
+    def _known_gates(cls, v: Any) -> Any:
+        """Gate names in any case (LLMP_FEATURE_GATES__WHOLENODEGUARD arrives lower-cased), each known."""
+        if not isinstance(v, dict):
+            return v
+        unknown = sorted(str(k) for k in v if _gate_name(k) is None)
+        if unknown:
+            raise ValueError(f"unknown feature gate(s) {unknown}; known: {', '.join(FEATURE_GATES)}")
+        return {_gate_name(k): on for k, on in v.items()}
 
     @field_validator("url_prefix")
     @classmethod
@@ -388,14 +591,30 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Environment overrides the file (init kwargs carry the file's content).
-        return (env_settings, init_settings)
+        # Environment overrides the file (init kwargs carry the file's content); an old name in the
+        # environment (LLMP_WHOLE_NODE_GUARD) still counts, below the new names.
+        return (env_settings, _RenamedEnv(settings_cls), init_settings)
+
+
+class _RenamedEnv(PydanticBaseSettingsSource):
+    """``LLMP_<OLD NAME>`` variables of RENAMED, which the environment source no longer reads: without
+    this an operator's old variable would be dropped silently instead of read with a warning."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        env = {k.upper(): v for k, v in os.environ.items()}
+        return {old: env[f"LLMP_{old.upper()}"] for old in RENAMED if f"LLMP_{old.upper()}" in env}
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
-    """Load settings from ``path`` (or ``$LLMP_CONFIG``) and the environment; raise ConfigError."""
+    """Load settings from ``path`` (or ``$LLMP_CONFIG``) and the environment; raise ConfigError with
+    one ``path: reason`` problem per bad field. Deprecated forms (an unversioned file, an old name)
+    load with a ConfigDeprecationWarning each."""
     path = path or os.environ.get("LLMP_CONFIG")
     data: dict[str, Any] = {}
+    problems: tuple[str, ...] = ()
     if path:
         try:
             # The same reader as every file a user hands the product: no aliases (a few hundred
@@ -405,9 +624,12 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
             raise ConfigError(f"cannot read config file {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: top level must be a mapping")
-        data = loaded or {}
+        data, problems = _unversioned(loaded or {}, path)
     data.update(overrides)
-    data, problems = _without_unknown_stages(data)
+    data, renamed = _translate_renamed(data)
+    data, stages = _without_unknown(data, "weights", STAGES, "stage")
+    data, gates = _without_unknown(data, "feature_gates", tuple(FEATURE_GATES), "feature gate", any_case=True)
+    problems += renamed + stages + gates
     try:
         settings = Settings(**data)
     except SettingsError as exc:
@@ -421,13 +643,54 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     return settings
 
 
-def _without_unknown_stages(data: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """A file's unknown stages under ``weights``, each named by its path, and the data without them,
-    so the known stages' weights are checked in the same pass (the validator only sees the whole
-    mapping; it still refuses unknown stages that arrive through the environment)."""
-    weights = data.get("weights")
-    if not isinstance(weights, dict) or set(weights) <= set(STAGES):
+def _unversioned(data: dict[str, Any], path: str | Path) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The file's settings without apiVersion and kind, and a problem for a version or kind this
+    build does not read. A file with neither is read as the current version, with a warning."""
+    data = dict(data)
+    version, kind = data.pop("apiVersion", None), data.pop("kind", None)
+    if version is None and kind is None:
+        warnings.warn(f"config file {path} has no apiVersion and kind: it is read as {API_VERSION} "
+                      f"until {UNVERSIONED_UNTIL}; add `apiVersion: {API_VERSION}` and `kind: {KIND}`",
+                      ConfigDeprecationWarning, stacklevel=3)
         return data, ()
-    problems = tuple(f"weights.{stage}: unknown stage; expected one of {', '.join(STAGES)}"
-                     for stage in weights if stage not in STAGES)
-    return {**data, "weights": {k: v for k, v in weights.items() if k in STAGES}}, problems
+    problems = []
+    for key, value, expected, other in (("apiVersion", version, API_VERSION, "kind"),
+                                        ("kind", kind, KIND, "apiVersion")):
+        if value != expected:
+            found = f"required with {other}" if value is None else f"{value!r} is not read"
+            problems.append(f"{key}: {found}; expected {expected}")
+    return data, tuple(problems)
+
+
+def _without_unknown(data: dict[str, Any], key: str, known: tuple[str, ...], what: str,
+                     any_case: bool = False) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A file's unknown entries under mapping ``key`` (stages of weights, feature gates), each named by
+    its path, and the data without them, so the known entries are checked in the same pass (the
+    field's validator only sees the whole mapping; it still refuses unknown entries that arrive
+    through the environment)."""
+    mapping = data.get(key)
+    if not isinstance(mapping, dict):
+        return data, ()
+    fold = str.lower if any_case else str
+    names = {fold(k) for k in known}
+    unknown = [k for k in mapping if fold(str(k)) not in names]
+    if not unknown:
+        return data, ()
+    problems = tuple(f"{key}.{k}: unknown {what}; expected one of {', '.join(known)}" for k in unknown)
+    return {**data, key: {k: v for k, v in mapping.items() if k not in unknown}}, problems
+
+
+def dump_settings(settings: Settings, changed_only: bool = False) -> str:
+    """``settings`` as a versioned YAML file that ``load_settings`` reads back to equal settings;
+    ``changed_only``: only the settings that differ from their defaults (a file to keep)."""
+    values = settings.model_dump(mode="json", exclude_defaults=changed_only)
+    if changed_only and "weights" in values:
+        # A term left out reads back as its stage's default, not StageWeights' generic one.
+        defaults = {stage: w.model_dump(mode="json") for stage, w in _default_weights().items()}
+        changed = {stage: {t: v for t, v in settings.weights[stage].model_dump(mode="json").items()
+                           if v != defaults[stage][t]} for stage in STAGES}
+        values["weights"] = {stage: terms for stage, terms in changed.items() if terms}
+        if not values["weights"]:
+            del values["weights"]
+    document = {"apiVersion": API_VERSION, "kind": KIND, **values}
+    return yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=1000)

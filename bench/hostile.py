@@ -18,8 +18,8 @@ against a quiet baseline in the same run:
 * **YAML bomb**: ``llm-placement plan`` handed a 600-byte alias bomb must refuse it within 1 s and
   100 MB (bench/yaml_bomb.py measures the same in process).
 
-    python bench/hostile.py                      # the full floods (make hostile)
-    python bench/hostile.py --no-churn --pods 200   # a quick look
+    python -m bench.hostile                      # the full floods (make hostile)
+    python -m bench.hostile --no-churn --pods 200   # a quick look
 
 Figures go to ``bench/results/hostile.json``; the exit code is 1 when a bound is missed.
 """
@@ -49,10 +49,7 @@ from kubernetes.client.rest import ApiException
 from rich.console import Console
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.integration.harness import (  # noqa: E402
+from tests.integration.harness import (
     EXTENDER_USER,
     ControlPlane,
     create_nodes,
@@ -65,6 +62,8 @@ from tests.integration.harness import (  # noqa: E402
     list_pods,
     llm_pod,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 RESULTS = REPO / "bench" / "results"
 DRIVER = "gpu.nvidia.com"

@@ -1,7 +1,7 @@
 """Facts of the extender image, measured on the built image run as the chart runs it.
 
-    python bench/image_facts.py   # size, layers, start to ready (3 starts), RSS idle and at 5,000 nodes
-    python bench/image_facts.py --nodes 500 --starts 1
+    python -m bench.image_facts   # size, layers, start to ready (3 starts), RSS idle and at 5,000 nodes
+    python -m bench.image_facts --nodes 500 --starts 1
 
 The image is scripts/build-image.sh --base debian (the Dockerfile on the Python 3.11 base made from
 Debian packages), started with the flags testkit.container derives from the chart's Deployment, next
@@ -16,18 +16,16 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import typer
+
+from tests.integration.harness import ControlPlane, create_nodes, find_binaries, gpu_node, wait_until
+from tests.integration.harness.container import chart_container, docker, run_script
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import typer  # noqa: E402
-
-from tests.integration.harness import ControlPlane, create_nodes, find_binaries, gpu_node, wait_until  # noqa: E402
-from tests.integration.harness.container import chart_container, docker, run_script  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 

@@ -1,11 +1,11 @@
 """Placement quality through the real control plane: traces replayed through etcd + kube-apiserver +
 kube-scheduler (+ our extender) onto kwok-managed nodes, ours vs the baselines an operator would run.
 
-    python bench/replay.py --trace multigpu50 --trace default           # openb traces, ~minutes each
-    python bench/replay.py --gravity cpu --gravity gpu --gravity gpu-small --load 1.0  # pipeline mixes
-    python bench/replay.py --synthetic 200                              # a generated smoke trace
-    python bench/replay.py --gangs 40 --variants ours                   # gangs queueing for GPUs
-    python bench/replay.py --llm-jobs 240 --load 1.0 --load 1.3         # LLM-cluster mix vs Kueue
+    python -m bench.replay --trace multigpu50 --trace default           # openb traces, ~minutes each
+    python -m bench.replay --gravity cpu --gravity gpu --gravity gpu-small --load 1.0  # pipeline mixes
+    python -m bench.replay --synthetic 200                              # a generated smoke trace
+    python -m bench.replay --gangs 40 --variants ours                   # gangs queueing for GPUs
+    python -m bench.replay --llm-jobs 240 --load 1.0 --load 1.3         # LLM-cluster mix vs Kueue
 
 Everything runs in one control plane (tests/integration/harness, the integration suite's binaries,
 PKI and RBAC) with one kwok (tests/integration/harness/kwok.py) for every node. For each workload the
@@ -104,7 +104,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -112,23 +111,20 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import typer
+from kubernetes.client.rest import ApiException
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-import typer  # noqa: E402
-from kubernetes.client.rest import ApiException  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from app.config import Settings  # noqa: E402
-from app.core.catalog import GpuCatalog  # noqa: E402
-from app.core.feasibility import pod_hourly_cost  # noqa: E402
-from app.core.nodes import node_facts  # noqa: E402
-from app.core.workload import LatencyClass, Stage, parse_workload  # noqa: E402
-from app.objects import expand_cluster, node_object, pod_object  # noqa: E402
-from bench.replay_report import attainment, common_window  # noqa: E402
-from tests.integration.harness import (  # noqa: E402
+from app.config import Settings
+from app.core.catalog import GpuCatalog
+from app.core.feasibility import pod_hourly_cost
+from app.core.nodes import node_facts
+from app.core.workload import LatencyClass, Stage, parse_workload
+from app.objects import expand_cluster, node_object, pod_object
+from bench.replay_report import attainment, common_window
+from tests.integration.harness import (
     ControlPlane,
     create_nodes,
     delete_all_pods,
@@ -137,9 +133,9 @@ from tests.integration.harness import (  # noqa: E402
     gpu_node,
     llm_pod,
 )
-from tests.integration.harness.kueue import Kueue, build_kueue, cluster_quota, queued  # noqa: E402
-from tests.integration.harness.kwok import Kwok, build_kwok, kwok_node_labels  # noqa: E402
-from tests.integration.harness.replay import (  # noqa: E402
+from tests.integration.harness.kueue import Kueue, build_kueue, cluster_quota, queued
+from tests.integration.harness.kwok import Kwok, build_kwok, kwok_node_labels
+from tests.integration.harness.replay import (
     CLOCKS,
     ReplayPod,
     ReplayResult,
@@ -150,7 +146,9 @@ from tests.integration.harness.replay import (  # noqa: E402
     variant_config,
     with_retry_backoff,
 )
-from tests.integration.harness.runtime import Inputs, PodRuntime, ServingJudge, node_gpus  # noqa: E402
+from tests.integration.harness.runtime import Inputs, PodRuntime, ServingJudge, node_gpus
+
+REPO = Path(__file__).resolve().parents[1]
 
 DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023"
 RESULTS = REPO / "bench" / "results"

@@ -1,8 +1,8 @@
 """Pods/s scheduled by the real kube-scheduler with our extender vs the same profile without it.
 
-    python bench/scheduler_throughput.py                  # 500 and 5,000 nodes, 2,000 pods (~15 min)
-    python bench/scheduler_throughput.py --quick          # 100 nodes, 200 pods (~1 min)
-    python bench/scheduler_throughput.py --nodes 500 --pods 2000 --json out.json
+    python -m bench.scheduler_throughput                  # 500 and 5,000 nodes, 2,000 pods (~15 min)
+    python -m bench.scheduler_throughput --quick          # 100 nodes, 200 pods (~1 min)
+    python -m bench.scheduler_throughput --nodes 500 --pods 2000 --json out.json
 
 One control plane (etcd, kube-apiserver, our extender) for the whole run, started by the integration
 suite's harness (tests/integration/harness), so the binaries, certificates, RBAC and the scheduler
@@ -45,13 +45,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import httpx
+from kubernetes.client import CoreV1Api
 
-import httpx  # noqa: E402
-from kubernetes.client import CoreV1Api  # noqa: E402
-
-from tests.integration.harness import (  # noqa: E402
+from tests.integration.harness import (
     ControlPlane,
     cpu_node,
     create_nodes,
@@ -66,9 +63,11 @@ from tests.integration.harness import (  # noqa: E402
     pod_events,
     wait_until,
 )
-from tests.integration.harness.controlplane import metric_value  # noqa: E402
-from tests.integration.harness.podwatch import list_then_watch  # noqa: E402
-from tests.integration.harness.procs import Component, free_port  # noqa: E402
+from tests.integration.harness.controlplane import metric_value
+from tests.integration.harness.podwatch import list_then_watch
+from tests.integration.harness.procs import Component, free_port
+
+REPO = Path(__file__).resolve().parents[1]
 
 LATENCY_METRIC = "llm_placement_request_duration_seconds"
 SCHED_ALGO_METRIC = "scheduler_scheduling_algorithm_duration_seconds"

@@ -125,7 +125,8 @@ RUNS: dict[str, tuple[SchedulerProfile, bool, ScoreMapping]] = {  # profile, ext
 def replay(kind: str, nodes: list[dict[str, Any]], events: list[tuple[int, int, dict[str, Any]]],
            progress: Progress, seed: int = 1) -> Outcome:
     profile, extender, mapping = RUNS[kind]
-    settings = Settings(cluster_source="none", metrics_port=0, score_mapping=mapping)
+    settings = Settings(cluster_source="none", metrics_port=0,
+                        feature_gates={"ScoreRankBands": mapping is ScoreMapping.RANK})
     service = ExtenderService(settings, GpuCatalog.load())
     for n in nodes:
         service.absorb_node(n)

@@ -1,9 +1,9 @@
 """Instructions the extender executes per pod (callgrind), in process: a measure the machine's load
 does not move, for comparing two builds on a shared machine.
 
-    valgrind --tool=callgrind --instr-atstart=no python bench/verb_instructions.py --until bind
-    valgrind --tool=callgrind --instr-atstart=no python bench/verb_instructions.py --until filter
-    valgrind --tool=callgrind --instr-atstart=no python bench/verb_instructions.py --until watch
+    valgrind --tool=callgrind --instr-atstart=no python -m bench.verb_instructions --until bind
+    valgrind --tool=callgrind --instr-atstart=no python -m bench.verb_instructions --until filter
+    valgrind --tool=callgrind --instr-atstart=no python -m bench.verb_instructions --until watch
 
 Sets up bench/scheduler_throughput.py's nodes (500 by default) in the extender's core and watch
 cache, warms up on 10 pods, then switches callgrind's instrumentation on (``callgrind_control -i
@@ -22,10 +22,7 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from typing import Any
-
-sys.path.insert(0, os.getcwd())
 
 from app.config import Settings
 from app.core.catalog import GpuCatalog

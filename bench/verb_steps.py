@@ -1,6 +1,6 @@
 """Where the extender's own CPU goes per pod, step by step, in process (no API server, no HTTP).
 
-    python bench/verb_steps.py --nodes 500 --pods 600 --rounds 5
+    python -m bench.verb_steps --nodes 500 --pods 600 --rounds 5
     cd <other checkout> && PYTHONPATH=$PWD python /path/to/bench/verb_steps.py   # another build
 
 Replays bench/scheduler_throughput.py's nodes and pods through the extender's core and watch cache as
@@ -18,12 +18,9 @@ import functools
 import logging
 import os
 import queue
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
-
-sys.path.insert(0, os.getcwd())
 
 import app.binding as binding_mod
 import app.cluster.cache as cache_mod

@@ -32,17 +32,28 @@ MAX_WEIGHT = 1000.0
 class StageWeights(BaseModel):
     """Weights of the prioritize terms for one stage. Terms absent from a stage weigh 0."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
     memory_fit: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    """How fully the pod's memory need fills the node's usable GPU (or host) memory: tight fits first,
+    so large GPUs stay free for large models."""
     bandwidth: float = Field(0.0, ge=0, le=MAX_WEIGHT)
+    """Speed: meeting the latency target (interactive serving), else ms/token or GPU memory bandwidth
+    relative to the best candidate."""
     cost: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    """Price of the pod on the node (per hour, or per token for batch serving)."""
     separation: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    """Keeping stages that disturb each other (training, interactive serving) apart."""
     packing: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    """Filling partly used nodes so that whole nodes stay free."""
     preference: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    """The pod's own gpu-preference annotation."""
     node_class: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    """The right class of node for the stage (CPU stages on CPU nodes)."""
     gravity: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    """Closeness to the data the pod's producers wrote (docs/data-gravity.md)."""
     precision: float = Field(0.5, ge=0, le=MAX_WEIGHT)
+    """Running at the first precision the pod allows rather than a later (lower) one."""
 
     @field_validator("*")
     @classmethod
@@ -63,24 +74,30 @@ class StageWeights(BaseModel):
 class NodeLabelKeys(BaseModel):
     """Where node facts come from; first hit wins (docs/node-facts.md). Every key is configurable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
     gpu_product: tuple[str, ...] = (
         "nvidia.com/gpu.product",
         "cloud.google.com/gke-accelerator",
         "node.koordinator.sh/gpu-model",
     )
+    """Labels naming the GPU product."""
     gpu_memory_mib: tuple[str, ...] = ("nvidia.com/gpu.memory",)
-    # GPU Feature Discovery's compute capability: bounds the throughput of a product the catalog lacks.
+    """Labels giving the GPU's memory in MiB."""
     gpu_compute_major: tuple[str, ...] = ("nvidia.com/gpu.compute.major",)
+    """GPU Feature Discovery's compute capability (major): bounds the throughput of a product the
+    catalog lacks."""
     gpu_compute_minor: tuple[str, ...] = ("nvidia.com/gpu.compute.minor",)
+    """Compute capability (minor)."""
     # At least one: a node's GPUs could not be counted at all without it.
     gpu_resource: tuple[str, ...] = Field(("nvidia.com/gpu", "amd.com/gpu"), min_length=1)
+    """Extended resources that count as GPUs (at least one)."""
     nvlink_domain: tuple[str, ...] = (
         "nvidia.com/gpu.clique",
         "accelerator.topograph.run/domain",
         "cloud.google.com/gce-topology-subblock",
     )
+    """Labels naming the node's NVLink domain."""
     # Inner to outer. Each entry is one tier; the first label present at that tier names the domain.
     fabric_tiers: tuple[tuple[str, ...], ...] = (
         ("fabric.topograph.run/tier-0", "cloud.google.com/gce-topology-host",
@@ -91,11 +108,15 @@ class NodeLabelKeys(BaseModel):
          "topology.k8s.aws/network-node-layer-1"),
         (ZONE_LABEL,),
     )
+    """Fabric tiers, inner to outer; each entry is one tier, and the first of its labels present on a
+    node names the node's domain at that tier."""
     rdma: tuple[str, ...] = (
         "feature.node.kubernetes.io/pci-15b3.present",
         "feature.node.kubernetes.io/rdma.capable",
     )
+    """Labels saying the node has RDMA."""
     rdma_resources: tuple[str, ...] = ("rdma/ib", "rdma/hca", "nvidia.com/hostdev")
+    """Extended resources that give a pod RDMA."""
 
 
 MIN_GBPS = 0.001
@@ -105,14 +126,19 @@ MAX_GBPS = 100_000.0
 class TierBandwidth(BaseModel):
     """GB/s assumed between a producer and a consumer at each distance (data gravity)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
     # 1 MB/s to 100 TB/s: outside that a transfer time is 0 or overflows the gravity ratio.
     same_node: float = Field(20.0, ge=MIN_GBPS, le=MAX_GBPS)
+    """Producer and consumer on the same node (local disk)."""
     same_nvlink_domain: float = Field(50.0, ge=MIN_GBPS, le=MAX_GBPS)
+    """In the same NVLink domain."""
     same_fabric_tier: float = Field(25.0, ge=MIN_GBPS, le=MAX_GBPS)
+    """Under the same fabric tier (the innermost tier both share)."""
     same_zone: float = Field(5.0, ge=MIN_GBPS, le=MAX_GBPS)
+    """In the same zone."""
     cross_zone: float = Field(1.0, ge=MIN_GBPS, le=MAX_GBPS)
+    """Across zones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,12 +221,13 @@ class GangPolicy:
     reservation_ttl_seconds: float
     bind_timeout_seconds: float
     solver_time_limit_seconds: float
-    # The oldest gang that cannot be placed holds whole nodes as they free (app.gang.hold).
-    hold_for_oldest: bool = False
+    # The oldest gang that cannot be placed holds whole nodes as they free (app.gang.hold; feature
+    # gate GangHoldForOldest).
+    hold_for_oldest: bool
     # Only this scheduler's gangs take part in the gang queue (empty: every gang).
-    scheduler_name: str = ""
+    scheduler_name: str
     # A gang missing members this long after its first member's creation is reported.
-    incomplete_warn_seconds: float = 600.0
+    incomplete_warn_seconds: float
 
 
 @dataclass(frozen=True, slots=True)

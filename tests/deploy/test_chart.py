@@ -9,6 +9,7 @@ import shutil
 import ssl
 import subprocess
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.config import Settings, load_settings
+from app.config import API_VERSION, KIND, RENAMED, Settings, load_settings
 from app.core.profiles import ProfileBook
 from app.sim.profile import DEFAULT_SCORE_WEIGHTS, EXTENDER_SCALE, MAX_NODE_SCORE
 from tests.integration.harness import find_binaries
@@ -506,7 +507,12 @@ def test_rendered_extender_settings_load_in_the_app(
     fixture: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     r: Rendered = request.getfixturevalue(fixture)
-    settings = load_settings(local_settings(r, tmp_path))
+    path = local_settings(r, tmp_path)
+    document = yaml.safe_load(path.read_text())
+    assert (document["apiVersion"], document["kind"]) == (API_VERSION, KIND)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # versioned, no old names: no deprecation warning
+        settings = load_settings(path)
     assert settings.metrics_host == "0.0.0.0"
     if fixture == "ds":
         assert settings.scheduler_name == "default-scheduler"
@@ -527,7 +533,7 @@ def test_schema_lists_every_app_setting() -> None:
     assert not in_schema & CHART_MANAGED_SETTINGS, "chart-managed keys must not be settable twice"
     missing = fields - in_schema - CHART_MANAGED_SETTINGS
     assert not missing, f"app/config.py settings not in values.schema.json extender.settings: {missing}"
-    extra = in_schema - fields
+    extra = in_schema - fields - set(RENAMED)  # old names: still accepted until they go
     assert not extra, f"values.schema.json lists settings app/config.py lacks: {extra}"
 
 
@@ -541,6 +547,8 @@ def test_schema_lists_every_app_setting() -> None:
         (["extender.settings.no_such_setting=1"], "no_such_setting"),
         (["extender.settings.memory_headroom=1.5"], "/extender/settings/memory_headroom"),
         (["extender.settings.stranded_idle_share=2"], "/extender/settings/stranded_idle_share"),
+        (["extender.settings.feature_gates.NoSuchGate=true"], "NoSuchGate"),
+        (["extender.settings.feature_gates.WholeNodeGuard=maybe"], "/extender/settings/feature_gates/WholeNodeGuard"),
         (["extender.settings.http_max_header_bytes=10"], "/extender/settings/http_max_header_bytes"),
         (["replicas=0"], "/replicas"),
         (["no_such_value=1"], "no_such_value"),

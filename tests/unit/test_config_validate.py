@@ -9,6 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
+from app.config import API_VERSION, KIND
+
+HEADER = f"apiVersion: {API_VERSION}\nkind: {KIND}\n"
 
 
 @pytest.fixture(autouse=True)
@@ -18,12 +21,20 @@ def _no_environment_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
-def _validate(tmp_path: Path, text: str) -> tuple[int, list[str]]:
+def _run(tmp_path: Path, text: str) -> tuple[int, list[str], list[str]]:
+    """Exit status, standard output's lines and standard error's lines."""
     f = tmp_path / "settings.yaml"
     f.write_text(text)
     result = CliRunner().invoke(cli, ["config", "validate", str(f)])
     assert "Traceback" not in result.output
-    return result.exit_code, result.output.strip().splitlines()
+    return result.exit_code, result.stdout.strip().splitlines(), result.stderr.strip().splitlines()
+
+
+def _validate(tmp_path: Path, text: str) -> tuple[int, list[str]]:
+    """A versioned file's check: no warnings, status and lines."""
+    code, out, err = _run(tmp_path, HEADER + text)
+    assert err == []
+    return code, out
 
 
 @pytest.mark.parametrize("text", [
@@ -68,7 +79,7 @@ def test_each_bad_field_is_one_line_with_its_path(tmp_path: Path, text: str, exp
 
 
 def test_a_file_that_is_not_a_mapping_is_one_line(tmp_path: Path) -> None:
-    code, lines = _validate(tmp_path, "- 1\n")
+    code, lines, _ = _run(tmp_path, "- 1\n")
     assert code == 2 and lines == [f"config file {tmp_path / 'settings.yaml'}: top level must be a mapping"]
 
 
@@ -84,3 +95,48 @@ def test_the_file_is_read_as_serve_reads_it(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("LLMP_PORT", "0")
     code, lines = _validate(tmp_path, "port: 9000\n")
     assert code == 2 and lines == ["port: must be >= 1"]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("apiVersion: config.llm-placement.io/v2\nkind: ExtenderConfiguration\n",
+     [f"apiVersion: 'config.llm-placement.io/v2' is not read; expected {API_VERSION}"]),
+    (f"apiVersion: {API_VERSION}\nkind: KubeSchedulerConfiguration\n",
+     [f"kind: 'KubeSchedulerConfiguration' is not read; expected {KIND}"]),
+    (f"apiVersion: {API_VERSION}\n", [f"kind: required with apiVersion; expected {KIND}"]),
+    (f"kind: {KIND}\nport: 0\n",
+     [f"apiVersion: required with kind; expected {API_VERSION}", "port: must be >= 1"]),
+    # Feature gates: unknown ones by their path, bad values by theirs, the known ones still checked.
+    (HEADER + "feature_gates: {NoSuchGate: true, WholeNodeGuard: maybe}\n",
+     ["feature_gates.NoSuchGate: unknown feature gate; expected one of WholeNodeGuard, CrossShapeGuard, "
+      "ScoreRankBands, FilterToBest, DefaultTargetFilter, GangHoldForOldest",
+      "feature_gates.WholeNodeGuard: Input should be a valid boolean, unable to interpret input"]),
+    # An old name with a value it never took is named by the old name.
+    (HEADER + "filter_to_best: sometimes\nport: 0\n",
+     ["filter_to_best: must be 'auto' or 'off', not 'sometimes'", "port: must be >= 1"]),
+    (HEADER + "stranded_idle_share: 2\n", ["stranded_idle_share: must be between 0 and 1, not 2"]),
+])
+def test_version_kind_and_gates_are_checked_one_line_each(tmp_path: Path, text: str, expected: list[str]) -> None:
+    code, out, _ = _run(tmp_path, text)
+    assert code == 2 and out == expected
+
+
+@pytest.mark.parametrize(("text", "warning"), [
+    ("port: 9000\n", f"has no apiVersion and kind: it is read as {API_VERSION} until 0.2.0"),
+    (HEADER + "whole_node_guard: false\n", "whole_node_guard is deprecated: set feature_gates.WholeNodeGuard"),
+    (HEADER + "gil_switch_interval_seconds: 0.001\n", "gil_switch_interval_seconds is no longer read"),
+])
+def test_a_deprecated_form_passes_with_one_warning_on_stderr(tmp_path: Path, text: str, warning: str) -> None:
+    code, out, err = _run(tmp_path, text)
+    assert code == 0 and len(out) == 1 and out[0].endswith(": OK")
+    assert len(err) == 1 and err[0].startswith("warning: ") and warning in err[0], err
+
+
+def test_dump_rewrites_an_old_file_into_one_that_validates_without_warnings(tmp_path: Path) -> None:
+    old = tmp_path / "old.yaml"
+    old.write_text("port: 9000\nwhole_node_guard: false\nweights:\n  serving: {cost: 5}\n")
+    result = CliRunner().invoke(cli, ["config", "dump", str(old)])
+    assert result.exit_code == 0 and len(result.stderr.strip().splitlines()) == 2  # two deprecations
+    assert result.stdout == (f"{HEADER}port: 9000\nweights:\n  serving:\n    cost: 5.0\n"
+                             "feature_gates:\n  WholeNodeGuard: false\n")
+    code, out, err = _run(tmp_path, result.stdout)
+    assert code == 0 and err == [] and out[0].endswith(": OK")

@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from app.cli import cli
-from app.config import Settings
+from app.config import API_VERSION, KIND, Settings
 from app.core.catalog import normalize
 from app.core.serving_model import serving_estimate
 from app.demo.run import EXAMPLE_PROFILES, run_demo, with_profiles
@@ -149,14 +149,14 @@ def test_demo_settings_profiles_file_wins_over_the_example(tmp_path) -> None:
     # The same through the command line's --profiles.
     res = CliRunner().invoke(cli, ["demo", "--json", "--profiles", str(own)])
     assert res.exit_code == 0, res.output
-    source = {r["pod"]: r["ms_per_token_source"] for r in json.loads(res.output)}
+    source = {r["pod"]: r["ms_per_token_source"] for r in json.loads(res.stdout)}
     assert source["default/chat-70b"] == "measured" and source["default/assistant-8b-int8"] == "estimated"
     # --profiles wins over the settings' own file; a bad one is a configuration error.
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"profiles_file: {EXAMPLE_PROFILES}\n")
+    cfg.write_text(f"apiVersion: {API_VERSION}\nkind: {KIND}\nprofiles_file: {EXAMPLE_PROFILES}\n")
     res = CliRunner().invoke(cli, ["demo", "--json", "--config", str(cfg), "--profiles", str(own)])
     assert res.exit_code == 0, res.output
-    source = {r["pod"]: r["ms_per_token_source"] for r in json.loads(res.output)}
+    source = {r["pod"]: r["ms_per_token_source"] for r in json.loads(res.stdout)}
     assert source["default/assistant-8b-int8"] == "estimated"
     bad = tmp_path / "bad.yaml"
     bad.write_text("profiles:\n- {model: x, model_params: 8B, gpu: L4, precision: int9, ms_per_token: 3}\n")
@@ -168,7 +168,7 @@ def test_demo_cli_json_and_table() -> None:
     runner = CliRunner()
     res = runner.invoke(cli, ["demo", "--json"])
     assert res.exit_code == 0, res.output
-    rows = json.loads(res.output)
+    rows = json.loads(res.stdout)
     assert {r["stage"] for r in rows if r["stage"]} == {"data-prep", "pretraining", "alignment", "deployment", "serving"}
     # Each figure says whether it was measured (the bundled example profile) or estimated.
     row = next(r for r in rows if r["pod"] == "default/assistant-8b-int8")
@@ -185,7 +185,7 @@ def test_demo_cli_json_and_table() -> None:
 def test_catalog_cli() -> None:
     res = CliRunner().invoke(cli, ["catalog", "--json"])
     assert res.exit_code == 0
-    names = {e["name"] for e in json.loads(res.output)}
+    names = {e["name"] for e in json.loads(res.stdout)}
     assert len(names) >= 12
 
 
@@ -226,7 +226,7 @@ def test_explain_cli_renders_a_live_extender(monkeypatch, tmp_path) -> None:
     try:
         res = CliRunner().invoke(cli, ["explain", "default/chat-70b", "--url", f"http://127.0.0.1:{port}", "--json"])
         assert res.exit_code == 0, res.output
-        data = json.loads(res.output)
+        data = json.loads(res.stdout)
         assert data["chosen"].startswith("h100-")  # cheapest node that meets 30 ms/token
         reasons = {e["reason"] for e in data["nodes"] if not e["feasible"]}
         assert any("ms/token" in r for r in reasons)

@@ -79,7 +79,7 @@ def svc(binder: MemoryBinder) -> ExtenderService:
 def make_service(binder: MemoryBinder) -> ExtenderService:
     # Every feasible node kept, so explain and filter can be compared node by node (narrowing to the
     # best node is covered in test_filter_to_best.py).
-    s = ExtenderService(Settings(cluster_source="none", metrics_port=0, filter_to_best="off"),
+    s = ExtenderService(Settings(cluster_source="none", metrics_port=0, feature_gates={"FilterToBest": False}),
                         GpuCatalog.load(), binder=binder)
     s.ready.set()
     for n in cluster():

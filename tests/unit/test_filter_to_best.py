@@ -34,7 +34,7 @@ def alignment_pod(name: str = "sft", **extra: Any) -> dict[str, Any]:
 
 
 def h100_service(mode: str) -> tuple[ExtenderService, list[str]]:
-    svc = ExtenderService(Settings(cluster_source="none", metrics_port=0, filter_to_best=mode),
+    svc = ExtenderService(Settings(cluster_source="none", metrics_port=0, feature_gates={"FilterToBest": mode == "auto"}),
                           mixed_service().catalog)
     names = [f"h100-{i}" for i in range(4)]
     for n in names:
@@ -46,7 +46,7 @@ def test_a_pod_without_soft_preferences_gets_exactly_our_best_node() -> None:
     svc = mixed_service()
     names = ["h200-0", "h100-0", "a100-0", "l40s-0", "l4-0", "t4-0", "cpu-0"]
     pod = alignment_pod()
-    off = ExtenderService(Settings(cluster_source="none", metrics_port=0, filter_to_best="off"), svc.catalog)
+    off = ExtenderService(Settings(cluster_source="none", metrics_port=0, feature_gates={"FilterToBest": False}), svc.catalog)
     for n in mixed_nodes():
         off.absorb_node(n)
     # The reference: every feasible node and prioritize's ranking of them.

@@ -11,7 +11,7 @@ from app.objects import pod_object
 from tests.unit.test_gang_coordinator import Cluster
 from tests.unit.test_gang_lockstep import free_names
 
-HOLD = Settings(cluster_source="none", metrics_port=0, gang_hold_for_oldest=True)
+HOLD = Settings(cluster_source="none", metrics_port=0, feature_gates={"GangHoldForOldest": True})
 
 
 def busy(c: Cluster, name: str, node: str, gpus: int = 8, stage: str = "pretraining") -> dict[str, Any]:

@@ -40,7 +40,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     # Entry points: HTTP, the demo, the offline commands.
     # (calibrate --from-prometheus reads Prometheus and the cluster: an entry point like its command.)
     (("app.api",), ("app.demo",), ("app.plan.cli",),
-     ("app.calibration.command", "app.calibration.from_prometheus")),
+     ("app.calibration.command", "app.calibration.from_prometheus"), ("app.config_docs",)),
     (("app.cli",),),
 )
 

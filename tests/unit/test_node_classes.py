@@ -47,8 +47,9 @@ pod_st = st.tuples(
 
 
 def build(nodes: list[tuple[Any, ...]], usage: list[tuple[Any, ...]],
-          idle_share: float = 0.0) -> tuple[ExtenderService, list[str]]:
-    svc = ExtenderService(Settings(cluster_source="none", metrics_port=0, stranded_idle_share=idle_share), CATALOG)
+          cross_shape: bool = False) -> tuple[ExtenderService, list[str]]:
+    svc = ExtenderService(Settings(cluster_source="none", metrics_port=0,
+                                   feature_gates={"CrossShapeGuard": cross_shape}), CATALOG)
     names = []
     for i, (product, gpus, cpu, tainted) in enumerate(nodes):
         name = f"n{i}"
@@ -78,12 +79,12 @@ def spec_for(svc: ExtenderService, pod: tuple[Any, ...]) -> Any:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes=st.lists(node_st, min_size=1, max_size=24), usage=st.lists(usage_st, max_size=24),
-       pod=pod_st, order=st.randoms(use_true_random=False), idle_share=st.sampled_from([0.0, 0.5, 1.0]))
+       pod=pod_st, order=st.randoms(use_true_random=False), cross_shape=st.booleans())
 def test_grouped_verdicts_and_scores_equal_the_per_node_ones(
         nodes: list[tuple[Any, ...]], usage: list[tuple[Any, ...]], pod: tuple[Any, ...], order: Any,
-        idle_share: float) -> None:
-    # idle_share > 0 also exercises the whole-node guard across shapes (docs/scoring.md).
-    svc, names = build(nodes, usage, idle_share)
+        cross_shape: bool) -> None:
+    # cross_shape also exercises the whole-node guard across shapes (docs/scoring.md).
+    svc, names = build(nodes, usage, cross_shape)
     order.shuffle(names)
     names.append("not-a-node")
     spec = spec_for(svc, pod)

@@ -149,7 +149,7 @@ def test_weights_per_stage_come_from_config(service: ExtenderService) -> None:
     pod = pod_object("p", stage="serving", gpus=1, annotations={
         "llm-placement.io/model-params": "7B", "llm-placement.io/precision": "int8"})
     # The default target only scores here (the T4 misses it), so the cheapest hour wins.
-    soft = Settings(cluster_source="none", metrics_port=0, default_target_filter=False)
+    soft = Settings(cluster_source="none", metrics_port=0, feature_gates={"DefaultTargetFilter": False})
     assert ranked(mixed_service(soft), pod)[0] == "t4-0"
     # Make speed everything: the fastest GPU now wins.
     zero = dict.fromkeys(("memory_fit", "cost", "separation", "packing", "preference", "node_class",

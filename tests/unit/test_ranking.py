@@ -84,7 +84,7 @@ def test_packing_preference_reaches_kube_scheduler_as_a_whole_band(service: Exte
     assert prio["h100-3"] == 10
     assert all(prio[n] == 9 for n in names if n != "h100-3")
     # The old linear mapping gave every node the same integer (the bug this replaces).
-    old = ExtenderService(Settings(cluster_source="none", metrics_port=0, score_mapping=ScoreMapping.LINEAR),
+    old = ExtenderService(Settings(cluster_source="none", metrics_port=0, feature_gates={"ScoreRankBands": False}),
                           service.catalog)
     _eight_h100(old)
     old.snapshot.place(PlacedPod("busy", "default/busy", "h100-3", 1, 1000, 1 << 30, Stage.ALIGNMENT, None, None))

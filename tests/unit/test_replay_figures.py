@@ -7,9 +7,8 @@ placement adds beyond perfect packing.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -20,17 +19,11 @@ from app.objects import node_object, pod_object
 from tests.integration.harness.replay import ReplayPod, ReplayResult, Sample, _TimeWeighted, packing_bound
 
 ANN = "llm-placement.io/"
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench_replay() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_replay_under_test", REPO / "bench" / "replay.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.replay")
 
 
 def _chat(name: str, params: str, target_ms: str | None = None) -> ReplayPod:
@@ -87,10 +80,7 @@ def test_mostalloc_sep_keeps_interactive_serving_off_training_by_anti_affinity(b
 
 
 def test_the_benchmarks_table_reads_a_pipeline_result_file(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("replay_report_under_test", REPO / "bench" / "replay_report.py")
-    assert spec is not None and spec.loader is not None
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = importlib.import_module("bench.replay_report")
     variant = {"time_weighted": {"stranded_share": 0.00741, "whole_free_8gpu_nodes": 28.3166},
                "mean_stranded_share": 0.0088, "mean_whole_free_8gpu_nodes": 26.07,
                "mean_stranded_usd_per_hour": 3.14, "mean_mixed_nodes": 0.0, "max_mixed_nodes": 0,
@@ -144,11 +134,7 @@ def test_the_llm_mix_has_the_kalos_shares_and_the_load_sets_the_span(bench_repla
 
 
 def _report() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("replay_report_window", REPO / "bench" / "replay_report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.replay_report")
 
 
 def test_the_packing_bound_is_what_perfect_packing_of_the_same_work_would_strand() -> None:

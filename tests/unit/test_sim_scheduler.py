@@ -49,7 +49,8 @@ class World:
     """A snapshot and our placement core over it, as the extender holds them (no HTTP, no metrics)."""
 
     def __init__(self, mapping: ScoreMapping) -> None:
-        self.settings = Settings(cluster_source="none", metrics_port=0, score_mapping=mapping)
+        self.settings = Settings(cluster_source="none", metrics_port=0,
+                                 feature_gates={"ScoreRankBands": mapping is ScoreMapping.RANK})
         self.snapshot = ClusterSnapshot()
         self.placer = Placer(self.settings.policies().placement, self.snapshot)
 

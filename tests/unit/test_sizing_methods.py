@@ -175,7 +175,7 @@ def test_default_interactive_target_filters_only_when_some_node_meets_it(service
 
 
 def test_default_target_filter_can_be_turned_off() -> None:
-    svc = build_core(Settings(cluster_source="none", metrics_port=0, default_target_filter=False),
+    svc = build_core(Settings(cluster_source="none", metrics_port=0, feature_gates={"DefaultTargetFilter": False}),
                      GpuCatalog.load())
     for name, product in (("t4", "Tesla-T4"), ("h100", "NVIDIA-H100-80GB-HBM3")):
         svc.absorb_node(node_object(name, gpus=4, product=product))

@@ -20,9 +20,9 @@ ANN = "llm-placement.io/"
 H100 = "NVIDIA-H100-80GB-HBM3"
 
 
-def _service(catalog: GpuCatalog, guard: bool = True, idle_share: float | None = None) -> ExtenderService:
-    extra = {} if idle_share is None else {"stranded_idle_share": idle_share}
-    return build_core(Settings(cluster_source="none", metrics_port=0, whole_node_guard=guard, **extra), catalog)
+def _service(catalog: GpuCatalog, guard: bool = True, cross_shape: bool = False) -> ExtenderService:
+    gates = {"WholeNodeGuard": guard, "CrossShapeGuard": cross_shape}
+    return build_core(Settings(cluster_source="none", metrics_port=0, feature_gates=gates), catalog)
 
 
 def _run(service: ExtenderService, pod: dict[str, Any], node: str, finished: bool = False) -> None:
@@ -158,7 +158,7 @@ def _chat(gpus: int = 1) -> dict[str, Any]:
 def test_a_partly_used_faster_node_within_the_allowance_takes_the_pod(catalog: GpuCatalog) -> None:
     # An L40S costs 2.3x an L4 per GPU-hour; opening a 4-GPU L4 for one GPU strands three, and at an
     # idle share of 0.5 that is worth up to 1 + 3 x 0.5 = 2.5x: the open L40S slot wins.
-    service = _service(catalog, idle_share=0.5)
+    service = _service(catalog, cross_shape=True)
     names = _serving_fleet(service, "l40s-0", "NVIDIA-L40S")
     assert _best(service, _chat(), names) == {"l40s-0"}
     out = explain_spec(service, parse_workload(_chat()))
@@ -176,10 +176,10 @@ def test_without_the_allowance_the_cheapest_gpu_opens(catalog: GpuCatalog) -> No
 def test_a_premium_above_the_allowance_opens_the_cheap_node(catalog: GpuCatalog) -> None:
     # Two GPUs of a 4-GPU L4 strand only two: the allowance is 1 + 2 x 0.5 / 2 = 1.5x, below the L40S's
     # 2.3x. A GB200 slot (17x an L4) is out of reach even for one GPU.
-    service = _service(catalog, idle_share=0.5)
+    service = _service(catalog, cross_shape=True)
     names = _serving_fleet(service, "l40s-0", "NVIDIA-L40S")
     assert _best(service, _chat(gpus=2), names) == {"l4-0", "l4-1"}
-    service = _service(catalog, idle_share=0.5)
+    service = _service(catalog, cross_shape=True)
     names = _serving_fleet(service, "gb200-0", "NVIDIA-GB200")
     assert _best(service, _chat(), names) == {"l4-0", "l4-1"}
 
@@ -188,7 +188,7 @@ def test_consolidating_never_overrides_the_gpu_the_pod_asked_for(catalog: GpuCat
     # The same fleet as above, but the pod asks for L4s (gpu-preference): the open L40S slot is within
     # the price allowance, yet not what the pod asked for, so a whole L4 opens (the hardware terms of
     # the stand-in must be at least as good).
-    service = _service(catalog, idle_share=0.5)
+    service = _service(catalog, cross_shape=True)
     names = _serving_fleet(service, "l40s-0", "NVIDIA-L40S")
     chat = _chat()
     chat["metadata"]["annotations"][ANN + "gpu-preference"] = "L4"

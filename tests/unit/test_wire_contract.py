@@ -23,7 +23,7 @@ NAMES = [n["metadata"]["name"] for n in mixed_nodes()]
 def service(catalog: GpuCatalog) -> ExtenderService:
     # The wire format of answers that keep every feasible node; narrowing to the best node
     # (filter_to_best) has its own tests in test_filter_to_best.py.
-    return mixed_service(Settings(cluster_source="none", metrics_port=0, filter_to_best="off"), catalog)
+    return mixed_service(Settings(cluster_source="none", metrics_port=0, feature_gates={"FilterToBest": False}), catalog)
 
 
 @pytest.fixture

@@ -209,7 +209,10 @@ client:
 {{- end }}
 {{- $_ := set $managed "profiles_file" (include "llm-placement.profilesPath" .) }}
 {{- end }}
-{{- toYaml (merge $managed (deepCopy .Values.extender.settings)) -}}
+{{- /* The file's version (app/config.py API_VERSION and KIND; docs/configuration.md). */ -}}
+apiVersion: config.llm-placement.io/v1
+kind: ExtenderConfiguration
+{{ toYaml (merge $managed (deepCopy .Values.extender.settings)) -}}
 {{- end -}}
 
 {{/* Where the extender reads the profiles ConfigMap: its own directory, not nested in the config
