@@ -38,7 +38,7 @@ import heapq
 import random
 import statistics
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,7 +149,8 @@ def fresh_jobs(seed: int, count: int = 160, hours: float = 96.0) -> list[Job]:
         elif kind == "alignment":
             # Sizes whose full fine-tune fits 80 GB GPUs (the extender's memory rule).
             stage = "alignment"
-            params, gpus = rng.choice([(None, 1), (None, 2), (None, 4), (None, 8), ("7B", 4), ("7B", 8), ("13B", 8)])
+            params, gpus = rng.choice([(None, 1), (None, 2), (None, 4), (None, 8), ("7B", 4), ("7B", 8),
+                                       ("13B", 8)])
             duration = rng.uniform(0.5, 4) * 3600
         else:
             stage, gpus = "serving", rng.choice([1, 2])
@@ -286,8 +287,8 @@ def _gpus(pod: dict[str, Any]) -> int:
     return int(pod["spec"]["containers"][0]["resources"]["requests"].get("nvidia.com/gpu", 0))
 
 
-def compare(nodes: list[dict[str, Any]], truth: list[dict[str, Any]], jobs: list[Job], *, extender: bool = True,
-            seed: int = 1) -> tuple[Outcome, Outcome]:
+def compare(nodes: list[dict[str, Any]], truth: list[dict[str, Any]], jobs: list[Job], *,
+            extender: bool = True, seed: int = 1) -> tuple[Outcome, Outcome]:
     """(as is, every uncatalogued product's nodes removed), same pods and seed."""
     catalog = GpuCatalog.load()
     as_is = simulate(nodes, truth, jobs, extender=extender, seed=seed, catalog=catalog)
@@ -306,7 +307,7 @@ def main(
     scenario: str = typer.Option("fresh", help="fresh | openb"),
     seed: list[int] = typer.Option([1], help="seed(s): the fresh scenario's pods and the tie-break"),
     jobs: int = typer.Option(160, help="fresh: pods per seed"),
-    hours: float = typer.Option(96.0, help="fresh: the pods arrive over this many hours (fewer: heavier load)"),
+    hours: float = typer.Option(96.0, help="fresh: pods arrive over this many hours (fewer: heavier load)"),
     data: Path = typer.Option(DATA, help="openb: folder with the openb CSV files"),
     trace: str = typer.Option("default", help="openb: pod list suffix"),
     limit: int = typer.Option(2000, help="openb: the trace's first N pods"),
@@ -316,7 +317,8 @@ def main(
         raise typer.BadParameter(f"unknown scenario {scenario!r}: fresh or openb")
     table = Table(title=f"{WHAT_IF}: dollars spent with uncatalogued GPUs vs. with them removed ({scenario})")
     for col in ("seed", "scheduler", "run", "pods run", "never ran", "dollars", "dollars, pods run in both",
-                "wait mean h", "completion mean h", "GPU-hours on uncatalogued", "misplaced (dollars)", "seconds"):
+                "wait mean h", "completion mean h", "GPU-hours on uncatalogued", "misplaced (dollars)",
+                "seconds"):
         table.add_column(col, justify="left" if col in ("scheduler", "run") else "right")
     catalog = GpuCatalog.load()
     for s in seed:
@@ -343,9 +345,12 @@ def main(
                               f"{sum(v for k, v in o.gpu_hours.items() if k in unknown):,.0f}",
                               f"{o.misplaced} ({o.misplaced_dollars:,.0f})", f"{o.seconds:.1f}")
             change = 100 * (as_is.dollars / removed.dollars - 1) if removed.dollars else 0.0
-            console.print(f"seed {s}, {who}: dollars as is / removed {as_is.dollars:,.0f} / "
-                          f"{removed.dollars:,.0f} ({change:+.1f} %); GPU-hours as is "
-                          f"{dict(sorted((k, round(v)) for k, v in as_is.gpu_hours.items()))}")
+            console.print(
+                f"seed {s}, {who}: dollars as is / removed {as_is.dollars:,.0f} / {removed.dollars:,.0f} "
+                f"({change:+.1f} %); completion mean h {statistics.mean(as_is.completions or [0]) / 3600:.2f}"
+                f" / {statistics.mean(removed.completions or [0]) / 3600:.2f}; pods run {as_is.placed} / "
+                f"{removed.placed}; misplaced as is {as_is.misplaced} (${as_is.misplaced_dollars:,.0f}); "
+                f"GPU-hours as is {dict(sorted((k, round(v)) for k, v in as_is.gpu_hours.items()))}")
     console.print(table)
 
 
