@@ -55,7 +55,7 @@ from app.core.workload import WorkloadError, parse_workload
 from app.objects import node_object, pod_object
 from app.service import ExtenderService
 from app.sim.profile import default_profile, shipped_profile
-from app.sim.scheduler import WHAT_IF, SimScheduler
+from app.sim.scheduler import WHAT_IF, SimScheduler, in_tree_fits
 from tests.integration.harness.runtime import PodRuntime, uncatalogued
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
@@ -103,6 +103,7 @@ class Outcome:
     # benchmark is after, apart from capacity bought when every cheaper node was busy.
     misplaced: int = 0
     misplaced_dollars: float = 0.0
+    misplaced_pods: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def row(self) -> dict[str, Any]:
@@ -250,13 +251,16 @@ def simulate(nodes: list[dict[str, Any]], truth: list[dict[str, Any]], jobs: Ite
             facts = service.snapshot.nodes[placed.node]
             dollars = (pod_hourly_cost(spec, facts) if spec is not None else 0.0) * ran / 3600
             if spec is not None and placed.node in unknown:
-                # Catalogued nodes the pod fitted at this moment (the chosen node's assumption does
-                # not touch them), priced at their true run time.
+                # Catalogued nodes the pod fitted at this moment, by kube-scheduler's resource fit and
+                # the extender's filter (the chosen node's assumption does not touch them), priced at
+                # their true run time.
                 fits, _ = service.placer.evaluate_nodes(spec, known)
-                best = min((true_cost(job, spec, n) for n in fits), default=None)
+                best = min((true_cost(job, spec, n) for n in fits if in_tree_fits(service.snapshot, spec, n)),
+                           default=None)
                 if best is not None and best < dollars * 0.99:
                     out.misplaced += 1
                     out.misplaced_dollars += dollars - best
+                    out.misplaced_pods.append(job.pod["metadata"]["name"])
             p = product[placed.node]
             out.placed += 1
             out.dollars += dollars
