@@ -14,7 +14,9 @@ cluster events); a placed pod runs the harness's run time on the GPU it got
 product the catalog lacks runs training at the dense BF16 figure the scenario states as its truth,
 which the extender may or may not have been told) and then leaves. Dollars spent: each pod's share of
 its node's list price (``app.core.feasibility.pod_hourly_cost``) x the hours it ran, the figure
-``bench/replay.py`` reports as "dollars spent".
+``bench/replay.py`` reports as "dollars spent". Misplaced: a pod placed on an uncatalogued GPU while a
+catalogued node that passed kube-scheduler's resource fit and the extender's filter at that moment
+would truly have run it for less (what mispricing looks like, apart from capacity a busy cluster buys).
 
 Scenarios (``--scenario``):
 * ``fresh``: catalogued H100 / A100 / L40S / L4 nodes next to five uncatalogued products: declared
