@@ -167,6 +167,7 @@ def test_every_entry_is_sourced_and_sane() -> None:
     ("NVIDIA-A800-SXM4-80GB", "A800-SXM4-80GB", 312, 80),
     ("NVIDIA-H20", "H20", 148, 96),
     ("AMD-Instinct-MI325X", "MI325X", 1307, 256),
+    ("AMD-Instinct-MI355X-OAM", "MI355X", 2500, 288),
 ])
 def test_added_products_resolve_with_their_sourced_figures(label: str, name: str, bf16: float,
                                                            memory_gb: float) -> None:
