@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import pytest
 from kubernetes.client import RbacAuthorizationV1Api, SchedulingV1Api
+from kubernetes.client.exceptions import ApiException
 
 from app.gang.persist import ANNOTATION, KEY_ENV
 
@@ -254,7 +255,17 @@ def test_standby_takes_over_mid_gang_with_the_reservations_and_binds_it_whole(ha
     intruder["spec"].update({"nodeSelector": {TIER0: "leaf-b"}, "priorityClassName": "ha-first",
                              "tolerations": [TOLERATE],
                              "schedulingGates": [{"name": "llm-placement.io/test-hold"}]})
-    create_pods(core, NS, [intruder])
+    # The Priority admission plugin reads PriorityClasses from its own informer, so a class created a
+    # moment ago can still be unknown to it: retry the create until the informer has caught up.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            create_pods(core, NS, [intruder])
+            break
+        except ApiException as exc:
+            if exc.status != 403 or "PriorityClass" not in str(exc.body) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
     # The leader's pod dies: its kube-scheduler and its extender, both SIGKILL.
     killed_at = time.monotonic()
