@@ -163,6 +163,15 @@ class Placer:
         self._gpu_resources = policy.gpu_resources
 
     def parse(self, pod: dict[str, Any]) -> WorkloadSpec:
+        # The watch parsed this very version of the pod already (kube-scheduler's informer and ours
+        # see the same object): reuse it rather than read the annotations and resources again.
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        if isinstance(meta, dict):
+            uid, version = meta.get("uid"), meta.get("resourceVersion")
+            if isinstance(uid, str) and isinstance(version, str) and version:
+                spec = self.snapshot.watched_spec(uid, version)
+                if spec is not None:
+                    return spec
         return parse_workload(pod, self._gpu_resources, self.snapshot.claim_reader())
 
     def usage(self, node: str) -> NodeUsage:
@@ -315,8 +324,11 @@ class Placer:
         if c is not None:
             scores = self._score_positions(decision.spec, c, c.passing)
             best = scores.best_positions()
-            keep = [scores.names[i] for i in best.tolist()]
             tainted = bool(self.snapshot.table.prefer_no_schedule[c.rows[c.passing[best]]].any())
+            if len(best) > 1 and not tainted and soft_preference(pod) is None:
+                # Hundreds of identical nodes tie on a uniform cluster: name only the one kept.
+                best = best[:1]
+            keep = [scores.names[i] for i in best.tolist()]
         else:
             scores = self.score(decision.spec, [decision.fits[n] for n in decision.passed])
             keep = scores.best_nodes()

@@ -49,19 +49,28 @@ class ScoreList(Sequence[NodeScore]):
 
     names: list[str]
     totals: Floats
-    bands: Ints
+    # kube-scheduler's 0..10 per position; None until asked (``bands``): a filter that narrows to one
+    # node answers no bands, and ranking 5,000 totals is a sort.
+    raw_bands: Ints | None
     class_of: Ints
     class_terms: list[dict[str, float]]
     columns: dict[str, Floats]
     weights: dict[str, float]
     guarded_by: dict[int, str]  # position -> the partly used node that outranked it
     capped: Mapping[int, str] = field(default_factory=dict)  # position -> why its gravity pull was capped
+    mapping: ranking.ScoreMapping = ranking.ScoreMapping.RANK  # how ``bands`` are made from totals
     _pos: dict[str, int] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def empty(cls) -> ScoreList:
         none = np.zeros(0, dtype=np.int64)
         return cls([], np.zeros(0), none, none, [], {}, {}, {})
+
+    @property
+    def bands(self) -> Ints:
+        if self.raw_bands is None:
+            self.raw_bands = ranking.bands(self.totals, self.mapping)
+        return self.raw_bands
 
     def __len__(self) -> int:
         return len(self.names)

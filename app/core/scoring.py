@@ -22,7 +22,6 @@ import numpy.typing as npt
 from app.core.feasibility import NodeFit
 from app.core.nodes import NodeClass, work_tflops
 from app.core.policy import ScoringPolicy, StageWeights
-from app.core.ranking import bands
 from app.core.score_list import Floats, Ints, NodeScore, ScoreList
 from app.core.small_ints import distinct
 from app.core.snapshot import NodeUsage
@@ -338,8 +337,8 @@ def score_batch(
     if spec.gpus > 0 and policy.whole_node_guard and len(names):
         guarded = _guard(names, totals, packing, separation, shape, cap_gpus, usage.gpus, spec.gpus,
                          class_of, class_terms, policy.stranded_idle_share)
-    return ScoreList(names, totals, bands(totals, policy.score_mapping), class_of, class_terms,
-                     columns, w, guarded, capped)
+    return ScoreList(names, totals, None, class_of, class_terms, columns, w, guarded, capped,
+                     policy.score_mapping)
 
 
 def score_nodes(

@@ -89,6 +89,9 @@ class ClusterSnapshot:
         self.by_key: dict[str, str] = {}  # ns/name -> uid
         self.finished: dict[str, PlacedPod] = {}  # ns/name -> finished producer (data gravity)
         self.specs: dict[str, WorkloadSpec] = {}  # uid -> every live pod that parsed (bound or not)
+        # uid -> (resourceVersion, DRA stamp) the spec was parsed at: the filter reuses the watch's
+        # parse of a pod at the same version, while the DRA objects it may read stood still.
+        self.spec_source: dict[str, tuple[str, tuple[int, bool]]] = {}
         self.gang_index: dict[str, set[str]] = {}  # gang key -> live member uids
         # gang key -> when the watch first saw a live member (a counter): breaks ties between gangs
         # created in the same second (creationTimestamp has whole seconds; docs/gangs.md).
@@ -283,9 +286,14 @@ class ClusterSnapshot:
         for key in [k for k, p in self.finished.items() if (p.finished_at or 0) < cutoff]:
             del self.finished[key]
 
-    def track_spec(self, spec: WorkloadSpec) -> None:
-        """Remember a live pod's spec (gang membership, explain); bound or pending alike."""
+    def track_spec(self, spec: WorkloadSpec, version: str = "") -> None:
+        """Remember a live pod's spec (gang membership, explain); bound or pending alike.
+        ``version``: the resourceVersion it was parsed from (empty: not to be reused by filter)."""
         self._writable()
+        if version:
+            self.spec_source[spec.uid or spec.key] = (version, self.dra.stamp)
+        else:
+            self.spec_source.pop(spec.uid or spec.key, None)
         uid = spec.uid or spec.key
         old = self.specs.get(uid)
         if old is not None and old.gang is not None and (spec.gang is None or old.gang.key != spec.gang.key):
@@ -303,6 +311,7 @@ class ClusterSnapshot:
 
     def untrack_spec(self, uid: str) -> None:
         self._writable()
+        self.spec_source.pop(uid, None)
         old = self.specs.pop(uid, None)
         if old is not None and old.gang is not None:
             self._untrack_gang(old.gang.key, uid)
@@ -333,6 +342,14 @@ class ClusterSnapshot:
         return [self.specs[u] for u in sorted(self.gang_index.get(gang, ())) if u in self.specs]
 
     # --- queries -------------------------------------------------------------------------------
+    def watched_spec(self, uid: str, version: str) -> WorkloadSpec | None:
+        """The watch's parse of pod ``uid`` if it was made from ``version`` of the pod and no DRA
+        object changed since (a parse reads the pod's claims); else None."""
+        got = self.spec_source.get(uid)
+        if got is None or got[0] != version or got[1] != self.dra.stamp:
+            return None
+        return self.specs.get(uid)
+
     def free_gpus(self, node: str) -> int:
         facts = self.nodes.get(node)
         if facts is None:
