@@ -85,25 +85,25 @@ class PodBinding:
                        remembered: Remembered | None) -> None:
         stage = spec.stage.value if spec.stage else "none"
         m = self.metrics
-        m.decisions.labels(stage, "bound").inc()
+        m.child(m.decisions, stage, "bound").inc()
         agreed = remembered.agreement_with(node) if remembered is not None else Agreement.UNRANKED
         if remembered is not None:
             remembered.agreement = agreed
-        m.agreement.labels(agreed.value).inc()
+        m.child(m.agreement, agreed.value).inc()
         if agreed is Agreement.LOWER:
             log.warning("kube-scheduler bound %s to %s, below our best node(s) %s: in-tree scores "
                         "outweighed the extender (docs/scoring.md)", spec.key, node,
                         remembered.best_nodes()[:3] if remembered else [])
         if fit is not None:
             gpu = fit.node.gpu.name if fit.node.gpu else ("unknown" if fit.node.has_gpus else "cpu")
-            m.hourly_cost.labels(stage, gpu).inc(fit.pod_hourly_cost)
+            m.child(m.hourly_cost, stage, gpu).inc(fit.pod_hourly_cost)
             if spec.gpus:
-                m.bound_gpus.labels(stage, gpu).inc(spec.gpus)
+                m.child(m.bound_gpus, stage, gpu).inc(spec.gpus)
             if fit.sizing.per_gpu_gb > 0 and fit.node.gpu_memory_gb > 0:
-                m.memory_fit.labels(stage).observe(fit.sizing.per_gpu_gb / fit.node.gpu_memory_gb)
+                m.child(m.memory_fit, stage).observe(fit.sizing.per_gpu_gb / fit.node.gpu_memory_gb)
             if fit.ms_per_token and spec.max_ms_per_token:
-                m.slo_ratio.labels(stage).observe(fit.ms_per_token / spec.max_ms_per_token)
-                m.bandwidth_fit.labels(stage).observe(spec.max_ms_per_token / fit.ms_per_token)
+                m.child(m.slo_ratio, stage).observe(fit.ms_per_token / spec.max_ms_per_token)
+                m.child(m.bandwidth_fit, stage).observe(spec.max_ms_per_token / fit.ms_per_token)
         if spec.depends_on or spec.serving_group:
             self._observe_gravity(spec, node, stage)
         if self.binder is not None:

@@ -293,9 +293,9 @@ class ExtenderService:
                 self.metrics.invalid_annotation(problem_key(problem))
             return
         if not d.passed:
-            self.metrics.decisions.labels(stage, "unschedulable").inc()
+            self.metrics.child(self.metrics.decisions, stage, "unschedulable").inc()
         for code in d.codes.values():  # once per distinct reason, labelled by its rule
-            self.metrics.rejections.labels(code.value).inc()
+            self.metrics.child(self.metrics.rejections, code.value).inc()
 
     def remembered(self, uid: str) -> Remembered | None:
         return self.memory.get(uid)
