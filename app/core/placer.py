@@ -444,7 +444,9 @@ class FitMap(Mapping[str, NodeFit]):
         return fit
 
     def __contains__(self, name: object) -> bool:
-        return name in self._index()
+        # Bind asks about the one node it binds to: scanning the names (in C) costs less than
+        # building the index of every passing node for that one question.
+        return name in self._names if self._pos is None else name in self._pos
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
