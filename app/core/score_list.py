@@ -88,8 +88,17 @@ class ScoreList(Sequence[NodeScore]):
             i += len(self)
         terms = {**self.class_terms[int(self.class_of[i])],
                  **{t: float(col[i]) for t, col in self.columns.items()}}
-        return NodeScore(self.names[i], int(self.bands[i]), float(self.totals[i]), terms,
+        return NodeScore(self.names[i], self.band_at(i), float(self.totals[i]), terms,
                          self.weights, self.guarded_by.get(i), self.capped.get(i))
+
+    def band_at(self, i: int) -> int:
+        """The band of position ``i`` without ranking every total: it follows from the totals at
+        least as high as its own (bind asks about the node it binds, usually the best)."""
+        if self.raw_bands is not None:
+            return int(self.raw_bands[i])
+        mine = self.totals[i]
+        higher = self.totals[self.totals >= mine]
+        return int(ranking.bands(higher, self.mapping)[int(np.argmin(higher))])
 
     def __iter__(self) -> Iterator[NodeScore]:
         return (self[i] for i in range(len(self)))

@@ -90,6 +90,22 @@ def _weights_for(spec: WorkloadSpec, policy: ScoringPolicy) -> StageWeights:
     return policy.weights[stage]
 
 
+# StageWeights are frozen: each one's term -> weight dict is made once, not on every scoring call
+# (read only; kept with the object its key names by id).
+_WEIGHT_DICTS: dict[int, tuple[StageWeights, dict[str, float]]] = {}
+
+
+def _weight_dict(weights: StageWeights) -> dict[str, float]:
+    hit = _WEIGHT_DICTS.get(id(weights))
+    if hit is not None and hit[0] is weights:
+        return hit[1]
+    if len(_WEIGHT_DICTS) >= 256:
+        _WEIGHT_DICTS.clear()
+    got = weights.model_dump()
+    _WEIGHT_DICTS[id(weights)] = (weights, got)
+    return got
+
+
 def _memory_fit(spec: WorkloadSpec, fit: NodeFit, headroom: float) -> float:
     node = fit.node
     if fit.sizing.per_gpu_gb > 0 and node.gpu_memory_gb > 0:
@@ -308,8 +324,8 @@ def score_batch(
     each node's class; ``usage``: the nodes' live counters. ``gravity``: the data-gravity term per
     node, NaN where it has none (neutral).
     """
-    w = _weights_for(spec, policy).model_dump()
-    present = sorted(set(class_of.tolist()))
+    w = _weight_dict(_weights_for(spec, policy))
+    present = distinct(class_of)
     class_terms = _class_terms(spec, class_fits, present, policy)
     dominated = _outclassed(spec, class_fits, present)
     _cap_right_sizing(class_terms, dominated, present)
