@@ -28,12 +28,15 @@ from app.objects import node_object, pod_object
 from app.service import ExtenderService
 
 ROOT = Path(__file__).resolve().parents[2]
-# Every module a verb's request runs through (filter, prioritize, bind, preempt, explain).
+# Every module a verb's request runs through (filter, prioritize, bind, preempt, explain): the verbs,
+# the HTTP layer, the pure placement core and the gang coordinator. Left out: the snapshot and its
+# access (the writes themselves) and the PodGroup watcher (app/gang/kube.py, a watcher).
+WRITERS = {"snapshot.py", "snapshot_access.py", "kube.py"}
 VERB_MODULES = sorted(
     [ROOT / "app" / m for m in ("service.py", "bind_gate.py", "binding.py", "decisions.py", "wire.py",
                                 "explain.py")]
-    + list((ROOT / "app" / "api").glob("*.py"))
-    + [ROOT / "app" / "core" / m for m in ("placer.py", "narrowing.py", "scoring.py", "feasibility.py")]
+    + [p for folder in ("api", "core", "gang") for p in (ROOT / "app" / folder).glob("*.py")
+       if p.name not in WRITERS]
 )
 MUTATORS = frozenset({"upsert_node", "remove_node", "place", "assume", "unassume", "finish", "refresh_dra",
                       "forget_finished_before", "track_spec", "untrack_spec"})
