@@ -60,6 +60,7 @@ class ScoreList(Sequence[NodeScore]):
     capped: Mapping[int, str] = field(default_factory=dict)  # position -> why its gravity pull was capped
     mapping: ranking.ScoreMapping = ranking.ScoreMapping.RANK  # how ``bands`` are made from totals
     _pos: dict[str, int] | None = field(default=None, init=False, repr=False)
+    _scans: int = field(default=0, init=False, repr=False)
 
     @classmethod
     def empty(cls) -> ScoreList:
@@ -96,7 +97,12 @@ class ScoreList(Sequence[NodeScore]):
         least as high as its own (bind asks about the node it binds, usually the best)."""
         if self.raw_bands is not None:
             return int(self.raw_bands[i])
+        self._scans += 1
+        if self._scans > 4:  # many asked about (explain, every NodeScore): rank them all once
+            return int(self.bands[i])
         mine = self.totals[i]
+        if self.mapping is ranking.ScoreMapping.RANK and mine >= self.totals.max():
+            return ranking.MAX_EXTENDER_PRIORITY  # the best total heads the ranking
         higher = self.totals[self.totals >= mine]
         return int(ranking.bands(higher, self.mapping)[int(np.argmin(higher))])
 
@@ -104,9 +110,23 @@ class ScoreList(Sequence[NodeScore]):
         return (self[i] for i in range(len(self)))
 
     def position(self, node: str) -> int | None:
+        # One or two nodes asked about (bind: agreement and the Placed event): a scan of the names
+        # (in C) costs less than indexing all of them; past a few, or for many (take, padded), the
+        # index.
+        if self._pos is not None:
+            return self._pos.get(node)
+        self._scans += 1
+        if self._scans > 4:
+            return self._index().get(node)
+        try:
+            return self.names.index(node)
+        except ValueError:
+            return None
+
+    def _index(self) -> dict[str, int]:
         if self._pos is None:
             self._pos = {n: i for i, n in enumerate(self.names)}
-        return self._pos.get(node)
+        return self._pos
 
     def get(self, node: str) -> NodeScore | None:
         i = self.position(node)
@@ -116,7 +136,7 @@ class ScoreList(Sequence[NodeScore]):
         """The scores of ``names``, in that order; None when one of them was not scored here."""
         if len(names) == len(self.names) and names == self.names:
             return self
-        found = [self.position(n) for n in names]
+        found = [self._index().get(n) for n in names]
         if any(p is None for p in found):
             return None
         pos = cast(list[int], found)
@@ -132,7 +152,7 @@ class ScoreList(Sequence[NodeScore]):
         scores 0 in band 0 with no terms."""
         if len(names) == len(self.names) and list(names) == self.names:
             return self
-        found = [self.position(n) for n in names]
+        found = [self._index().get(n) for n in names]
         missing = len(self.class_terms)  # an extra, empty class for the unscored
         idx = np.array([-1 if p is None else p for p in found], dtype=np.int64)
         hit = idx >= 0

@@ -143,3 +143,10 @@ def test_one_position_s_band_is_the_band_of_the_whole_ranking(totals: list[float
                      np.zeros(len(totals), dtype=np.int64), [{}], {}, {}, {}, mapping=mapping)
     assert [lazy.band_at(i) for i in range(len(totals))] == whole.tolist()
     assert lazy.bands.tolist() == whole.tolist()
+
+
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=30))
+def test_positions_are_the_same_before_and_after_the_name_index_is_built(asked: list[int]) -> None:
+    names = [f"n{i}" for i in range(30)]
+    scores = ScoreList(names, np.zeros(30), None, np.zeros(30, dtype=np.int64), [{}], {}, {}, {})
+    assert [scores.position(f"n{i}") for i in asked] == [i if i < 30 else None for i in asked]
