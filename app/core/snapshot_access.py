@@ -78,8 +78,10 @@ class SnapshotAccess:
             self._write(self.snapshot.unassume, uid)
 
     def confirm(self, spec: WorkloadSpec, node: str) -> None:
-        # Idempotent: a pod assumed at bind start, or already shown bound by the watch, is kept.
         with self.lock:
+            held = self.snapshot.pods.get(spec.uid or spec.key)
+            if held is not None and held.node == node:
+                return  # counted there already: assumed at bind start, or shown bound by the watch
             self._write(self.snapshot.assume, spec, node)
 
     def observe_node(self, facts: NodeFacts, inputs: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from app.cluster.cache import ClusterCache
+from app.cluster.cache import ClusterCache, apply_pod
 from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.snapshot import ReadOnlyView
@@ -313,3 +313,20 @@ def test_each_filter_decides_on_one_instant_of_a_burst_of_watch_events(catalog: 
             checked += 1
     assert not pending, f"filters stamped with generations no instant of the watch had: {sorted(pending)[:5]}"
     assert checked == len(seen)
+
+
+@pytest.mark.parametrize("before", ["nothing", "assumed", "watched", "elsewhere"])
+def test_confirm_counts_the_pod_once_on_its_node(catalog: GpuCatalog, settings: Settings, before: str) -> None:
+    svc = _service(catalog)
+    pod = pod_object("d", gpus=2, uid="u-d")
+    spec = parse_workload(pod, settings.policies().placement.gpu_resources)
+    if before == "assumed":
+        svc.access.assume(spec, "g0")
+    elif before in ("watched", "elsewhere"):
+        pod["spec"]["nodeName"] = "g0" if before == "watched" else "g1"
+        with svc.lock:
+            apply_pod(svc.snapshot, settings, pod)
+    svc.access.confirm(spec, "g0")
+    assert svc.snapshot.free_gpus("g0") == 6
+    assert svc.snapshot.free_gpus("g1") == 8  # a pod the watch showed elsewhere moved (the watch wins later)
+    assert svc.snapshot.pods["u-d"].assumed is (before != "watched")
