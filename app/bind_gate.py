@@ -9,13 +9,12 @@ app/core/bind_checks.py), since a filter call proves nothing about who sent it.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 from app.binding import BinderLike
 from app.core.bind_checks import NODE_REASONS, PodRules, Refusal, node_refusal, node_rules
 from app.core.placer import Placer
-from app.core.snapshot import ClusterSnapshot
+from app.core.snapshot_access import SnapshotAccess
 from app.core.workload import WorkloadError, WorkloadSpec
 from app.decisions import DecisionMemory
 from app.wire import BindingArgs
@@ -33,16 +32,15 @@ REFUSAL_REASONS = (UNKNOWN_POD, OTHER_SCHEDULER, UNKNOWN_NODE, NOT_FILTERED, GPU
 @dataclass(eq=False)
 class BindGate:
     scheduler_name: str
-    snapshot: ClusterSnapshot
-    lock: threading.RLock
+    access: SnapshotAccess
     memory: DecisionMemory
     placer: Placer
     binder: BinderLike | None
 
     def spec_for(self, namespace: str, name: str, uid: str) -> WorkloadSpec | None:
         """The pod as the API server has it: the watch's copy, else a read (never a request body)."""
-        with self.lock:
-            spec = self.snapshot.specs.get(uid) if uid else None
+        with self.access.view() as snap:
+            spec = snap.specs.get(uid) if uid else None
         if spec is None and self.binder is not None:
             pod = self.binder.read_pod(namespace, name)
             if pod is not None:
@@ -69,9 +67,9 @@ class BindGate:
             return Refusal(OTHER_SCHEDULER, f"bind refused: pod {where} uses scheduler {theirs!r}, "
                                             f"not {self.scheduler_name!r}")
         gangs = self.placer.gangs
-        with self.lock:
-            facts = self.snapshot.nodes.get(args.node)
-            inputs = self.snapshot.node_inputs.get(args.node)
+        with self.access.view() as snap:
+            facts = snap.nodes.get(args.node)
+            inputs = snap.node_inputs.get(args.node)
             remembered = self.memory.get(spec.uid)
             usage = self.placer.usage(args.node)
             # Counted on the node already: by a bind that went through (a retry), or just now by
@@ -82,7 +80,7 @@ class BindGate:
             used_cpu = usage.cpu_millis - (mine.cpu_millis if mine is not None else 0.0)
             used_memory = usage.memory_bytes - (mine.memory_bytes if mine is not None else 0.0)
             # GPUs of claims kube-scheduler allocated in PreBind are held already (docs/dra.md).
-            need = self.snapshot.new_gpus(spec)
+            need = snap.new_gpus(spec)
             reserved = 0
             if gangs is not None and not already_here:
                 reserved = gangs.reserved_gpus(args.node, spec.gang.key if spec.gang else None)
@@ -116,12 +114,12 @@ class BindGate:
         remembered = self.memory.get(uid)
         if remembered is None or remembered.fits is None or node not in remembered.fits:
             return False
-        with self.lock:
+        with self.access.view() as snap:
             # Identity from the watch, not from the request body the filter call carried.
-            spec = self.snapshot.specs.get(uid)
+            spec = snap.specs.get(uid)
             ours = spec is not None and spec.scheduler_name == self.scheduler_name
-            if (spec is None or not ours or spec.gang is not None or uid in self.snapshot.pods
-                    or node not in self.snapshot.nodes):
+            if (spec is None or not ours or spec.gang is not None or uid in snap.pods
+                    or node not in snap.nodes):
                 return False
-            self.snapshot.assume(spec, node)
+            self.access.assume(spec, node)
         return True

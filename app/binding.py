@@ -7,7 +7,6 @@ and nothing else of the service. Blocking: callers run it on a worker thread.
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,7 +15,8 @@ from app.core.gravity import MISSING, GravityModel
 from app.core.policy import FeasibilityPolicy
 from app.core.ranking import Agreement
 from app.core.reasons import MESSAGE_PREFIX, shown
-from app.core.snapshot import ClusterSnapshot, NodeUsage
+from app.core.snapshot import NodeUsage
+from app.core.snapshot_access import SnapshotAccess
 from app.core.workload import PREFIX, WorkloadSpec
 from app.decisions import DecisionMemory, Remembered
 from app.metrics import Metrics
@@ -45,8 +45,7 @@ class BinderLike(Protocol):
 @dataclass(eq=False)
 class PodBinding:
     binder: BinderLike | None
-    snapshot: ClusterSnapshot
-    lock: threading.RLock
+    access: SnapshotAccess
     metrics: Metrics
     memory: DecisionMemory
     feasibility: FeasibilityPolicy
@@ -77,8 +76,7 @@ class PodBinding:
             self.metrics.decisions.labels(stage, "bind_failed").inc()
             return str(exc) if str(exc).startswith(MESSAGE_PREFIX) else MESSAGE_PREFIX + f"bind failed: {exc}"
         if spec is not None:
-            with self.lock:
-                self.snapshot.assume(spec, node)
+            self.access.confirm(spec, node)
             if bound_now:
                 self._observe_bound(spec, node, fit, remembered)
         return ""
@@ -87,25 +85,25 @@ class PodBinding:
                        remembered: Remembered | None) -> None:
         stage = spec.stage.value if spec.stage else "none"
         m = self.metrics
-        m.decisions.labels(stage, "bound").inc()
+        m.child(m.decisions, stage, "bound").inc()
         agreed = remembered.agreement_with(node) if remembered is not None else Agreement.UNRANKED
         if remembered is not None:
             remembered.agreement = agreed
-        m.agreement.labels(agreed.value).inc()
+        m.child(m.agreement, agreed.value).inc()
         if agreed is Agreement.LOWER:
             log.warning("kube-scheduler bound %s to %s, below our best node(s) %s: in-tree scores "
                         "outweighed the extender (docs/scoring.md)", spec.key, node,
                         remembered.best_nodes()[:3] if remembered else [])
         if fit is not None:
             gpu = fit.node.gpu.name if fit.node.gpu else ("unknown" if fit.node.has_gpus else "cpu")
-            m.hourly_cost.labels(stage, gpu).inc(fit.pod_hourly_cost)
+            m.child(m.hourly_cost, stage, gpu).inc(fit.pod_hourly_cost)
             if spec.gpus:
-                m.bound_gpus.labels(stage, gpu).inc(spec.gpus)
+                m.child(m.bound_gpus, stage, gpu).inc(spec.gpus)
             if fit.sizing.per_gpu_gb > 0 and fit.node.gpu_memory_gb > 0:
-                m.memory_fit.labels(stage).observe(fit.sizing.per_gpu_gb / fit.node.gpu_memory_gb)
+                m.child(m.memory_fit, stage).observe(fit.sizing.per_gpu_gb / fit.node.gpu_memory_gb)
             if fit.ms_per_token and spec.max_ms_per_token:
-                m.slo_ratio.labels(stage).observe(fit.ms_per_token / spec.max_ms_per_token)
-                m.bandwidth_fit.labels(stage).observe(spec.max_ms_per_token / fit.ms_per_token)
+                m.child(m.slo_ratio, stage).observe(fit.ms_per_token / spec.max_ms_per_token)
+                m.child(m.bandwidth_fit, stage).observe(spec.max_ms_per_token / fit.ms_per_token)
         if spec.depends_on or spec.serving_group:
             self._observe_gravity(spec, node, stage)
         if self.binder is not None:
@@ -116,7 +114,7 @@ class PodBinding:
         """Data-gravity quality at bind: each edge's distance, GB read across nodes, lost producers."""
         if self.gravity is None:
             return
-        with self.lock:
+        with self.access.view():
             edges = self.gravity.observe(spec, node)
         for e in edges:
             self.metrics.dependency_edges.labels(stage, e.distance).inc()
@@ -133,11 +131,11 @@ class PodBinding:
                               warning=True)
 
     def _fit_now(self, spec: WorkloadSpec, node: str) -> NodeFit | None:
-        with self.lock:
-            facts = self.snapshot.nodes.get(node)
+        with self.access.view() as snap:
+            facts = snap.nodes.get(node)
             if facts is None:
                 return None
-            usage = self.snapshot.usage.get(node) or NodeUsage()
+            usage = snap.usage.get(node) or NodeUsage()
             # The pod's own GPUs may already be counted (assumed); evaluate without the GPU check.
             verdict = evaluate(spec, facts, usage, UNCHECKED, self.feasibility)
         return verdict if isinstance(verdict, NodeFit) else None

@@ -5,7 +5,7 @@ from a fixed vocabulary, GPU models from the catalog, topology domains — never
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, cast, overload
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -239,6 +239,17 @@ class Metrics:
             if isinstance(declared, _Declared):
                 setattr(self, attr, declared.build(self.registry))
         self._initialise_closed_label_sets()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: M, *values: str) -> M:
+        """``metric.labels(*values)``, remembered: the verbs count every pod, and ``labels()`` takes a
+        lock and builds its key each time. Only for series that are never removed (the verbs'
+        counters and histograms; the quality gauges remove theirs). Bounded as the labels are."""
+        key = (id(metric), values)
+        got = self._children.get(key)
+        if got is None:
+            got = self._children[key] = metric.labels(*values)
+        return cast(M, got)
 
     def invalid_annotation(self, key: str) -> None:
         """Count one annotation problem; a key outside the closed set is counted as "other"."""

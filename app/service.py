@@ -1,7 +1,8 @@
 """The extender service: wire bytes in, placement core, wire bytes out, plus bind, events and metrics.
 
 No FastAPI here (routes are a thin layer over this class), so the same object serves HTTP, the
-benchmarks and the tests. One RLock guards the snapshot: watch threads write, request handlers read.
+benchmarks and the tests. Watch threads write the snapshot; each verb decides on one view of it and
+writes only its assumptions, both through ``self.access`` (app.core.snapshot_access).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from app.core.reasons import MESSAGE_PREFIX, problem_key
 from app.core.score_list import ScoreList
 from app.core.serving_targets import TargetWatch
 from app.core.snapshot import ClusterSnapshot
+from app.core.snapshot_access import SnapshotAccess
 from app.core.units import quote
 from app.core.workload import WorkloadError, WorkloadSpec
 from app.decisions import DecisionMemory, Remembered
@@ -74,11 +76,12 @@ class ExtenderService:
         self.metrics = metrics or Metrics()
         self.lock = lock or threading.RLock()
         self.memory = memory or DecisionMemory()
+        self.access = binding.access if binding is not None else SnapshotAccess(self.snapshot, self.lock)
         self.placer = Placer(self.policies.placement, self.snapshot, gangs, gravity)
-        self.binding = binding or PodBinding(binder, self.snapshot, self.lock, self.metrics, self.memory,
+        self.binding = binding or PodBinding(binder, self.access, self.metrics, self.memory,
                                              self.policies.placement.feasibility, gravity)
         self.gang_binder = gang_binder
-        self.gate = BindGate(settings.scheduler_name, self.snapshot, self.lock, self.memory, self.placer,
+        self.gate = BindGate(settings.scheduler_name, self.access, self.memory, self.placer,
                              self.binding.binder)
         self._node_rv: dict[str, str] = {}
         # Set once the cluster watch has listed everything (or at once without a cluster).
@@ -113,8 +116,8 @@ class ExtenderService:
             except Exception:  # placing without adopted plans beats answering no filter at all
                 log.exception("adopting persisted gang plans failed")
         try:
-            with self.lock:
-                self._absorb_nodes(args)
+            self._absorb_nodes(args)
+            with self.access.view():
                 decision = self.placer.filter(args.pod, args.names())
                 scores = self.placer.narrow(decision, args.pod)
                 self.memory.remember_filter(decision)
@@ -138,8 +141,8 @@ class ExtenderService:
         t0 = time.perf_counter()
         try:
             args = wire.parse_extender_args(body, "prioritize")
-            with self.lock:
-                self._absorb_nodes(args)
+            self._absorb_nodes(args)
+            with self.access.view():
                 uid = str((args.pod.get("metadata") or {}).get("uid") or "")
                 prior = self.memory.get(uid)
                 # Reuse this cycle's filter verdicts: prioritize follows filter within milliseconds,
@@ -180,8 +183,8 @@ class ExtenderService:
                 return wire.binding_result(MESSAGE_PREFIX + "no API server connection to bind with")
             uid = args.pod_uid
             early = self.gate.assume_at_start(uid, args.node)
-            with self.lock:
-                spec = self.snapshot.specs.get(uid) if uid else None
+            with self.access.view() as snap:
+                spec = snap.specs.get(uid) if uid else None
             if spec is None:
                 # Only a pod the watch does not hold needs an API read, and only that goes to a thread:
                 # each hop is a queue, a wake-up and a GIL hand-over on the interpreter that also
@@ -193,8 +196,7 @@ class ExtenderService:
                 self.metrics.request_errors.labels("bind", "refused").inc()
                 self.metrics.bind_refusals.labels(refusal.reason).inc()
                 if early:
-                    with self.lock:
-                        self.snapshot.unassume(uid)
+                    self.access.forget(uid)
                 _RATE_LOG.warning(f"bind:{refusal.reason}", quote(refusal.message))
                 return wire.binding_result(MESSAGE_PREFIX + refusal.message)
             if spec is not None and spec.gang is not None and self.gang_binder is not None:
@@ -206,14 +208,12 @@ class ExtenderService:
             if err:
                 self.metrics.request_errors.labels("bind", "refused").inc()
                 if early:
-                    with self.lock:
-                        self.snapshot.unassume(uid)
+                    self.access.forget(uid)
             return wire.binding_result(err)
         except Exception as exc:
             log.exception("bind failed")
             if early:
-                with self.lock:
-                    self.snapshot.unassume(uid)
+                self.access.forget(uid)
             self.metrics.request_errors.labels("bind", "internal").inc()
             return wire.binding_result(MESSAGE_PREFIX + f"internal error in bind: {exc}")
         finally:
@@ -229,7 +229,7 @@ class ExtenderService:
             except WorkloadError:
                 return wire.preemption_result({}, {})
             keep: dict[str, list[str]] = {}
-            with self.lock:
+            with self.access.view():
                 for node, victims in args.victims.items():
                     if victims and self.placer.fits_without(spec, node, victims):
                         keep[node] = victims
@@ -250,8 +250,8 @@ class ExtenderService:
         """
         gangs = self.placer.gangs
         reserved = None if gangs is None else (lambda node: gangs.reserved_gpus(node, None))
-        with self.lock:
-            data = capture(self.snapshot, reserved)
+        with self.access.view() as snap:
+            data = capture(snap, reserved)
         quality = compute(data)
         self._quality.publish(quality)
         return quality
@@ -259,10 +259,7 @@ class ExtenderService:
     # --- helpers -------------------------------------------------------------------------------
     def absorb_node(self, node: dict[str, Any]) -> None:
         """A node from a trusted source (the demo, tests): its facts and what bind checks read."""
-        with self.lock:
-            facts = facts_for(node, self.catalog, self.policies.node_facts)
-            self.snapshot.upsert_node(facts)
-            self.snapshot.node_inputs[facts.name] = node_inputs(node)
+        self.access.observe_node(facts_for(node, self.catalog, self.policies.node_facts), node_inputs(node))
 
     def _absorb_nodes(self, args: wire.ExtenderArgs) -> None:
         """Non-cache mode: take node facts from the request (only when the node object changed).
@@ -279,8 +276,7 @@ class ExtenderService:
                 facts = self._facts_or_skip(n)
                 if facts is None:
                     continue
-                self.snapshot.upsert_node(facts)
-                self.snapshot.node_inputs[name] = node_inputs(n)
+                self.access.observe_node(facts, node_inputs(n))
                 self._node_rv[name] = rv
 
     def _facts_or_skip(self, node: dict[str, Any]) -> NodeFacts | None:
@@ -301,14 +297,14 @@ class ExtenderService:
                 self.metrics.invalid_annotation(problem_key(problem))
             return
         if not d.passed:
-            self.metrics.decisions.labels(stage, "unschedulable").inc()
+            self.metrics.child(self.metrics.decisions, stage, "unschedulable").inc()
         for code in d.codes.values():  # once per distinct reason, labelled by its rule
-            self.metrics.rejections.labels(code.value).inc()
+            self.metrics.child(self.metrics.rejections, code.value).inc()
 
     def remembered(self, uid: str) -> Remembered | None:
         return self.memory.get(uid)
 
     def remembered_by_key(self, key: str) -> WorkloadSpec | None:
         """The newest spec filtered under ``ns/name`` (for pods only ever seen in requests)."""
-        with self.lock:
+        with self.access.view():
             return self.memory.newest_spec(key)

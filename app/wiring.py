@@ -23,6 +23,7 @@ from app.core.gravity import GravityModel
 from app.core.live_profiles import LiveProfileBook, ServingPod
 from app.core.serving_targets import TargetWatch
 from app.core.snapshot import ClusterSnapshot
+from app.core.snapshot_access import SnapshotAccess
 from app.decisions import DecisionMemory
 from app.gang.admission import HeldMembers
 from app.gang.book import GangBook
@@ -64,7 +65,8 @@ def build_core(
 
     # Data gravity reads the same snapshot the placer does (producers' nodes, finished producers).
     gravity = GravityModel(snapshot, policies.gravity, planned=planned)
-    binding = PodBinding(binder, snapshot, lock, metrics, memory, policies.placement.feasibility, gravity)
+    binding = PodBinding(binder, SnapshotAccess(snapshot, lock), metrics, memory,
+                         policies.placement.feasibility, gravity)
     ready = threading.Event()
     if live_gangs:
         # Member deletions are only trusted once the watch has listed everything (after a restart

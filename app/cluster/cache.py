@@ -134,7 +134,7 @@ def apply_pod(
     # serving-group members (their partners look up each other's role); any other bound pod only
     # needs its usage record, which keeps 100k cached pods within the memory budget.
     if spec is not None and (not node or spec.gang is not None or spec.serving_group is not None):
-        snapshot.track_spec(spec)
+        snapshot.track_spec(spec, str(meta.get("resourceVersion") or ""))
     elif spec is not None:
         snapshot.untrack_spec(uid)
     if not node:

@@ -116,7 +116,7 @@ class DraWatcher:
                 dra.put_class(obj)
         elif kind == "resourceclaimtemplates":
             if deleted:
-                dra.claim_book.templates.pop(key, None)
+                dra.drop_template(key)
             else:
                 dra.put_template(obj)
         elif kind == "devicetaintrules":
@@ -158,7 +158,7 @@ class DraWatcher:
             elif kind == "deviceclasses":
                 dra.clear_classes()
             elif kind == "resourceclaimtemplates":
-                dra.claim_book.templates.clear()
+                dra.clear_templates()
             elif kind == "devicetaintrules":
                 nodes |= dra.clear_taint_rules()
             elif kind in DOMAINS:

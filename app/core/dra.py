@@ -83,6 +83,14 @@ class DraIndex:
     reader: DemandReader = field(init=False, repr=False, compare=False)
     node_queries: NodeQueries = field(init=False, repr=False, compare=False)
     _summaries: dict[str, tuple[int, DraNodeGpus | None]] = field(default_factory=dict, init=False)
+    # Bumps on every change of slices, classes, claims, templates, taint rules or domains: a pod
+    # parsed while it stood still reads the same claims (``stamp``; the filter reuses the watch's
+    # parse of a pod only at the same resourceVersion and stamp).
+    changes: int = field(default=0, init=False, compare=False)
+
+    @property
+    def stamp(self) -> tuple[int, bool]:
+        return self.changes, self.reads_claims
 
     def __post_init__(self) -> None:
         self.slice_store = SliceStore(self.driver)
@@ -102,12 +110,15 @@ class DraIndex:
     def put_parsed_slice(self, obj: dict[str, Any], s: ParsedSlice | None) -> str | None:
         """``put_slice`` with ``parse_slice(obj)`` done beforehand, outside the service lock (a slice
         of 128 devices takes milliseconds to read, and filter waits for that lock)."""
+        self.changes += 1
         return self.slice_store.put(str((obj.get("metadata") or {}).get("name") or ""), s)
 
     def drop_slice(self, name: str) -> str | None:
+        self.changes += 1
         return self.slice_store.drop(name)
 
     def clear_slices(self) -> None:
+        self.changes += 1
         self.slice_store.clear()
 
     # --- per node ---------------------------------------------------------------------------------
@@ -145,12 +156,15 @@ class DraIndex:
     # --- ComputeDomain cliques (the driver's compute-domain.nvidia.com side) -------------------------
     def put_domain(self, kind: str, obj: dict[str, Any]) -> set[str]:
         """Returns the nodes whose clique id may have changed."""
+        self.changes += 1
         return self.domains.put(kind, obj)
 
     def drop_domain(self, kind: str, obj: dict[str, Any]) -> set[str]:
+        self.changes += 1
         return self.domains.drop(kind, obj)
 
     def clear_domains(self, kind: str) -> set[str]:
+        self.changes += 1
         return self.domains.clear(kind)
 
     def node_clique(self, node: str) -> str | None:
@@ -159,36 +173,54 @@ class DraIndex:
     # --- DeviceTaintRules -------------------------------------------------------------------------
     def put_taint_rule(self, obj: dict[str, Any]) -> set[str]:
         """Add or replace a DeviceTaintRule; returns the nodes whose devices it may concern."""
+        self.changes += 1
         return self.taints.put(obj)
 
     def drop_taint_rule(self, name: str) -> set[str]:
+        self.changes += 1
         return self.taints.drop(name)
 
     def clear_taint_rules(self) -> set[str]:
+        self.changes += 1
         return self.taints.clear()
 
     # --- classes and claims -----------------------------------------------------------------------
     def put_class(self, obj: dict[str, Any]) -> None:
+        self.changes += 1
         self.device_classes.put(obj)
 
     def drop_class(self, name: str) -> None:
+        self.changes += 1
         self.device_classes.drop(name)
 
     def clear_classes(self) -> None:
+        self.changes += 1
         self.device_classes.clear()
 
     def put_claim(self, obj: dict[str, Any]) -> set[str]:
         """Add or replace a claim; returns the nodes whose held devices changed."""
+        self.changes += 1
         return self.slice_store.nodes_of(self.claim_book.put(obj))
 
     def drop_claim(self, key: str) -> set[str]:
+        self.changes += 1
         return self.slice_store.nodes_of(self.claim_book.drop(key))
 
     def clear_claims(self) -> set[str]:
+        self.changes += 1
         return self.slice_store.nodes_of(self.claim_book.clear())
 
     def put_template(self, obj: dict[str, Any]) -> None:
+        self.changes += 1
         self.claim_book.put_template(obj)
+
+    def drop_template(self, key: str) -> None:
+        self.changes += 1
+        self.claim_book.templates.pop(key, None)
+
+    def clear_templates(self) -> None:
+        self.changes += 1
+        self.claim_book.templates.clear()
 
     def is_allocated(self, key: str) -> bool:
         return self.claim_book.is_allocated(key)

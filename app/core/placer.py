@@ -163,6 +163,15 @@ class Placer:
         self._gpu_resources = policy.gpu_resources
 
     def parse(self, pod: dict[str, Any]) -> WorkloadSpec:
+        # The watch parsed this very version of the pod already (kube-scheduler's informer and ours
+        # see the same object): reuse it rather than read the annotations and resources again.
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        if isinstance(meta, dict):
+            uid, version = meta.get("uid"), meta.get("resourceVersion")
+            if isinstance(uid, str) and isinstance(version, str) and version:
+                spec = self.snapshot.watched_spec(uid, version)
+                if spec is not None:
+                    return spec
         return parse_workload(pod, self._gpu_resources, self.snapshot.claim_reader())
 
     def usage(self, node: str) -> NodeUsage:
@@ -315,8 +324,11 @@ class Placer:
         if c is not None:
             scores = self._score_positions(decision.spec, c, c.passing)
             best = scores.best_positions()
-            keep = [scores.names[i] for i in best.tolist()]
             tainted = bool(self.snapshot.table.prefer_no_schedule[c.rows[c.passing[best]]].any())
+            if len(best) > 1 and not tainted and soft_preference(pod) is None:
+                # Hundreds of identical nodes tie on a uniform cluster: name only the one kept.
+                best = best[:1]
+            keep = [scores.names[i] for i in best.tolist()]
         else:
             scores = self.score(decision.spec, [decision.fits[n] for n in decision.passed])
             keep = scores.best_nodes()
@@ -402,6 +414,9 @@ class Classified:
         return {self.names[i]: cast(Rejection, self.verdicts[j]) for i, j in zip(at, classes, strict=True)}
 
 
+SCANS_BEFORE_INDEX = 4
+
+
 class FitMap(Mapping[str, NodeFit]):
     """The feasible candidates of one request, name -> fit; each ``NodeFit`` is made when asked for.
 
@@ -415,24 +430,39 @@ class FitMap(Mapping[str, NodeFit]):
         self._names = classified.passing_names
         self._pos: dict[str, int] | None = None
         self._made: dict[str, NodeFit] = {}
+        self._scans = 0
 
-    def _index(self) -> dict[str, int]:
+    def _index(self) -> dict[str, int] | None:
+        """The name index once more than a few names were asked about; None before (a scan of the
+        names, in C, answers one question for less than indexing every passing node: bind asks
+        about the one node it binds, three times)."""
         if self._pos is None:
-            self._pos = dict(zip(self._names, self.classified.passing.tolist(), strict=True))
+            self._scans += 1
+            if self._scans > SCANS_BEFORE_INDEX:
+                self._pos = dict(zip(self._names, self.classified.passing.tolist(), strict=True))
         return self._pos
 
     def __getitem__(self, name: str) -> NodeFit:
         fit = self._made.get(name)
         if fit is None:
             c = self.classified
-            shared = cast(NodeFit, c.verdicts[int(c.class_of[self._index()[name]])])
+            pos = self._index()
+            if pos is None:
+                try:
+                    at = int(c.passing[self._names.index(name)])
+                except ValueError:
+                    raise KeyError(name) from None
+            else:
+                at = pos[name]
+            shared = cast(NodeFit, c.verdicts[int(c.class_of[at])])
             entry = self._entries.get(name)
             fit = shared if entry is None or shared.node is entry[0] else shared.on(entry[0])
             self._made[name] = fit
         return fit
 
     def __contains__(self, name: object) -> bool:
-        return name in self._index()
+        pos = self._index()
+        return name in self._names if pos is None else name in pos
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)

@@ -49,19 +49,29 @@ class ScoreList(Sequence[NodeScore]):
 
     names: list[str]
     totals: Floats
-    bands: Ints
+    # kube-scheduler's 0..10 per position; None until asked (``bands``): a filter that narrows to one
+    # node answers no bands, and ranking 5,000 totals is a sort.
+    raw_bands: Ints | None
     class_of: Ints
     class_terms: list[dict[str, float]]
     columns: dict[str, Floats]
     weights: dict[str, float]
     guarded_by: dict[int, str]  # position -> the partly used node that outranked it
     capped: Mapping[int, str] = field(default_factory=dict)  # position -> why its gravity pull was capped
+    mapping: ranking.ScoreMapping = ranking.ScoreMapping.RANK  # how ``bands`` are made from totals
     _pos: dict[str, int] | None = field(default=None, init=False, repr=False)
+    _scans: int = field(default=0, init=False, repr=False)
 
     @classmethod
     def empty(cls) -> ScoreList:
         none = np.zeros(0, dtype=np.int64)
         return cls([], np.zeros(0), none, none, [], {}, {}, {})
+
+    @property
+    def bands(self) -> Ints:
+        if self.raw_bands is None:
+            self.raw_bands = ranking.bands(self.totals, self.mapping)
+        return self.raw_bands
 
     def __len__(self) -> int:
         return len(self.names)
@@ -79,16 +89,44 @@ class ScoreList(Sequence[NodeScore]):
             i += len(self)
         terms = {**self.class_terms[int(self.class_of[i])],
                  **{t: float(col[i]) for t, col in self.columns.items()}}
-        return NodeScore(self.names[i], int(self.bands[i]), float(self.totals[i]), terms,
+        return NodeScore(self.names[i], self.band_at(i), float(self.totals[i]), terms,
                          self.weights, self.guarded_by.get(i), self.capped.get(i))
+
+    def band_at(self, i: int) -> int:
+        """The band of position ``i`` without ranking every total: it follows from the totals at
+        least as high as its own (bind asks about the node it binds, usually the best)."""
+        if self.raw_bands is not None:
+            return int(self.raw_bands[i])
+        self._scans += 1
+        if self._scans > 4:  # many asked about (explain, every NodeScore): rank them all once
+            return int(self.bands[i])
+        mine = self.totals[i]
+        if self.mapping is ranking.ScoreMapping.RANK and mine >= self.totals.max():
+            return ranking.MAX_EXTENDER_PRIORITY  # the best total heads the ranking
+        higher = self.totals[self.totals >= mine]
+        return int(ranking.bands(higher, self.mapping)[int(np.argmin(higher))])
 
     def __iter__(self) -> Iterator[NodeScore]:
         return (self[i] for i in range(len(self)))
 
     def position(self, node: str) -> int | None:
+        # One or two nodes asked about (bind: agreement and the Placed event): a scan of the names
+        # (in C) costs less than indexing all of them; past a few, or for many (take, padded), the
+        # index.
+        if self._pos is not None:
+            return self._pos.get(node)
+        self._scans += 1
+        if self._scans > 4:
+            return self._index().get(node)
+        try:
+            return self.names.index(node)
+        except ValueError:
+            return None
+
+    def _index(self) -> dict[str, int]:
         if self._pos is None:
             self._pos = {n: i for i, n in enumerate(self.names)}
-        return self._pos.get(node)
+        return self._pos
 
     def get(self, node: str) -> NodeScore | None:
         i = self.position(node)
@@ -98,7 +136,7 @@ class ScoreList(Sequence[NodeScore]):
         """The scores of ``names``, in that order; None when one of them was not scored here."""
         if len(names) == len(self.names) and names == self.names:
             return self
-        found = [self.position(n) for n in names]
+        found = [self._index().get(n) for n in names]
         if any(p is None for p in found):
             return None
         pos = cast(list[int], found)
@@ -114,7 +152,7 @@ class ScoreList(Sequence[NodeScore]):
         scores 0 in band 0 with no terms."""
         if len(names) == len(self.names) and list(names) == self.names:
             return self
-        found = [self.position(n) for n in names]
+        found = [self._index().get(n) for n in names]
         missing = len(self.class_terms)  # an extra, empty class for the unscored
         idx = np.array([-1 if p is None else p for p in found], dtype=np.int64)
         hit = idx >= 0

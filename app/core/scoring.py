@@ -22,7 +22,6 @@ import numpy.typing as npt
 from app.core.feasibility import NodeFit
 from app.core.nodes import NodeClass, work_tflops
 from app.core.policy import ScoringPolicy, StageWeights
-from app.core.ranking import bands
 from app.core.score_list import Floats, Ints, NodeScore, ScoreList
 from app.core.small_ints import distinct
 from app.core.snapshot import NodeUsage
@@ -89,6 +88,22 @@ class Usage:
 def _weights_for(spec: WorkloadSpec, policy: ScoringPolicy) -> StageWeights:
     stage = spec.stage.value if spec.stage else ("serving" if spec.gpus else "data-prep")
     return policy.weights[stage]
+
+
+# StageWeights are frozen: each one's term -> weight dict is made once, not on every scoring call
+# (read only; kept with the object its key names by id).
+_WEIGHT_DICTS: dict[int, tuple[StageWeights, dict[str, float]]] = {}
+
+
+def _weight_dict(weights: StageWeights) -> dict[str, float]:
+    hit = _WEIGHT_DICTS.get(id(weights))
+    if hit is not None and hit[0] is weights:
+        return hit[1]
+    if len(_WEIGHT_DICTS) >= 256:
+        _WEIGHT_DICTS.clear()
+    got = weights.model_dump()
+    _WEIGHT_DICTS[id(weights)] = (weights, got)
+    return got
 
 
 def _memory_fit(spec: WorkloadSpec, fit: NodeFit, headroom: float) -> float:
@@ -309,8 +324,8 @@ def score_batch(
     each node's class; ``usage``: the nodes' live counters. ``gravity``: the data-gravity term per
     node, NaN where it has none (neutral).
     """
-    w = _weights_for(spec, policy).model_dump()
-    present = sorted(set(class_of.tolist()))
+    w = _weight_dict(_weights_for(spec, policy))
+    present = distinct(class_of)
     class_terms = _class_terms(spec, class_fits, present, policy)
     dominated = _outclassed(spec, class_fits, present)
     _cap_right_sizing(class_terms, dominated, present)
@@ -338,8 +353,8 @@ def score_batch(
     if spec.gpus > 0 and policy.whole_node_guard and len(names):
         guarded = _guard(names, totals, packing, separation, shape, cap_gpus, usage.gpus, spec.gpus,
                          class_of, class_terms, policy.stranded_idle_share)
-    return ScoreList(names, totals, bands(totals, policy.score_mapping), class_of, class_terms,
-                     columns, w, guarded, capped)
+    return ScoreList(names, totals, None, class_of, class_terms, columns, w, guarded, capped,
+                     policy.score_mapping)
 
 
 def score_nodes(

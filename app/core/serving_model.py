@@ -377,19 +377,37 @@ def serving_lengths(spec: WorkloadSpec, defaults: ServingDefaults) -> tuple[int,
     return prompt, max(output, MIN_OUTPUT_TOKENS)
 
 
+# Estimates by what they are computed from: a filter judges every class of node, and the pods of a
+# cluster come in few shapes, so the same estimate is asked for over and over (bounded: cleared when
+# full). Values keep the GPU and calibration objects their key names by id, checked on a hit.
+_ESTIMATES: dict[tuple[Any, ...], tuple[GpuSpec, ServingCalibration, Estimate]] = {}
+ESTIMATE_MEMORY = 4096
+
+
 def serving_estimate(spec: WorkloadSpec, precision: Precision, gpu: GpuSpec, bandwidth_tbs: float,
                      defaults: ServingDefaults, clients: int | None = None) -> Estimate:
     """The estimate for a serving pod on ``spec.gpus`` GPUs of one product, ``clients`` served at
     once (default: the pod's concurrency; fewer when the KV cache holds fewer and the rest queue)."""
+    load = clients or spec.concurrency or defaults.default_concurrency
+    cal = defaults.serving
+    key = (spec.model, spec.model_params, spec.active_params, spec.context_tokens, spec.prompt_tokens,
+           spec.gpus, precision.value, id(gpu), bandwidth_tbs, load, defaults.default_context_tokens,
+           id(cal))
+    hit = _ESTIMATES.get(key)
+    if hit is not None and hit[0] is gpu and hit[1] is cal:
+        return hit[2]
     from app.core.model_registry import default_registry
 
     arch = default_registry().get(spec.model) if spec.model else None
     params = spec.model_params or (arch.params if arch else 0.0)
     prompt, output = serving_lengths(spec, defaults)
-    case = Case(Shape.of(params, spec.active_params, arch), precision, gpu, max(spec.gpus, 1),
-                clients or spec.concurrency or defaults.default_concurrency, prompt, output,
-                bandwidth_tbs=bandwidth_tbs or None)
-    return estimate(case, defaults.serving)
+    case = Case(Shape.of(params, spec.active_params, arch), precision, gpu, max(spec.gpus, 1), load,
+                prompt, output, bandwidth_tbs=bandwidth_tbs or None)
+    got = estimate(case, cal)
+    if len(_ESTIMATES) >= ESTIMATE_MEMORY:
+        _ESTIMATES.clear()
+    _ESTIMATES[key] = (gpu, cal, got)
+    return got
 
 
 # An estimate the filter accepts may be this far from what the engine measures (docs/stage-policy.md).

@@ -1,12 +1,16 @@
 """Cluster snapshot: node facts plus what is running (or about to run) where.
 
 The adapter feeds it from watch events; the demo and simulator feed it from files. Placement code
-reads it and never mutates it except through ``assume`` (a pod we bound but the watch has not shown).
-Callers serialise access (one lock in the adapter), so nothing here locks.
+reads it and never mutates it: a verb reads one consistent view of it and writes only its
+assumptions (a pod we bound but the watch has not shown), both through
+:class:`app.core.snapshot_access.SnapshotAccess`, which refuses any other write from a thread that
+holds a view (:class:`ReadOnlyView`). Callers serialise access (one lock in the adapter), so nothing
+here locks.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -19,6 +23,10 @@ from app.core.nodes import NodeFacts
 from app.core.workload import TRAINING_STAGES, LatencyClass, Precision, Stage, WorkloadSpec
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class ReadOnlyView(RuntimeError):
+    """A thread that reads the snapshot as a verb wrote to it other than through its assumptions."""
 
 
 @dataclass(slots=True)
@@ -81,6 +89,9 @@ class ClusterSnapshot:
         self.by_key: dict[str, str] = {}  # ns/name -> uid
         self.finished: dict[str, PlacedPod] = {}  # ns/name -> finished producer (data gravity)
         self.specs: dict[str, WorkloadSpec] = {}  # uid -> every live pod that parsed (bound or not)
+        # uid -> (resourceVersion, DRA stamp) the spec was parsed at: the filter reuses the watch's
+        # parse of a pod at the same version, while the DRA objects it may read stood still.
+        self.spec_source: dict[str, tuple[str, tuple[int, bool]]] = {}
         self.gang_index: dict[str, set[str]] = {}  # gang key -> live member uids
         # gang key -> when the watch first saw a live member (a counter): breaks ties between gangs
         # created in the same second (creationTimestamp has whole seconds; docs/gangs.md).
@@ -110,9 +121,19 @@ class ClusterSnapshot:
         self.freed = 0
         # The same nodes and usage counters as columns, for per-request work by class of node.
         self.table = NodeTable()
+        # Threads reading a verb's view (ident -> depth) and whether an assumption is being written:
+        # a write from a viewing thread is refused unless it is an assumption (SnapshotAccess).
+        self.viewers: dict[int, int] = {}
+        self.assuming = False
+
+    def _writable(self) -> None:
+        if self.viewers and not self.assuming and threading.get_ident() in self.viewers:
+            raise ReadOnlyView("a verb wrote to the cluster snapshot other than through its "
+                               "assumptions (app.core.snapshot_access)")
 
     # --- nodes ---------------------------------------------------------------------------------
     def upsert_node(self, facts: NodeFacts) -> None:
+        self._writable()
         sid = self._shape_ids.setdefault(facts.shape, len(self._shape_ids))
         if facts.shape_id != sid:
             facts = facts.model_copy(update={"shape_id": sid})
@@ -126,6 +147,7 @@ class ClusterSnapshot:
         self.generation += 1
 
     def remove_node(self, name: str) -> None:
+        self._writable()
         self.nodes.pop(name, None)
         self.node_inputs.pop(name, None)
         self.entries.pop(name, None)
@@ -135,6 +157,7 @@ class ClusterSnapshot:
     # --- pods ----------------------------------------------------------------------------------
     def place(self, pod: PlacedPod) -> None:
         """Record ``pod`` on its node (idempotent by UID; a move releases the old node)."""
+        self._writable()
         if pod.claims:
             if pod.base_gpus is None:
                 pod.base_gpus = pod.gpus - sum(n for _, n in pod.claims)
@@ -173,12 +196,14 @@ class ClusterSnapshot:
 
     def unassume(self, uid: str) -> None:
         """Take back an assumption whose bind failed (a pod the watch confirmed stays)."""
+        self._writable()
         pod = self.pods.get(uid)
         if pod is not None and pod.assumed:
             self._release(pod)
 
     def finish(self, uid: str, now: float | None = None) -> None:
         """A pod ended (succeeded, failed or deleted): free its resources, remember its node."""
+        self._writable()
         pod = self.pods.get(uid)
         if pod is None:
             return
@@ -224,6 +249,7 @@ class ClusterSnapshot:
         """After DRA objects changed: the busy devices of ``nodes`` and the charge of the pods that
         name ``claims``. Both at once (under the caller's lock), so a claim's GPUs move from its
         pods to its node without a moment where they count twice or not at all."""
+        self._writable()
         for node in nodes:
             u = self.usage.setdefault(node, NodeUsage())
             busy = self.dra.busy_gpus(node)
@@ -256,11 +282,18 @@ class ClusterSnapshot:
         self.table.set_usage(node, u.gpus, u.cpu_millis, u.training, u.interactive)
 
     def forget_finished_before(self, cutoff: float) -> None:
+        self._writable()
         for key in [k for k, p in self.finished.items() if (p.finished_at or 0) < cutoff]:
             del self.finished[key]
 
-    def track_spec(self, spec: WorkloadSpec) -> None:
-        """Remember a live pod's spec (gang membership, explain); bound or pending alike."""
+    def track_spec(self, spec: WorkloadSpec, version: str = "") -> None:
+        """Remember a live pod's spec (gang membership, explain); bound or pending alike.
+        ``version``: the resourceVersion it was parsed from (empty: not to be reused by filter)."""
+        self._writable()
+        if version:
+            self.spec_source[spec.uid or spec.key] = (version, self.dra.stamp)
+        else:
+            self.spec_source.pop(spec.uid or spec.key, None)
         uid = spec.uid or spec.key
         old = self.specs.get(uid)
         if old is not None and old.gang is not None and (spec.gang is None or old.gang.key != spec.gang.key):
@@ -277,6 +310,8 @@ class ClusterSnapshot:
             self.serving_groups.setdefault(serving_group_key(spec), set()).add(uid)
 
     def untrack_spec(self, uid: str) -> None:
+        self._writable()
+        self.spec_source.pop(uid, None)
         old = self.specs.pop(uid, None)
         if old is not None and old.gang is not None:
             self._untrack_gang(old.gang.key, uid)
@@ -307,6 +342,14 @@ class ClusterSnapshot:
         return [self.specs[u] for u in sorted(self.gang_index.get(gang, ())) if u in self.specs]
 
     # --- queries -------------------------------------------------------------------------------
+    def watched_spec(self, uid: str, version: str) -> WorkloadSpec | None:
+        """The watch's parse of pod ``uid`` if it was made from ``version`` of the pod and no DRA
+        object changed since (a parse reads the pod's claims); else None."""
+        got = self.spec_source.get(uid)
+        if got is None or got[0] != version or got[1] != self.dra.stamp:
+            return None
+        return self.specs.get(uid)
+
     def free_gpus(self, node: str) -> int:
         facts = self.nodes.get(node)
         if facts is None:

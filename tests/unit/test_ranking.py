@@ -131,3 +131,22 @@ def test_bind_counts_agreement(service: ExtenderService) -> None:
     assert sample("top") == 1.0 and sample("lower") == 1.0 and sample("tied_top") == 0.0
     assert "followed our ranking" in binder.events[0]
     assert "ranked lower" in binder.events[1]
+
+
+@given(st.one_of(st.lists(st.sampled_from([0.0, 0.1, 0.2, 0.2 + 5e-10, 0.35, 0.5, 0.71, 0.9, 1.0]),
+                          min_size=1, max_size=60),
+                 st.lists(st.floats(0.0, 1.0), min_size=1, max_size=60)),
+       st.sampled_from(list(ScoreMapping)))
+def test_one_position_s_band_is_the_band_of_the_whole_ranking(totals: list[float], mapping: ScoreMapping) -> None:
+    whole = bands(np.array(totals), mapping)
+    lazy = ScoreList([f"n{i}" for i in range(len(totals))], np.array(totals), None,
+                     np.zeros(len(totals), dtype=np.int64), [{}], {}, {}, {}, mapping=mapping)
+    assert [lazy.band_at(i) for i in range(len(totals))] == whole.tolist()
+    assert lazy.bands.tolist() == whole.tolist()
+
+
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=30))
+def test_positions_are_the_same_before_and_after_the_name_index_is_built(asked: list[int]) -> None:
+    names = [f"n{i}" for i in range(30)]
+    scores = ScoreList(names, np.zeros(30), None, np.zeros(30, dtype=np.int64), [{}], {}, {}, {})
+    assert [scores.position(f"n{i}") for i in asked] == [i if i < 30 else None for i in asked]
