@@ -256,6 +256,10 @@ class Settings(BaseSettings):
     # A gang still missing members this long after its first member's creation is reported: a
     # warning event on its pods and a metric (docs/gangs.md, "Incomplete gangs").
     gang_incomplete_warn_seconds: float = Field(600.0, gt=0, le=7 * 86_400)
+    # The percentageOfNodesToScore kube-scheduler runs with (the chart's configuration: 100; 0: its
+    # adaptive default). A gang member's planned node missing from an offer that may be a sample
+    # does not cost the gang its plan (docs/gangs.md, "Offers that are a part of the cluster").
+    scheduler_percentage_of_nodes_to_score: int = Field(100, ge=0, le=100)
     # The solve runs beside filter calls; a minute is already far past any useful improvement.
     solver_time_limit_seconds: float = Field(0.5, gt=0, le=60)
     producer_memory_seconds: float = Field(3600.0, ge=0, le=30 * 86_400)
@@ -351,6 +355,7 @@ class Settings(BaseSettings):
                     hold_for_oldest=self.gang_hold_for_oldest,
                     scheduler_name=self.scheduler_name,
                     incomplete_warn_seconds=self.gang_incomplete_warn_seconds,
+                    percentage_of_nodes_to_score=self.scheduler_percentage_of_nodes_to_score,
                 ),
             )
         return self._policies

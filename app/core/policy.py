@@ -201,6 +201,9 @@ class GangPolicy:
     scheduler_name: str = ""
     # A gang missing members this long after its first member's creation is reported.
     incomplete_warn_seconds: float = 600.0
+    # kube-scheduler's percentageOfNodesToScore (0: its adaptive default): tells an offer that is a
+    # sample from one that is every node its filters passed (app.gang.offer).
+    percentage_of_nodes_to_score: int = 100
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,9 @@ class GangPlan:
     arrived: set[str] = field(default_factory=set)
     gathered: bool = False  # every unbound member arrived: filters pass them to their nodes
     committed: bool = False  # gathered and some members bound: the rest bind as they reach bind
+    # uid -> partial offers in a row (a sample, a node tried alone) without the member's planned
+    # node while nothing the extender sees kept it out (app.gang.offer).
+    unoffered: dict[str, int] = field(default_factory=dict)
 
     @property
     def unbound(self) -> list[MemberPlan]:
