@@ -250,9 +250,11 @@ class Settings(BaseSettings):
     # A filter after this long without one first adopts the gang plans persisted on pending members:
     # a standby replica taking over from a dead leader (docs/gangs.md, "Two replicas").
     gang_takeover_idle_seconds: float = Field(10.0, gt=0, le=86_400)
-    # The oldest gang that cannot be placed keeps whole nodes for itself as they free, so smaller
-    # jobs cannot keep it waiting; costs the held GPUs' idle time (docs/gangs.md).
-    gang_hold_for_oldest: bool = False
+    # The starvation bound: the first gang of the gang queue that has waited this long without a
+    # plan keeps whole nodes for itself as they free, so later work cannot keep overtaking it; it
+    # then starts once the work on those nodes ends. Costs the held GPUs' idle time while they
+    # drain (docs/gangs.md, "Starvation bound"). 0: hold at once. At most a day.
+    gang_hold_after_seconds: float = Field(3600.0, ge=0, le=86_400)
     # A gang still missing members this long after its first member's creation is reported: a
     # warning event on its pods and a metric (docs/gangs.md, "Incomplete gangs").
     gang_incomplete_warn_seconds: float = Field(600.0, gt=0, le=7 * 86_400)
@@ -272,6 +274,25 @@ class Settings(BaseSettings):
     _policies: Policies | None = PrivateAttr(default=None)
     _profiles: ProfileBook | None = PrivateAttr(default=None)
     _calibration: ServingCalibration = PrivateAttr(default_factory=default_calibration)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hold_for_oldest(cls, data: Any) -> Any:
+        # The former on/off switch of the same hold: true held at once, false never (the longest
+        # bound there is now). Read, so configurations naming it keep their meaning.
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "gang_hold_for_oldest" not in data and "LLMP_GANG_HOLD_FOR_OLDEST" in os.environ:
+            # Not a field any more, so the environment source would pass it over in silence.
+            data["gang_hold_for_oldest"] = os.environ["LLMP_GANG_HOLD_FOR_OLDEST"]
+        if "gang_hold_for_oldest" in data:
+            old = str(data.pop("gang_hold_for_oldest")).strip().lower()
+            if old not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                raise ValueError(f"gang_hold_for_oldest: {old!r} is not a boolean; it is replaced by "
+                                 "gang_hold_after_seconds (docs/gangs.md, \"Starvation bound\")")
+            data.setdefault("gang_hold_after_seconds", 0.0 if old in ("true", "1", "yes", "on") else 86_400.0)
+        return data
 
     @model_validator(mode="after")
     def _gang_reservation_outlasts_bind(self) -> Settings:
@@ -352,7 +373,7 @@ class Settings(BaseSettings):
                     reservation_ttl_seconds=self.gang_reservation_ttl_seconds,
                     bind_timeout_seconds=self.gang_bind_timeout_seconds,
                     solver_time_limit_seconds=self.solver_time_limit_seconds,
-                    hold_for_oldest=self.gang_hold_for_oldest,
+                    hold_after_seconds=self.gang_hold_after_seconds,
                     scheduler_name=self.scheduler_name,
                     incomplete_warn_seconds=self.gang_incomplete_warn_seconds,
                     percentage_of_nodes_to_score=self.scheduler_percentage_of_nodes_to_score,

@@ -195,8 +195,9 @@ class GangPolicy:
     reservation_ttl_seconds: float
     bind_timeout_seconds: float
     solver_time_limit_seconds: float
-    # The oldest gang that cannot be placed holds whole nodes as they free (app.gang.hold).
-    hold_for_oldest: bool = False
+    # The first gang of the gang queue waiting this long holds whole nodes as they free
+    # (app.gang.hold): the starvation bound.
+    hold_after_seconds: float = 3600.0
     # Only this scheduler's gangs take part in the gang queue (empty: every gang).
     scheduler_name: str = ""
     # A gang missing members this long after its first member's creation is reported.

@@ -62,6 +62,7 @@ class GangRuntime:
     wake_timers: Timers = thread_timers  # regroup wake-ups
     member_timers: Timers = thread_timers  # re-checks of gangs turned away as incomplete
     incomplete_timers: Timers = thread_timers  # reports of gangs incomplete for too long
+    hold_timers: Timers = thread_timers  # looks at waiting gangs reaching the starvation bound
     solve: SolveFn | None = None  # None: CP-SAT with the policy's time limit
     synced: Callable[[], bool] = lambda: True  # has the watch listed everything (deletions trusted)
     # The HTTP server answers filter on its event loop: a filter that waited for a solve would hold
@@ -110,7 +111,7 @@ class GangCoordinator:
         )
         self.requeue = Requeuer(self.book, lock, writer, rt.member_timers, rt.clock,
                                 warn_after=policy.incomplete_warn_seconds,
-                                incomplete_timers=rt.incomplete_timers)
+                                incomplete_timers=rt.incomplete_timers, hold_timers=rt.hold_timers)
         self.regroup = Regrouper(self.book, lock, replan=lambda key: self.planner.replan(key),
                                  timers=rt.wake_timers)
         self.barrier = BindBarrier(
@@ -129,7 +130,7 @@ class GangCoordinator:
             release=self.lifecycle.locked_release,
             replanned=lambda key: self.barrier.fail(
                 key, MESSAGE_PREFIX + f"gang {shown(key)} was replanned; retrying"),
-            data_sites=data_sites,
+            data_sites=data_sites, hold_due=self.requeue.hold_due,
         )
 
     @property

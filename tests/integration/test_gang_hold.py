@@ -1,5 +1,5 @@
 """Holding nodes for the oldest gang, through the real kube-scheduler (docs/gangs.md, "Holding
-nodes for the oldest gang"): the extender runs with ``gang_hold_for_oldest`` on.
+nodes for the oldest gang"): the extender runs with ``gang_hold_after_seconds`` 0 (hold at once).
 
 Cluster: four H100 boxes, three of them taken by single 8-GPU jobs. A two-node gang cannot be
 placed; it holds the free box and one busy one. A 1-GPU job that would fit on the free box stays
@@ -37,7 +37,7 @@ ANN = "llm-placement.io/"
 @pytest.fixture(scope="module")
 def holding(control_plane: ControlPlane) -> Iterator[None]:
     """Restart the extender with the setting on; back to the suite's settings afterwards."""
-    with control_plane.extender_settings({"LLMP_GANG_HOLD_FOR_OLDEST": "true"}):
+    with control_plane.extender_settings({"LLMP_GANG_HOLD_AFTER_SECONDS": "0"}):
         yield
 
 
