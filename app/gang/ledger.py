@@ -64,7 +64,7 @@ class Ledger:
     # a member bound elsewhere than planned): part of what a gang's "cannot be placed" waits on.
     released: int = 0
     # gang -> node -> GPUs: whole nodes the oldest gang that cannot be placed keeps for itself as
-    # they free (docs/gangs.md, "Holding nodes for the oldest gang"); counted like a plan's.
+    # they free (docs/gangs.md, "Starvation bound"); counted like a plan's.
     holds: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[GangPlan]:

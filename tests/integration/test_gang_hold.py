@@ -1,5 +1,5 @@
-"""Holding nodes for the oldest gang, through the real kube-scheduler (docs/gangs.md, "Holding
-nodes for the oldest gang"): the extender runs with ``gang_hold_after_seconds`` 0 (hold at once).
+"""Holding nodes for the oldest gang, through the real kube-scheduler (docs/gangs.md, "Starvation
+bound"): the extender runs with ``gang_hold_after_seconds`` 0 (hold at once).
 
 Cluster: four H100 boxes, three of them taken by single 8-GPU jobs. A two-node gang cannot be
 placed; it holds the free box and one busy one. A 1-GPU job that would fit on the free box stays

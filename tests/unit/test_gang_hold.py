@@ -1,5 +1,5 @@
 """The oldest gang that cannot be placed holds whole nodes as they free (app/gang/hold.py,
-docs/gangs.md "Holding nodes for the oldest gang")."""
+docs/gangs.md "Starvation bound")."""
 
 from __future__ import annotations
 
