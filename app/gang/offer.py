@@ -6,9 +6,11 @@ kube-scheduler shows an extender only some of the nodes in two cases (v1.36,
 * **sampling**: it stops filtering once it has found ``numFeasibleNodesToFind`` feasible nodes
   (``percentageOfNodesToScore``; adaptive by default, every node in the chart's configuration) and
   sends those;
-* **one node first**: a pod with a nominated node, or a node hint from opportunistic batching (on by
-  default since 1.35), is first tried on that node alone, extenders included; if it fails there, the
-  same cycle goes on to the full search, which calls the extender again.
+* **one node first**: a pod with a nominated node (``status.nominatedNodeName``: written by
+  preemption, or by another component) is first tried on that node alone, extenders included; if
+  it fails there, the same cycle goes on to the full search, which calls the extender again.
+  (Opportunistic batching's node hints take the same path, but a profile with extenders has them
+  off: ``computeBatchablePlugins`` in ``framework/runtime/framework.go``.)
 
 A planned node missing from such an offer says nothing about the node: the gang keeps its plan. A
 planned node missing from an offer that holds every node kube-scheduler's filters passed did fail
@@ -39,7 +41,7 @@ def num_feasible_nodes_to_find(num_all: int, percentage: int | None = None) -> i
 def partial(offered: int, num_all: int, percentage: int | None) -> bool:
     """Could an offer of ``offered`` nodes, in a cluster of ``num_all``, leave out a node that passes
     kube-scheduler's filters? Yes when it is as long as a sample (kube-scheduler stopped looking),
-    or one node of several (a nominated or hinted node tried alone). Shorter offers are every node
+    or one node of several (a nominated node tried alone). Shorter offers are every node
     that passed."""
     if offered >= num_all:
         return False

@@ -22,7 +22,7 @@ ADAPTIVE = Settings(cluster_source="none", metrics_port=0, scheduler_percentage_
 @pytest.mark.parametrize(("offered", "num_all", "percentage", "expected"), [
     (5, 6, 100, False),      # a small cluster: every node that passed is offered
     (6, 6, 100, False),      # every node: nothing left out
-    (1, 6, 100, True),       # one node of several: a nominated or hinted node tried alone
+    (1, 6, 100, True),       # one node of several: a nominated node tried alone
     (1, 1, 100, False),      # the only node
     (400, 500, 100, False),  # every node scored: shorter than the cluster, so complete
     (230, 500, 0, True),     # adaptive at 500 nodes: kube-scheduler stops at 230
@@ -59,7 +59,7 @@ def planned(c: Cluster, size: int = 2) -> tuple[list[dict[str, Any]], dict[str, 
 
 
 def test_a_node_tried_alone_that_is_not_the_planned_one_keeps_the_plan() -> None:
-    """kube-scheduler tries a nominated or batch-hinted node alone first; the full search follows."""
+    """kube-scheduler tries a nominated node alone first; the full search follows."""
     c = Cluster()
     names = c.nodes("n", 6, "leaf-1")
     pods, where = planned(c)
