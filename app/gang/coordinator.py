@@ -111,7 +111,8 @@ class GangCoordinator:
         )
         self.requeue = Requeuer(self.book, lock, writer, rt.member_timers, rt.clock,
                                 warn_after=policy.incomplete_warn_seconds,
-                                incomplete_timers=rt.incomplete_timers, hold_timers=rt.hold_timers)
+                                incomplete_timers=rt.incomplete_timers, hold_timers=rt.hold_timers,
+                                at_bound=lambda key: self.planner.at_bound(key))
         self.regroup = Regrouper(self.book, lock, replan=lambda key: self.planner.replan(key),
                                  timers=rt.wake_timers)
         self.barrier = BindBarrier(

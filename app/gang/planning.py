@@ -260,6 +260,22 @@ class Planner:
             out.append((order, f"gang {shown(other)} (created {created}, {what}, {where})"))
         return [text for _, text in sorted(out)]
 
+    def at_bound(self, key: str) -> None:
+        """(lock held) ``key`` reached its starvation bound still waiting: solve it here. Its
+        members may never reach the extender meanwhile (no node has room for one, so
+        kube-scheduler's own filters turn them away and a pod update does not bring them back),
+        and the hold must not wait for the node that frees next: later work could take it first
+        (docs/gangs.md, "Starvation bound")."""
+        state = self.book.states.get(key)
+        members, pending = self.book.pending(key)
+        if state is None or not pending or self.book.ledger.get(key) is not None or self.book.planning(key):
+            return
+        state.verdict = None
+        offered = list(state.last_offered) or sorted(self.book.snapshot.nodes)
+        got = self.plan(key, members, pending[0], None, offered, state, self.clock())
+        log.info("gang %s: at its starvation bound, %s", key,
+                 "planned" if not isinstance(got, Rejection) else got.message)
+
     def replan(self, key: str) -> None:
         """End of a regroup (lock held): replan, keeping members where they fit, and persist it."""
         state = self.book.states.get(key)

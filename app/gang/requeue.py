@@ -45,8 +45,10 @@ class Requeuer:
 
     def __init__(self, book: GangBook, lock: threading.RLock, writer: PlanWriter | None,
                  timers: Timers, clock: Callable[[], float], warn_after: float = 600.0,
-                 incomplete_timers: Timers | None = None, hold_timers: Timers | None = None) -> None:
+                 incomplete_timers: Timers | None = None, hold_timers: Timers | None = None,
+                 at_bound: Callable[[str], None] = lambda key: None) -> None:
         self.book = book
+        self.at_bound = at_bound  # solve a gang reaching its starvation bound again (lock held)
         self.hold_timers = hold_timers or timers
         self.incomplete_timers = incomplete_timers or timers
         self.warn_after = warn_after  # an incomplete gang is reported this long after its creation
@@ -124,11 +126,11 @@ class Requeuer:
         return len(self.overdue)
 
     def hold_due(self, key: str, delay: float) -> None:
-        """(lock held) Requeue the members of a gang still waiting ``delay`` seconds on, when it
-        reaches the starvation bound: their next filter solves again, and the first waiting gang
-        of the gang queue starts holding nodes (docs/gangs.md, "Starvation bound"). Without it the
-        hold would wait for some cluster event to bring a member back, and the node that event
-        freed could go to later work first."""
+        """(lock held) Look at a gang still waiting ``delay`` seconds on, when it reaches the
+        starvation bound: solve it again at once (the first waiting gang of the gang queue then
+        holds nodes) and requeue its members (docs/gangs.md, "Starvation bound"). Without it the
+        hold would wait for some cluster event to bring a member to the extender, and the node
+        that event freed could go to later work first."""
         if key in self._hold_checks:
             return
         self._hold_checks.add(key)
@@ -143,6 +145,9 @@ class Requeuer:
             if (not unbound or state is None or state.waiting_since is None or self.writer is None
                     or book.ledger.get(key) is not None or key in book.ledger.holds):
                 return  # gone, bound, planned or holding already
+            self.at_bound(key)
+            if book.ledger.get(key) is not None:
+                return  # planned: the plan annotation has requeued them
             n = self._nudges[key] = self._nudges.get(key, 0) + 1
             log.info("gang %s: waiting for %.0f s, the starvation bound; requeueing %d member(s)", key,
                      self.clock() - state.waiting_since, len(unbound))
