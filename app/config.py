@@ -57,8 +57,19 @@ from app.core.serving_model import (
 )
 
 __all__ = [
-    "API_VERSION", "FEATURE_GATES", "KIND", "RENAMED", "ConfigDeprecationWarning", "ConfigError",
-    "FeatureGate", "NodeLabelKeys", "Settings", "StageWeights", "TierBandwidth", "dump_settings",
+    "API_VERSION",
+    "FEATURE_GATES",
+    "KIND",
+    "RENAMED",
+    "ConfigDeprecationWarning",
+    "ConfigError",
+    "FeatureGate",
+    "NodeLabelKeys",
+    "Renamed",
+    "Settings",
+    "StageWeights",
+    "TierBandwidth",
+    "dump_settings",
     "load_settings",
 ]
 
@@ -155,11 +166,6 @@ FEATURE_GATES: dict[str, FeatureGate] = {
         "An interactive serving pod without max-ms-per-token is kept off nodes slower than "
         "default_interactive_ms_per_token when another candidate meets it (docs/stage-policy.md); "
         "off: the default target is a preference only."),
-    "GangHoldForOldest": FeatureGate(
-        "alpha", False, "0.3.0",
-        "The oldest gang that cannot be placed holds whole nodes as they free, so smaller jobs cannot "
-        "keep it waiting; costs the held GPUs' idle time (docs/gangs.md, \"Holding nodes for the "
-        "oldest gang\"; BENCHMARKS.md measures both sides)."),
 }
 # The guard across shapes lets a partly used node's price premium reach this share of the price of
 # the GPUs a whole node would strand: the value the pipeline replay measured (BENCHMARKS.md).
@@ -185,12 +191,15 @@ def _choice(on: str, off: str) -> Callable[[Any], bool]:
 
 @dataclass(frozen=True, slots=True)
 class Renamed:
-    """A name the file no longer uses: the gate it became (None: removed) and how its value reads."""
+    """A name the file no longer uses: the gate it became, or the setting its value now sets (neither:
+    removed), and how its value reads."""
 
     gate: str | None
     parse: Callable[[Any], bool]
     schema: dict[str, Any]  # what the chart's values.schema.json still accepts under the old name
     note: str = ""
+    setting: str | None = None
+    to_setting: Callable[[bool], Any] | None = None
 
 
 _FLAG = {"type": "boolean"}
@@ -203,7 +212,9 @@ RENAMED: dict[str, Renamed] = {
     "filter_to_best": Renamed("FilterToBest", _choice("auto", "off"),
                               {"type": "string", "enum": ["auto", "off"]}, "auto: true, off: false"),
     "default_target_filter": Renamed("DefaultTargetFilter", _BOOL.validate_python, _FLAG),
-    "gang_hold_for_oldest": Renamed("GangHoldForOldest", _BOOL.validate_python, _FLAG),
+    "gang_hold_for_oldest": Renamed(
+        None, _BOOL.validate_python, _FLAG, "true: 0, false: 86400, a day",
+        setting="gang_hold_after_seconds", to_setting=lambda on: 0.0 if on else 86_400.0),
     "gil_switch_interval_seconds": Renamed(
         None, lambda v: True, {"type": "number"},
         "the extender sets Python's thread switch interval itself (0.5 ms)"),
@@ -211,6 +222,9 @@ RENAMED: dict[str, Renamed] = {
 
 
 def _renamed_message(old: str, rule: Renamed) -> str:
+    if rule.setting is not None:
+        return (f"{old} is deprecated: set {rule.setting} instead ({rule.note}); the old name is "
+                f"accepted until {UNVERSIONED_UNTIL}")
     if rule.gate is None:
         return f"{old} is no longer read ({rule.note}); remove it (accepted until {UNVERSIONED_UNTIL})"
     how = f" ({rule.note})" if rule.note else ""
@@ -237,6 +251,9 @@ def _translate_renamed(data: dict[str, Any]) -> tuple[dict[str, Any], tuple[str,
         except (ValueError, ValidationError) as exc:
             reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
             problems.append(f"{old}: {reason}")
+            continue
+        if rule.setting is not None and rule.to_setting is not None:
+            data.setdefault(rule.setting, rule.to_setting(on))
             continue
         if rule.gate is None:
             continue
@@ -424,9 +441,19 @@ class Settings(BaseSettings):
     gang_takeover_idle_seconds: float = Field(10.0, gt=0, le=86_400)
     """A filter after this long without one first adopts the gang plans persisted on pending members: a
     standby replica taking over from a dead leader (docs/gangs.md, "Two replicas")."""
+    # At most a day: past that the bound no longer bounds anything a user would wait for.
+    gang_hold_after_seconds: float = Field(3600.0, ge=0, le=86_400)
+    """The starvation bound: the first gang of the gang queue that has waited this long without a plan
+    keeps whole nodes for itself as they free, so later work cannot keep overtaking it, and starts once
+    the work on those nodes ends; costs the held GPUs' idle time while they drain (docs/gangs.md,
+    "Starvation bound"). 0: hold at once."""
     gang_incomplete_warn_seconds: float = Field(600.0, gt=0, le=7 * 86_400)
     """A gang still missing members this long after its first member's creation is reported: a warning
     event on its pods and a metric (docs/gangs.md, "Incomplete gangs")."""
+    scheduler_percentage_of_nodes_to_score: int = Field(100, ge=0, le=100)
+    """The percentageOfNodesToScore kube-scheduler runs with (the chart's: 100; 0: its adaptive
+    default): a gang member's planned node missing from an offer that may be a sample does not cost the
+    gang its plan (docs/gangs.md, "Offers that are a part of the cluster")."""
     # The solve runs beside filter calls; a minute is already far past any useful improvement.
     solver_time_limit_seconds: float = Field(0.5, gt=0, le=60)
     """Time limit of one gang placement solve."""
@@ -529,9 +556,10 @@ class Settings(BaseSettings):
                     reservation_ttl_seconds=self.gang_reservation_ttl_seconds,
                     bind_timeout_seconds=self.gang_bind_timeout_seconds,
                     solver_time_limit_seconds=self.solver_time_limit_seconds,
-                    hold_for_oldest=self.gate("GangHoldForOldest"),
+                    hold_after_seconds=self.gang_hold_after_seconds,
                     scheduler_name=self.scheduler_name,
                     incomplete_warn_seconds=self.gang_incomplete_warn_seconds,
+                    percentage_of_nodes_to_score=self.scheduler_percentage_of_nodes_to_score,
                 ),
             )
         return self._policies

@@ -22,6 +22,7 @@ from app.config import (
     UNVERSIONED_UNTIL,
     LiveProfileSettings,
     NodeLabelKeys,
+    Renamed,
     Settings,
     StageWeights,
     TierBandwidth,
@@ -97,6 +98,12 @@ def _gate_line(name: str) -> str:
     gate = FEATURE_GATES[name]
     return f"{gate.stage}, default {str(gate.default).lower()}, goes in {gate.until}: {gate.doc}"
 
+
+
+def _read_as(rule: Renamed) -> str:
+    if rule.setting:
+        return f"`{rule.setting}`"
+    return f"`feature_gates.{rule.gate}`" if rule.gate else "ignored"
 
 def _num(x: float) -> str:
     """A bound or default as written in a file: ints whole, floats as short as they stay exact."""
@@ -201,7 +208,7 @@ def markdown() -> str:
         "weights:",
         "  serving: {cost: 3}        # one term of one stage; the stage's other terms keep their defaults",
         "feature_gates:",
-        "  GangHoldForOldest: true",
+        "  CrossShapeGuard: true",
         "```",
         "",
         f"A file without `apiVersion` and `kind` is read as `{API_VERSION}` with a warning until "
@@ -247,8 +254,8 @@ def markdown() -> str:
         f"Still read, with a warning, until {UNVERSIONED_UNTIL}, in the file and as `LLMP_*` variables"
         " (a gate set under `feature_gates` wins over its old name):", "",
         "| old name | read as | until |", "|---|---|---|",
-        *(f"| `{old}` | {f'`feature_gates.{r.gate}`' if r.gate else 'ignored'}"
-          f"{f' ({r.note})' if r.note else ''} | {UNVERSIONED_UNTIL} |" for old, r in RENAMED.items()),
+        *(f"| `{old}` | {_read_as(r)}{f' ({r.note})' if r.note else ''} | {UNVERSIONED_UNTIL} |"
+          for old, r in RENAMED.items()),
         "",
     ]
     return "\n".join(lines)

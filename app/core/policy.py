@@ -221,13 +221,16 @@ class GangPolicy:
     reservation_ttl_seconds: float
     bind_timeout_seconds: float
     solver_time_limit_seconds: float
-    # The oldest gang that cannot be placed holds whole nodes as they free (app.gang.hold; feature
-    # gate GangHoldForOldest).
-    hold_for_oldest: bool
+    # The first gang of the gang queue waiting this long holds whole nodes as they free
+    # (app.gang.hold): the starvation bound.
+    hold_after_seconds: float
     # Only this scheduler's gangs take part in the gang queue (empty: every gang).
     scheduler_name: str
     # A gang missing members this long after its first member's creation is reported.
     incomplete_warn_seconds: float
+    # kube-scheduler's percentageOfNodesToScore (0: its adaptive default): tells an offer that is a
+    # sample from one that is every node its filters passed (app.gang.offer).
+    percentage_of_nodes_to_score: int
 
 
 @dataclass(frozen=True, slots=True)

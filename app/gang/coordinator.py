@@ -34,10 +34,11 @@ from app.core.policy import GangPolicy
 from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject, shown
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import PREFIX, WorkloadSpec
+from app.gang import offer
 from app.gang.barrier import BindBarrier, BindFn, loop_timers
 from app.gang.book import GangBook, GangState
 from app.gang.instance import DataSites
-from app.gang.ledger import GangPlan, Ledger
+from app.gang.ledger import GangPlan, Ledger, MemberPlan
 from app.gang.lifecycle import Lifecycle
 from app.gang.persist import PlanRecord, PlanStore, PlanWriter
 from app.gang.planning import CHANGED, Planner, SolveFn
@@ -61,6 +62,7 @@ class GangRuntime:
     wake_timers: Timers = thread_timers  # regroup wake-ups
     member_timers: Timers = thread_timers  # re-checks of gangs turned away as incomplete
     incomplete_timers: Timers = thread_timers  # reports of gangs incomplete for too long
+    hold_timers: Timers = thread_timers  # looks at waiting gangs reaching the starvation bound
     solve: SolveFn | None = None  # None: CP-SAT with the policy's time limit
     synced: Callable[[], bool] = lambda: True  # has the watch listed everything (deletions trusted)
     # The HTTP server answers filter on its event loop: a filter that waited for a solve would hold
@@ -95,6 +97,7 @@ class GangCoordinator:
         self.background = rt.background
         self.gather = rt.gather
         self.writer = writer
+        self.percentage = policy.percentage_of_nodes_to_score
         # Given when others must read the reservations before this object exists (data gravity).
         self.book = book or GangBook(snapshot, policy.reservation_ttl_seconds)
         self.book.scheduler_name = policy.scheduler_name
@@ -108,7 +111,8 @@ class GangCoordinator:
         )
         self.requeue = Requeuer(self.book, lock, writer, rt.member_timers, rt.clock,
                                 warn_after=policy.incomplete_warn_seconds,
-                                incomplete_timers=rt.incomplete_timers)
+                                incomplete_timers=rt.incomplete_timers, hold_timers=rt.hold_timers,
+                                at_bound=lambda key: self.planner.at_bound(key))
         self.regroup = Regrouper(self.book, lock, replan=lambda key: self.planner.replan(key),
                                  timers=rt.wake_timers)
         self.barrier = BindBarrier(
@@ -127,7 +131,7 @@ class GangCoordinator:
             release=self.lifecycle.locked_release,
             replanned=lambda key: self.barrier.fail(
                 key, MESSAGE_PREFIX + f"gang {shown(key)} was replanned; retrying"),
-            data_sites=data_sites,
+            data_sites=data_sites, hold_due=self.requeue.hold_due,
         )
 
     @property
@@ -254,13 +258,10 @@ class GangCoordinator:
                     state.excluded |= gone
                     current.stale = True
             if current is not None and not current.stale:
-                mp = current.members.get(uid)
-                if mp is not None and mp.node in fits:
-                    node = mp.node
-                else:
-                    if mp is not None:
-                        state.excluded.add(mp.node)  # the planned node no longer takes this member
-                    current.stale = True
+                kept = self._planned_node(key, current, uid, fits, node_names, state)
+                if isinstance(kept, Rejection):
+                    return _retry(fits, rejections, kept)
+                node = kept
             if node is None and (standing := book.standing(key, state, members, size, now,
                                                           node_names)) is not None:
                 self.requeue.when_void(key)
@@ -293,6 +294,56 @@ class GangCoordinator:
                     ReasonCode.GANG, f"waiting for gang {shown(key)}: {arrived} of {len(plan.unbound)} "
                     "members arrived"))
             return _only(node, fits, rejections)
+
+    def _planned_node(self, key: str, plan: GangPlan, uid: str, fits: Mapping[str, NodeFit],
+                      node_names: Sequence[str], state: GangState) -> str | Rejection | None:
+        """(lock held) The member's planned node while it still takes the member; why the member
+        waits with the plan kept (its node left out of a partial offer); None when the plan no
+        longer holds (marked stale, the node that failed excluded from the replan)."""
+        mp = plan.members.get(uid)
+        if mp is not None and mp.node in fits:
+            plan.unoffered.pop(uid, None)
+            return mp.node
+        if mp is not None and (why := self._not_offered(key, plan, mp, node_names)) is not None:
+            return why
+        if mp is not None:
+            state.excluded.add(mp.node)  # the planned node no longer takes this member
+        plan.stale = True
+        if offer.partial(len(node_names), len(self.book.snapshot.nodes), self.percentage) and \
+                len(node_names) == 1:
+            # A node tried alone: kube-scheduler's full search follows in this very cycle, and a
+            # replan on one node would only give the gang's reservation back.
+            return reject(ReasonCode.GANG, f"gang {shown(key)} is replanned at its next offer; retrying",
+                          unresolvable=False)
+        return None
+
+    def _not_offered(self, key: str, plan: GangPlan, mp: MemberPlan,
+                     node_names: Sequence[str]) -> Rejection | None:
+        """(lock held) Why the member waits, keeping the plan, when its planned node is missing from
+        an offer that may be only a part of the nodes kube-scheduler's filters pass (a sample, a
+        node tried alone) and nothing the extender sees keeps it out; None when the node stopped
+        fitting: offered and turned down by the extender's own rules, gone, cordoned, its GPUs
+        taken, left out of a complete offer, or left out of too many partial ones in a row
+        (docs/gangs.md, "Offers that are a part of the cluster")."""
+        node = mp.node
+        if node in node_names:
+            return None
+        snap = self.book.snapshot
+        facts = snap.nodes.get(node)
+        if facts is None or facts.unschedulable:
+            return None
+        need = sum(m.gpus for m in plan.unbound if m.node == node)
+        if snap.free_gpus(node) - self.book.ledger.reserved_gpus(node, key) < need:
+            return None
+        offered, total = len(node_names), len(snap.nodes)
+        if not offer.partial(offered, total, self.percentage):
+            return None
+        misses = plan.unoffered[mp.uid] = plan.unoffered.get(mp.uid, 0) + 1
+        if misses > offer.patience(offered, total, self.percentage):
+            return None
+        return reject(ReasonCode.GANG, f"planned node {node} of gang {shown(key)} was not among the "
+                      f"{offered} of {total} nodes kube-scheduler offered this time (a part of the "
+                      "cluster); the plan stands; retrying", unresolvable=False)
 
     def _gather(self, plan: GangPlan, uid: str) -> bool:
         """(lock held) Has every unbound member of ``plan`` been filtered with its planned node

@@ -1,13 +1,13 @@
-"""Which nodes the oldest gang that cannot be placed keeps for itself as they free.
+"""Which nodes the first waiting gang keeps for itself as they free, past the starvation bound.
 
 Without it, a gang needing several whole nodes at once waits while smaller jobs keep taking each
 node that frees (measured in BENCHMARKS.md, section 4: 4-node pretraining gangs waited 13x longer
-than under Kueue's in-order admission). With ``gang_hold_for_oldest`` the oldest such gang holds
-whole nodes of one GPU model, enough for all its members: no other GPU pod is placed there, the
-pods already running finish, and the gang is planned on them. The extender cannot tell whether a
-small job would finish before the held nodes free (pods carry no run time), so the held GPUs idle
-meanwhile: the policy trades GPU-hours for the largest gangs' wait (docs/gangs.md, "Holding nodes
-for the oldest gang"). Pure.
+than under Kueue's in-order admission). Once it has waited ``gang_hold_after_seconds``, the first
+such gang of the gang queue holds whole nodes of one GPU model, enough for all its members: no
+other GPU pod is placed there, the pods already running finish, and the gang is planned on them.
+The extender cannot tell whether a small job would finish before the held nodes free (pods carry no
+run time), so the held GPUs idle meanwhile: the bound trades GPU-hours for the largest gangs' wait
+(docs/gangs.md, "Starvation bound"). Pure.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ from app.gang.problem import Candidate
 
 
 def nodes_to_hold(inst: GangInstance, gpus: Mapping[str, GpuSpec], long_running: Set[str],
-                  fits_when_free: Callable[[str], bool]) -> dict[str, int]:
+                  fits_when_free: Callable[[str], bool], held: Set[str] = frozenset()) -> dict[str, int]:
     """Node -> its GPUs: whole nodes of one GPU model that hold every pending member once free,
-    the fastest model that can and, within it, the nodes closest to free first. Nodes running
+    the fastest model that can and, within it, free nodes first, then the nodes it holds already
+    (``held``), then the closest to free. A held node only drains: swapping it for a node with
+    more free GPUs but work started since would let the gang wait for that work too, and the hold
+    could keep moving onto newer work, unbounded. Nodes running
     pods that do not end on their own (``long_running``: serving) are never held, nor are nodes a
     member could not use even empty (``fits_when_free``). Empty when no model can hold the gang,
     when the nodes it would hold are free and offered already, or when it has members bound."""
@@ -43,7 +46,9 @@ def nodes_to_hold(inst: GangInstance, gpus: Mapping[str, GpuSpec], long_running:
     for group in sorted(groups, key=lambda g: (-speed[g], g)):
         need = {s.key: s.count for s in shapes}
         chosen: list[Candidate] = []
-        for c in sorted(groups[group], key=lambda c: (-c.free_gpus, c.name)):
+        order = sorted(groups[group], key=lambda c: (c.free_gpus < c.total_gpus, c.name not in held,
+                                                     -c.free_gpus, c.name))
+        for c in order:
             room = c.total_gpus
             for s in shapes:
                 take = min(need[s.key], room // s.gpus)

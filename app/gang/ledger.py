@@ -38,6 +38,9 @@ class GangPlan:
     arrived: set[str] = field(default_factory=set)
     gathered: bool = False  # every unbound member arrived: filters pass them to their nodes
     committed: bool = False  # gathered and some members bound: the rest bind as they reach bind
+    # uid -> partial offers in a row (a sample, a node tried alone) without the member's planned
+    # node while nothing the extender sees kept it out (app.gang.offer).
+    unoffered: dict[str, int] = field(default_factory=dict)
 
     @property
     def unbound(self) -> list[MemberPlan]:
@@ -61,7 +64,7 @@ class Ledger:
     # a member bound elsewhere than planned): part of what a gang's "cannot be placed" waits on.
     released: int = 0
     # gang -> node -> GPUs: whole nodes the oldest gang that cannot be placed keeps for itself as
-    # they free (docs/gangs.md, "Holding nodes for the oldest gang"); counted like a plan's.
+    # they free (docs/gangs.md, "Starvation bound"); counted like a plan's.
     holds: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[GangPlan]:

@@ -100,6 +100,8 @@ class Planner:
     release: Callable[[GangPlan, str], None]  # drop a plan that can no longer be placed (lock held)
     replanned: Callable[[str], None]  # a new plan replaced the gang's previous one (lock held)
     data_sites: DataSites | None = None  # data gravity: where a member's input sits
+    # Look at ``key`` again in ``delay`` seconds, when it reaches the starvation bound (lock held).
+    hold_due: Callable[[str, float], None] = lambda key, delay: None
     # wait() on a Condition over an RLock releases every level the thread holds, so a filter
     # that arrived with the service lock held still lets everyone else in during the solve.
     _solved: threading.Condition = field(init=False)
@@ -258,6 +260,22 @@ class Planner:
             out.append((order, f"gang {shown(other)} (created {created}, {what}, {where})"))
         return [text for _, text in sorted(out)]
 
+    def at_bound(self, key: str) -> None:
+        """(lock held) ``key`` reached its starvation bound still waiting: solve it here. Its
+        members may never reach the extender meanwhile (no node has room for one, so
+        kube-scheduler's own filters turn them away and a pod update does not bring them back),
+        and the hold must not wait for the node that frees next: later work could take it first
+        (docs/gangs.md, "Starvation bound")."""
+        state = self.book.states.get(key)
+        members, pending = self.book.pending(key)
+        if state is None or not pending or self.book.ledger.get(key) is not None or self.book.planning(key):
+            return
+        state.verdict = None
+        offered = list(state.last_offered) or sorted(self.book.snapshot.nodes)
+        got = self.plan(key, members, pending[0], None, offered, state, self.clock())
+        log.info("gang %s: at its starvation bound, %s", key,
+                 "planned" if not isinstance(got, Rejection) else got.message)
+
     def replan(self, key: str) -> None:
         """End of a regroup (lock held): replan, keeping members where they fit, and persist it."""
         state = self.book.states.get(key)
@@ -340,9 +358,22 @@ class Planner:
             diag = replace(diag, short=diag.short + tail, detail=diag.detail + tail)
         self.reporter.unplaceable(key, brief.spec, diag, now)
         why = reject(diag.code, "gang cannot be placed: " + diag.short)
-        self._hold_if_oldest(brief, state)
-        state.verdict = Verdict(why, brief.stamp, now + VERDICT_SECONDS, brief.offered)
+        self._hold_if_oldest(brief, state, now)
+        state.verdict = Verdict(why, brief.stamp, self._verdict_until(key, state, now), brief.offered)
         return why
+
+    def _verdict_until(self, key: str, state: GangState, now: float) -> float:
+        """(lock held) How long a "cannot be placed" stands: ``VERDICT_SECONDS``, and no later than
+        the starvation bound of a gang not holding yet, whose members are then looked at again
+        (a solve at or past the bound makes the first waiting gang hold)."""
+        until = now + VERDICT_SECONDS
+        if state.waiting_since is None or key in self.book.ledger.holds:
+            return until
+        due = state.waiting_since + self.policy.hold_after_seconds
+        if due > now:
+            self.hold_due(key, due - now)
+            return min(until, due)
+        return until
 
     def _gpus(self) -> dict[str, GpuSpec]:
         """The GPU of every node (lock held)."""
@@ -356,15 +387,17 @@ class Planner:
             self.release(previous, "waiting for one GPU model")
         if state.waiting_since is None:
             state.waiting_since = now
-        self._hold_if_oldest(brief, state)
-        state.verdict = Verdict(why, brief.stamp, now + VERDICT_SECONDS, brief.offered)
+        self._hold_if_oldest(brief, state, now)
+        state.verdict = Verdict(why, brief.stamp, self._verdict_until(brief.key, state, now), brief.offered)
         return why
 
-    def _hold_if_oldest(self, brief: Brief, state: GangState) -> None:
-        """The oldest waiting gang holds whole nodes as they free (docs/gangs.md, "Holding nodes
-        for the oldest gang"); off unless ``gang_hold_for_oldest``. Lock held."""
+    def _hold_if_oldest(self, brief: Brief, state: GangState, now: float) -> None:
+        """The first waiting gang of the gang queue holds whole nodes as they free once it has
+        waited ``gang_hold_after_seconds`` (docs/gangs.md, "Starvation bound"). Lock held."""
         ledger, states = self.book.ledger, self.book.states
-        if not self.policy.hold_for_oldest or state.waiting_since is None:
+        if state.waiting_since is None:
+            return
+        if now - state.waiting_since < self.policy.hold_after_seconds and brief.key not in ledger.holds:
             return
         # The first waiting gang in the gang queue holds; gangs behind it do not.
         mine = self.book.order(brief.key, self.book.members(brief.key))
@@ -386,7 +419,8 @@ class Planner:
             return (facts is not None and not facts.unschedulable and isinstance(
                 evaluate(first, facts, NodeUsage(), facts.gpu_count, self.policy.feasibility), NodeFit))
 
-        held = nodes_to_hold(brief.inst, self._gpus(), serving, fits_when_free)
+        held = nodes_to_hold(brief.inst, self._gpus(), serving, fits_when_free,
+                             set(ledger.holds.get(brief.key, {})))
         if held == ledger.holds.get(brief.key, {}):
             return
         ledger.hold(brief.key, held)

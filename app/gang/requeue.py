@@ -45,8 +45,11 @@ class Requeuer:
 
     def __init__(self, book: GangBook, lock: threading.RLock, writer: PlanWriter | None,
                  timers: Timers, clock: Callable[[], float], warn_after: float = 600.0,
-                 incomplete_timers: Timers | None = None) -> None:
+                 incomplete_timers: Timers | None = None, hold_timers: Timers | None = None,
+                 at_bound: Callable[[str], None] = lambda key: None) -> None:
         self.book = book
+        self.at_bound = at_bound  # solve a gang reaching its starvation bound again (lock held)
+        self.hold_timers = hold_timers or timers
         self.incomplete_timers = incomplete_timers or timers
         self.warn_after = warn_after  # an incomplete gang is reported this long after its creation
         self._incomplete_checks: set[str] = set()
@@ -61,6 +64,7 @@ class Requeuer:
         # answer leaves that answer one more look of its own (a slow watch can trail it as long).
         self._told: dict[str, int] = {}
         self._nudges: dict[str, int] = {}
+        self._hold_checks: set[str] = set()  # gangs with a look armed at their starvation bound
 
     def when_complete(self, key: str, size: int, delay: float = MEMBER_RECHECK_SECONDS) -> None:
         """(lock held) Requeue the waiting members once all ``size`` of them are in the cache."""
@@ -120,6 +124,35 @@ class Requeuer:
             if size is None or len(self.book.members(key)) >= size:
                 self.overdue.discard(key)
         return len(self.overdue)
+
+    def hold_due(self, key: str, delay: float) -> None:
+        """(lock held) Look at a gang still waiting ``delay`` seconds on, when it reaches the
+        starvation bound: solve it again at once (the first waiting gang of the gang queue then
+        holds nodes) and requeue its members (docs/gangs.md, "Starvation bound"). Without it the
+        hold would wait for some cluster event to bring a member to the extender, and the node
+        that event freed could go to later work first."""
+        if key in self._hold_checks:
+            return
+        self._hold_checks.add(key)
+        self.hold_timers(delay, lambda: self._hold_reached(key))
+
+    def _hold_reached(self, key: str) -> None:
+        with self.lock:
+            self._hold_checks.discard(key)
+            book = self.book
+            _, unbound = book.pending(key)
+            state = book.states.get(key)
+            if (not unbound or state is None or state.waiting_since is None or self.writer is None
+                    or book.ledger.get(key) is not None or key in book.ledger.holds):
+                return  # gone, bound, planned or holding already
+            self.at_bound(key)
+            if book.ledger.get(key) is not None:
+                return  # planned: the plan annotation has requeued them
+            n = self._nudges[key] = self._nudges.get(key, 0) + 1
+            log.info("gang %s: waiting for %.0f s, the starvation bound; requeueing %d member(s)", key,
+                     self.clock() - state.waiting_since, len(unbound))
+            for m in unbound:
+                self.writer.annotate(m.namespace, m.name, {RETRY_ANNOTATION: str(n)})
 
     def resized(self, key: str) -> None:
         """(lock held) A gang's size arrived or changed (a PodGroup created after its pods, its

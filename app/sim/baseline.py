@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 MAX_NODE_SCORE = 100
 DEFAULT_MILLI_CPU_REQUEST = 100  # schedutil.DefaultMilliCPURequest
 DEFAULT_MEMORY_REQUEST = 200 * 1024 * 1024  # schedutil.DefaultMemoryRequest
-MIN_FEASIBLE_NODES_TO_FIND = 100
-MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND = 5
 CPU, MEMORY = "cpu", "memory"
 
 
@@ -112,16 +110,6 @@ def balanced_allocation(
     without = _balance(allocated, allocatable)
     # Go's int64 division truncates toward zero; int(x / 2) does the same for either sign.
     return MAX_NODE_SCORE // 2 + int((MAX_NODE_SCORE // 2 + with_pod - without) / 2)
-
-
-def num_feasible_nodes_to_find(num_all: int, percentage: int | None = None) -> int:
-    """How many feasible nodes kube-scheduler looks for before it stops filtering."""
-    if num_all < MIN_FEASIBLE_NODES_TO_FIND:
-        return num_all
-    pct = percentage
-    if pct is None or pct <= 0:
-        pct = max(MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND, 50 - num_all // 125)
-    return max(num_all * pct // 100, MIN_FEASIBLE_NODES_TO_FIND)
 
 
 # --- the plugins over a ClusterSnapshot ----------------------------------------------------------

@@ -191,7 +191,7 @@ def test_a_pod_given_the_gang_gate_by_hand_is_told_nothing_will_lift_it(
 
 
 def test_members_that_disagree_on_the_size_stay_held_reserve_nothing_and_are_told_both_sizes(
-    cluster: ClusterScope, gang_gate: None, unique: Callable[[str], str]
+    cluster: ClusterScope, control_plane: ControlPlane, gang_gate: None, unique: Callable[[str], str]
 ) -> None:
     core, ns = cluster.core, cluster.namespace
     cluster.add_nodes([gpu_node(cluster.node_name(f"mix-{i}"), "H100", gpus=8, rdma=True, index=10 + i)
@@ -206,6 +206,7 @@ def test_members_that_disagree_on_the_size_stay_held_reserve_nothing_and_are_tol
                                    for m in _told(core, ns, n, "GangSizeConflict")), 10,
                    f"a GangSizeConflict event naming both sizes on {n}")
     time.sleep(5)
+    assert control_plane.metric_value("llm_placement_reserved_gpus") in (None, 0.0)  # 0 GPUs held
     for n in names:
         pod = core.read_namespaced_pod(n, ns)
         assert _gates(core, ns, n) == [GATE] and not pod.spec.node_name

@@ -1,5 +1,5 @@
-"""Holding nodes for the oldest gang, through the real kube-scheduler (docs/gangs.md, "Holding
-nodes for the oldest gang"): the extender runs with the feature gate ``GangHoldForOldest`` on.
+"""Holding nodes for the oldest gang, through the real kube-scheduler (docs/gangs.md, "Starvation
+bound"): the extender runs with ``gang_hold_after_seconds`` 0 (hold at once).
 
 Cluster: four H100 boxes, three of them taken by single 8-GPU jobs. A two-node gang cannot be
 placed; it holds the free box and one busy one. A 1-GPU job that would fit on the free box stays
@@ -9,6 +9,7 @@ pending; when the held busy box's job ends, the gang binds on the two held boxes
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,7 +38,7 @@ ANN = "llm-placement.io/"
 @pytest.fixture(scope="module")
 def holding(control_plane: ControlPlane) -> Iterator[None]:
     """Restart the extender with the setting on; back to the suite's settings afterwards."""
-    with control_plane.extender_settings({"LLMP_FEATURE_GATES__GANGHOLDFOROLDEST": "true"}):
+    with control_plane.extender_settings({"LLMP_GANG_HOLD_AFTER_SECONDS": "0"}):
         yield
 
 
@@ -104,3 +105,65 @@ def test_the_oldest_gang_holds_nodes_a_small_job_waits_and_the_gang_binds_on_the
     finally:
         delete_pods(core, ns, f"run={run}")
         wait_until(lambda: not list_pods(core, ns, f"run={run}"), 60, "the test's pods to be deleted")
+
+
+def test_past_its_bound_the_first_waiting_gang_holds_though_nothing_else_changes(
+    cluster: ClusterScope, control_plane: ControlPlane, boxes: list[str], unique: Callable[[str], str]
+) -> None:
+    """The starvation bound as shipped, shortened to 20 s (docs/gangs.md, "Starvation bound"): before
+    it, a small job backfills the free box the gang waits for; at it, with no cluster event to bring
+    the members back, the extender's own look requeues them and the gang holds; after it, small jobs
+    wait and the gang binds on the held boxes once their work ends."""
+    core, ns, run = cluster.core, cluster.namespace, unique("bound")
+    bound = 20.0
+    with control_plane.extender_settings({"LLMP_GANG_HOLD_AFTER_SECONDS": str(bound)}):
+        try:
+            busy = [job(run, f"busy-{i}", 8) for i in range(3)]
+            create_pods(core, ns, busy)
+            busy_on = wait_for_node_names(core, ns, [p["metadata"]["name"] for p in busy], timeout=60)
+            members = [llm_pod(f"{run}-train-{i}", stage="pretraining", gpus=8,
+                               annotations={ANN + "gang-size": "2"},
+                               labels={"run": run, "scheduling.x-k8s.io/pod-group": f"{run}-train"})
+                       for i in range(2)]
+            member_names = [p["metadata"]["name"] for p in members]
+            create_pods(core, ns, members)
+            wait_until(lambda: any("gang cannot be placed" in m
+                                   for n in member_names for m in scheduling_messages(core, ns, n)),
+                       60, "the gang told it cannot be placed")
+            told = time.monotonic()
+            # Before the bound: a 1-GPU job backfills the free box.
+            early = job(run, "early", 1, stage="alignment")
+            create_pods(core, ns, [early])
+            early_on = wait_for_node_names(core, ns, [early["metadata"]["name"]], timeout=30)
+            assert early_on[early["metadata"]["name"]] not in busy_on.values()
+
+            def held_nodes() -> set[str]:
+                for name in member_names:
+                    for e in pod_events(core, ns, name):
+                        if e.get("reason") == "GangHoldsNodes":
+                            m = re.search(r"placed on (.+) until it is", str(e.get("message") or ""))
+                            if m:
+                                return set(m.group(1).split(", "))
+                return set()
+
+            wait_until(lambda: bool(held_nodes()), bound + 40, "a GangHoldsNodes event at the bound")
+            waited = time.monotonic() - told
+            held = held_nodes()
+            # Not before the bound (the event is read a little late, never early).
+            assert waited >= bound - 3, waited
+            assert len(held) == 2, held
+            # After it: a 1-GPU job that would fit beside the early one waits.
+            late = job(run, "late", 1, stage="alignment")
+            create_pods(core, ns, [late])
+            named = f"GPUs held for gang {ns}/{run}-train"
+            wait_until(lambda: any(named in m for m in scheduling_messages(core, ns, late["metadata"]["name"])),
+                       60, "the late job's FailedScheduling naming the holding gang")
+            # The work on the held boxes ends: the gang binds there, whole.
+            gone = [p for p, node in {**busy_on, **early_on}.items() if node in held]
+            for name in gone:
+                core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+            placed = wait_for_node_names(core, ns, member_names, timeout=90)
+            assert set(placed.values()) == held, (placed, held)
+        finally:
+            delete_pods(core, ns, f"run={run}")
+            wait_until(lambda: not list_pods(core, ns, f"run={run}"), 60, "the test's pods to be deleted")

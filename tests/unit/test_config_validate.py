@@ -108,7 +108,7 @@ def test_the_file_is_read_as_serve_reads_it(tmp_path: Path, monkeypatch: pytest.
     # Feature gates: unknown ones by their path, bad values by theirs, the known ones still checked.
     (HEADER + "feature_gates: {NoSuchGate: true, WholeNodeGuard: maybe}\n",
      ["feature_gates.NoSuchGate: unknown feature gate; expected one of WholeNodeGuard, CrossShapeGuard, "
-      "ScoreRankBands, FilterToBest, DefaultTargetFilter, GangHoldForOldest",
+      "ScoreRankBands, FilterToBest, DefaultTargetFilter",
       "feature_gates.WholeNodeGuard: Input should be a valid boolean, unable to interpret input"]),
     # An old name with a value it never took is named by the old name.
     (HEADER + "filter_to_best: sometimes\nport: 0\n",

@@ -148,7 +148,6 @@ GATE_READS = {
     "ScoreRankBands": lambda p: p.placement.scoring.score_mapping is ScoreMapping.RANK,
     "FilterToBest": lambda p: p.placement.filter_to_best,
     "DefaultTargetFilter": lambda p: p.placement.feasibility.default_target_filter,
-    "GangHoldForOldest": lambda p: p.gang.hold_for_oldest,
 }
 
 
@@ -174,7 +173,6 @@ def test_each_gate_defaults_by_its_stage_and_switches_its_policy(gate: str) -> N
     ("score_mapping", ScoreMapping.RANK, "ScoreRankBands", True),
     ("filter_to_best", "off", "FilterToBest", False),
     ("default_target_filter", "false", "DefaultTargetFilter", False),
-    ("gang_hold_for_oldest", True, "GangHoldForOldest", True),
 ])
 def test_an_old_name_becomes_its_gate_with_a_warning(old: str, value: Any, gate: str, on: bool) -> None:
     assert RENAMED[old].gate == gate
@@ -194,14 +192,14 @@ def test_old_names_in_the_environment_still_count(monkeypatch: pytest.MonkeyPatc
     # Without their own source the environment would drop them silently: a changed behaviour.
     monkeypatch.setenv("LLMP_GANG_HOLD_FOR_OLDEST", "true")
     with pytest.warns(ConfigDeprecationWarning, match="gang_hold_for_oldest"):
-        assert Settings().gate("GangHoldForOldest") is True
+        assert Settings().gang_hold_after_seconds == 0
 
 
 def test_gates_from_the_environment_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLMP_FEATURE_GATES__GANGHOLDFOROLDEST", "true")
+    monkeypatch.setenv("LLMP_FEATURE_GATES__CROSSSHAPEGUARD", "true")
     monkeypatch.setenv("LLMP_FEATURE_GATES__wholenodeguard", "false")
     s = load_settings(None)
-    assert s.feature_gates == {"GangHoldForOldest": True, "WholeNodeGuard": False}
+    assert s.feature_gates == {"CrossShapeGuard": True, "WholeNodeGuard": False}
 
 
 def test_a_gate_set_by_name_wins_over_its_old_name() -> None:

@@ -106,9 +106,11 @@ class Cluster:
                  gather: bool = False) -> None:
         self.binder = binder or FakeBinder()
         self.bind_timers, self.wake_timers, self.member_timers = FakeTimers(), FakeTimers(), FakeTimers()
+        self.hold_timers = FakeTimers()
         runtime = GangRuntime(clock=(lambda: clock[0]) if clock is not None else time.time,
                               bind_timers=self.bind_timers, wake_timers=self.wake_timers, solve=solve,
-                              background=background, member_timers=self.member_timers, gather=gather)
+                              background=background, member_timers=self.member_timers, gather=gather,
+                              hold_timers=self.hold_timers)
         self.service: ExtenderService = build_core(
             settings or Settings(cluster_source="none", metrics_port=0), GpuCatalog.load(), binder=self.binder,
             gang_runtime=runtime,

@@ -1,17 +1,19 @@
 """The oldest gang that cannot be placed holds whole nodes as they free (app/gang/hold.py,
-docs/gangs.md "Holding nodes for the oldest gang")."""
+docs/gangs.md "Starvation bound")."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.config import Settings
+import pytest
+
+from app.config import ConfigDeprecationWarning, Settings
 from app.core.workload import parse_workload
 from app.objects import pod_object
 from tests.unit.test_gang_coordinator import Cluster
 from tests.unit.test_gang_lockstep import free_names
 
-HOLD = Settings(cluster_source="none", metrics_port=0, feature_gates={"GangHoldForOldest": True})
+HOLD = Settings(cluster_source="none", metrics_port=0, gang_hold_after_seconds=0)
 
 
 def busy(c: Cluster, name: str, node: str, gpus: int = 8, stage: str = "pretraining") -> dict[str, Any]:
@@ -42,7 +44,7 @@ def waiting_gang(c: Cluster) -> tuple[list[dict[str, Any]], dict[str, Any], dict
     return pods, first, second
 
 
-def test_without_the_setting_a_small_job_takes_the_node_the_gang_waits_for() -> None:
+def test_before_the_starvation_bound_a_small_job_takes_the_node_the_gang_waits_for() -> None:
     c = Cluster()
     pods, first, _ = waiting_gang(c)
     assert c.gangs.book.ledger.holds == {}
@@ -110,3 +112,69 @@ def test_a_hold_goes_with_its_gang() -> None:
     d = c.filter(job, gpu_nodes(c))  # the next filter sweeps the gone gang
     assert c.gangs.book.ledger.holds == {}
     assert set(d.passed) & held  # the free held box takes other pods again
+
+
+def test_a_held_node_is_not_swapped_for_one_with_newer_work() -> None:
+    """A held node only drains; a node with more free GPUs but a job started since would make the
+    gang wait for that job too, and the hold could keep moving onto newer work."""
+    c = Cluster(settings=HOLD)
+    c.nodes("h", 3, "leaf-1")
+    jobs = [busy(c, f"job-{i}", f"h-{i}") for i in range(3)]
+    pods = c.gang("train", 2)
+    assert c.filter(pods[0], free_names(c)).passed == []
+    held = set(c.gangs.book.ledger.holds["ml/train"])
+    [loose] = [n for n in ("h-0", "h-1", "h-2") if n not in held]
+    c.delete(jobs[int(loose[-1])])  # the node not held frees, and a newer 1-GPU job takes it
+    job = small_job(c, "eval")
+    assert c.place(job, [loose]) == loose
+    assert c.filter(pods[0], free_names(c)).passed == []  # solved again: room was freed
+    assert set(c.gangs.book.ledger.holds["ml/train"]) == held  # 7 free on the loose node: still not held
+
+
+def test_by_default_the_first_waiting_gang_holds_once_it_has_waited_the_bound() -> None:
+    clock = [1_796_600_000.0]
+    c = Cluster(clock=clock)
+    bound = Settings(cluster_source="none", metrics_port=0).gang_hold_after_seconds
+    assert bound == 3600
+    c.nodes("h", 3, "leaf-1")
+    first = busy(c, "job-a", "h-0")
+    busy(c, "job-b", "h-1")
+    pods = c.gang("train", 2)
+    assert c.filter(pods[0], free_names(c)).passed == []
+    assert c.gangs.book.ledger.holds == {}  # waiting less than the bound: later work may backfill
+    # A look is armed for the bound: kube-scheduler may have no reason to retry the members then.
+    [due] = c.hold_timers.pending()
+    assert due.delay == bound
+    clock[0] += bound - 1
+    assert c.filter(pods[1], free_names(c)).passed == [] and c.gangs.book.ledger.holds == {}
+    clock[0] += 1
+    # At the bound the gang is solved again then and there (kube-scheduler's own filters may keep
+    # its members from the extender: no node with room for one) and holds; its members are requeued.
+    c.hold_timers.fire()
+    held = c.gangs.book.ledger.holds["ml/train"]
+    c.flush()
+    assert {k: v.get("llm-placement.io/gang-retry") for k, v in c.binder.annotations.items()
+            if k.startswith("ml/")} == {"ml/train-0": "1", "ml/train-1": "1"}
+    assert c.filter(pods[0], free_names(c)).passed == []
+    assert c.gangs.book.ledger.holds["ml/train"] == held
+    assert "h-2" in held and len(held) == 2
+    # A small job no longer takes the free node the gang waits for; the gang gets it when job-a ends.
+    job = small_job(c, "eval")
+    assert not set(c.filter(job, gpu_nodes(c)).passed) & set(held)
+    if "h-0" in held:
+        c.delete(first)
+    else:
+        c.delete(c.pods["job-b"])
+    assert {c.place(p, free_names(c)) for p in pods} == set(held)
+
+
+@pytest.mark.parametrize(("old", "after"), [("true", 0.0), ("false", 86_400.0), (True, 0.0), (False, 86_400.0)])
+def test_the_former_switch_keeps_its_meaning(old: object, after: float) -> None:
+    s = Settings.model_validate({"cluster_source": "none", "gang_hold_for_oldest": old})
+    assert s.gang_hold_after_seconds == after and s.policies().gang.hold_after_seconds == after
+
+
+def test_a_former_switch_that_is_no_boolean_is_refused_with_its_replacement() -> None:
+    with pytest.warns(ConfigDeprecationWarning, match="set gang_hold_after_seconds instead"), \
+            pytest.raises(ValueError, match=r"gang_hold_for_oldest: .*boolean"):
+        Settings.model_validate({"cluster_source": "none", "gang_hold_for_oldest": "sometimes"})

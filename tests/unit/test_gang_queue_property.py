@@ -18,6 +18,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app.config import Settings
 from app.core.workload import parse_workload
 from app.objects import node_object, pod_object
 from tests.unit.test_gang_coordinator import H100, Cluster
@@ -126,3 +127,74 @@ def test_no_gang_is_planned_while_an_earlier_gang_that_fitted_waits(
                     continue
                 assert not fits(e, free, block), (
                     f"{new} was planned while {ek}, ahead of it in the gang queue, fitted and waits")
+
+
+# --- the starvation bound (docs/gangs.md, "Starvation bound") ------------------------------------------
+# One step: the clock moves on, maybe a running job ends, maybe a later job arrives and is placed
+# where it fits (before the gang's members are retried: the adversarial order), then kube-scheduler
+# retries the gang's member.
+# A job that ends is one of the two longest running (work ends roughly in the order it started).
+steps_st = st.lists(st.tuples(st.sampled_from([0, 600, 1800, 1800]), st.sampled_from([None, 0, 0, 1]),
+                              st.sampled_from([0, 1, 1, 2, 4, 8])), min_size=1, max_size=25)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=st.integers(2, 5), size=st.integers(2, 5),
+       first=st.lists(st.sampled_from([1, 4, 8]), min_size=5, max_size=5), steps=steps_st)
+def test_the_first_waiting_gang_starts_once_the_work_running_at_its_bound_ends(
+        nodes: int, size: int, first: list[int], steps: list[tuple[int, int | None, int]]) -> None:
+    """With the default settings: a gang at the head of the gang queue that fits the empty cluster,
+    looked at once it has waited ``gang_hold_after_seconds``, is planned at its first look after the
+    work running at that moment has ended, however much later work kept arriving and taking each
+    GPU that freed. Without the bound, a 1-GPU job arriving after each end keeps it waiting."""
+    size = min(size, nodes)
+    clock = [BASE + 60]
+    c = Cluster(clock=clock)
+    bound = Settings(cluster_source="none", metrics_port=0).gang_hold_after_seconds
+    names = []
+    for i in range(nodes):
+        name = f"n{i}"
+        c.service.absorb_node(node_object(name, gpus=8, product=H100, rdma=True, labels={
+            "fabric.topograph.run/tier-0": "leaf-1", TIER1: "b1"}))
+        names.append(name)
+    running: dict[str, dict[str, Any]] = {}  # every GPU node starts with some work on it
+    for i, name in enumerate(names):
+        job = pod_object(f"old-{i}", namespace="other", gpus=first[i], stage="alignment")
+        c.add(job)
+        with c.service.lock:
+            c.service.snapshot.assume(parse_workload(job), name)
+        running[f"old-{i}"] = job
+    members = []
+    for i in range(size):
+        pod = pod_object(f"big-{i}", namespace="ml", stage="pretraining", gpus=8,
+                         annotations={"llm-placement.io/gang-size": str(size)},
+                         labels={"scheduling.x-k8s.io/pod-group": "big"})
+        pod["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(BASE))
+        c.add(pod)
+        members.append(pod)
+    assert c.filter(members[0]).passed == []  # every node has work: the gang waits
+    at_bound: set[str] | None = None  # the work running when the gang was looked at past its bound
+    for n, (tick, end, gpus) in enumerate(steps):
+        clock[0] += tick
+        if end is not None and running:
+            c.delete(running.pop(list(running)[end % len(running)]))
+        if gpus:
+            job = pod_object(f"new-{n}", namespace="other", gpus=gpus, stage="alignment")
+            c.add(job)
+            passed = c.filter(job, names).passed
+            if passed:
+                with c.service.lock:
+                    c.service.snapshot.assume(parse_workload(job), passed[0])
+                running[job["metadata"]["name"]] = job
+            else:
+                c.delete(job)
+        state = c.gangs.states["ml/big"]
+        waited = state.waiting_since is not None and clock[0] - state.waiting_since >= bound
+        done = at_bound is not None and not (at_bound & set(running))
+        c.filter(members[0])
+        if "ml/big" in c.gangs.ledger.plans:
+            return
+        assert not done, (f"the gang waited past its bound and every job running then ended, yet it "
+                          f"has no plan; holds {c.gangs.ledger.holds}")
+        if waited and at_bound is None:
+            at_bound = set(running)

@@ -19,6 +19,7 @@ from app.core.placer import Placer
 from app.core.snapshot import ClusterSnapshot, placed_from_spec
 from app.core.workload import WorkloadSpec, parse_workload
 from app.explain import explain_spec
+from app.gang.offer import num_feasible_nodes_to_find
 from app.metrics import Metrics
 from app.objects import node_object, pod_object
 from app.service import ExtenderService
@@ -26,7 +27,6 @@ from app.sim.baseline import (
     DefaultScheduler,
     balanced_allocation,
     least_allocated,
-    num_feasible_nodes_to_find,
 )
 from app.sim.scheduler import SimScheduler
 
