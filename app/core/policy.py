@@ -229,7 +229,7 @@ class GangPolicy:
     # A gang missing members this long after its first member's creation is reported.
     incomplete_warn_seconds: float
     # kube-scheduler's percentageOfNodesToScore (0: its adaptive default): tells an offer that is a
-    # sample from one that is every node its filters passed (app.gang.offer).
+    # sample from one that is every node its filters passed (app.core.offer).
     percentage_of_nodes_to_score: int
 
 

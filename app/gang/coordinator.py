@@ -28,13 +28,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from app.core import offer
 from app.core.feasibility import NodeFit
 from app.core.placer import NOT_CACHED
 from app.core.policy import GangPolicy
 from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject, shown
 from app.core.snapshot import ClusterSnapshot
 from app.core.workload import PREFIX, WorkloadSpec
-from app.gang import offer
 from app.gang.barrier import BindBarrier, BindFn, loop_timers
 from app.gang.book import GangBook, GangState
 from app.gang.instance import DataSites

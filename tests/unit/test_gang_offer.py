@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from app.config import Settings
+from app.core.offer import num_feasible_nodes_to_find, partial, patience
 from app.core.workload import parse_workload
-from app.gang.offer import num_feasible_nodes_to_find, partial, patience
 from app.objects import pod_object
 from tests.unit.test_gang_coordinator import Cluster
 from tests.unit.test_gang_queue import BASE, TIER1, gang, two_blocks

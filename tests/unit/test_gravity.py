@@ -15,11 +15,11 @@ from app.config import Settings
 from app.core.catalog import GpuCatalog
 from app.core.gravity import LEVELS, MISSING, Distance, GravityModel, within_level
 from app.core.nodes import NodeFacts, node_facts
+from app.core.offer import num_feasible_nodes_to_find
 from app.core.placer import Placer
 from app.core.snapshot import ClusterSnapshot, placed_from_spec
 from app.core.workload import WorkloadSpec, parse_workload
 from app.explain import explain_spec
-from app.gang.offer import num_feasible_nodes_to_find
 from app.metrics import Metrics
 from app.objects import node_object, pod_object
 from app.service import ExtenderService
