@@ -57,6 +57,17 @@ NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 # calibrated by: 16-bit; fp8 on FP8 tensor cores; fp8 weights on GPUs without them (weight-only
 # kernels dequantise to 16 bits); int8; int4 (weight-only, 16-bit arithmetic).
 KINDS = ("w16", "fp8", "fp8_weight_only", "int8", "int4")
+# The engines a pod can name (``serving-engine``, app/core/workload.py ServingEngine).
+ENGINE_NAMES = ("vllm", "sglang", "trtllm", "tgi", "lmdeploy", "nim")
+
+
+def engine_name(engine: str | None) -> str | None:
+    """``vllm`` for ``vllm/0.11.0``, ``lmdeploy`` for a corpus row's ``lmdeploy-turbomind``; None
+    for an engine the model has no figures of."""
+    if not engine:
+        return None
+    name = engine.split("/", 1)[0].split("-", 1)[0].lower()
+    return name if name in ENGINE_NAMES else None
 
 
 def weight_kind(precision: Precision, gpu: GpuSpec) -> str:
@@ -137,6 +148,11 @@ class ServingCalibration(BaseModel):
     # Prompt tokens the engine computes in one prefill step: prompts that arrive together are
     # taken this many tokens at a time (a starting value; the fit moves it).
     prefill_token_budget: Positive = 8192.0
+    # Each engine's own budget as a multiple of the pooled one (engines ship different defaults:
+    # a chunked-prefill size, a maximum of tokens per batch); 1 for an engine the corpus does not
+    # show, and for a pod that does not name its engine (``serving-engine``).
+    engine_budget_scale: dict[str, Positive] = Field(
+        default_factory=lambda: dict.fromkeys(ENGINE_NAMES, 1.0))
     # Per metric ("tpot", "ttft") and corpus group: quantiles of measured / estimate over the
     # cross-validated errors (each source predicted by a fit to the others), at the probabilities
     # of QUANTILE_LEVELS, and how many points they were taken from. A target is met when the
@@ -149,7 +165,8 @@ class ServingCalibration(BaseModel):
     def free_parameters(self) -> dict[str, float]:
         """Flat name -> value of every fitted figure (``bandwidth_efficiency.int4`` and so on)."""
         out: dict[str, float] = {}
-        for key in ("bandwidth_efficiency", "prefill_efficiency", "allreduce_latency_us"):
+        for key in ("bandwidth_efficiency", "prefill_efficiency", "allreduce_latency_us",
+                    "engine_budget_scale"):
             for kind, value in getattr(self, key).items():
                 out[f"{key}.{kind}"] = value
         for key in ("kv_bandwidth_efficiency", "decode_compute_efficiency", "step_floor_ms",
@@ -248,6 +265,12 @@ class Case:
     # Share of requests whose prompts arrive together with the other clients' (1 for a pod: with
     # several clients, the slower case); the rest arrive alone, between decode steps.
     together_share: float = 1.0
+    engine: str | None = None  # ENGINE_NAMES; None: unstated
+
+    def prefill_budget(self, cal: ServingCalibration) -> float:
+        """Prompt tokens per prefill step: the engine's own where the fit knows it."""
+        scale = cal.engine_budget_scale.get(self.engine, 1.0) if self.engine else 1.0
+        return cal.prefill_token_budget * scale
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,8 +364,9 @@ def estimate(case: Case, cal: ServingCalibration) -> Estimate:
         # A fixed batch computes every prompt, in one pass, before the first token of any.
         ahead, steps = float(batch), 1.0
     else:
-        ahead = prompts_before_first_token(batch, case.input_tokens, cal.prefill_token_budget)
-        steps = max(1.0, ahead * max(case.input_tokens, 1) / cal.prefill_token_budget)
+        budget = case.prefill_budget(cal)
+        ahead = prompts_before_first_token(batch, case.input_tokens, budget)
+        steps = max(1.0, ahead * max(case.input_tokens, 1) / budget)
     first = (_prefill_compute_ms(case, cal, ahead, steps)
              + _tp_ms(case, max(round(case.input_tokens * ahead), 1), cal) + cal.ttft_floor_ms)
     if case.together_share < 1.0:
@@ -388,7 +412,7 @@ def serving_estimate(spec: WorkloadSpec, precision: Precision, gpu: GpuSpec, ban
     prompt, output = serving_lengths(spec, defaults)
     case = Case(Shape.of(params, spec.active_params, arch), precision, gpu, max(spec.gpus, 1),
                 clients or spec.concurrency or defaults.default_concurrency, prompt, output,
-                bandwidth_tbs=bandwidth_tbs or None)
+                bandwidth_tbs=bandwidth_tbs or None, engine=engine_name(spec.serving_engine))
     return estimate(case, defaults.serving)
 
 

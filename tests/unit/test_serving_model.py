@@ -240,3 +240,26 @@ def test_continuous_batching_pays_per_sequence_work_each_step_and_a_fixed_batch_
     assert estimate(static, dear).ms_per_token == pytest.approx(estimate(static, cheap).ms_per_token)
     alone = case(concurrency=1)
     assert estimate(alone, dear).ms_per_token == pytest.approx(estimate(alone, cheap).ms_per_token)
+
+
+def test_an_engine_takes_prompts_at_its_own_budget():
+    from dataclasses import replace
+
+    cal = CAL.model_copy(update={"prefill_token_budget": 8192.0, "ttft_floor_ms": 0.0,
+                                 "engine_budget_scale": {**CAL.engine_budget_scale, "sglang": 0.5}})
+    busy = case(concurrency=40, prompt=2000)
+    # Half the budget: two prompts a step instead of four, so a mean prompt waits (40 + 2) / 2
+    # prompts' work instead of (40 + 4) / 2.
+    pooled = estimate(busy, cal).ttft_ms
+    own = estimate(replace(busy, engine="sglang"), cal).ttft_ms
+    assert own == pytest.approx(pooled * 21 / 22, rel=0.02)
+    # An engine the fit has no figures of, and a pod naming none, take the pooled budget.
+    assert estimate(replace(busy, engine="tgi"), cal).ttft_ms == pooled
+
+
+@pytest.mark.parametrize(("raw", "name"), [("vllm/0.11.0", "vllm"), ("lmdeploy-turbomind", "lmdeploy"),
+                                           ("NIM", "nim"), ("unstated", None), (None, None)])
+def test_engine_names_as_pods_and_corpus_rows_write_them(raw: str | None, name: str | None):
+    from app.core.serving_model import engine_name
+
+    assert engine_name(raw) == name
