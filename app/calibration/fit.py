@@ -49,6 +49,8 @@ _BOUNDS = {
     "expert_layer_prefill_us": (0.1, 20000.0),
     "sequence_overhead_us": (0.01, 2000.0),
     "engine_budget_scale": (0.05, 20.0),
+    "engine_ttft_floor_scale": (0.05, 50.0),
+    "vendor_efficiency": (0.1, 2.0),
 }
 PRIOR_WEIGHT = 0.1  # log-units of residual per log-unit away from the default
 LOSS_SCALE = 0.25  # soft-L1 knee, in log ratio: rows off by more than ~1.3x count linearly

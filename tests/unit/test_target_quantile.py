@@ -244,7 +244,10 @@ def test_the_shipped_default_confidence_is_the_one_the_recorded_sweep_chooses() 
     from bench.serving_decisions import confidence_by_rule
 
     recorded = json.loads((Path(__file__).parents[2] / "bench/results/serving_decisions.json").read_text())
-    assert recorded["confidence_by_rule"] == confidence_by_rule(recorded["sweep"]) == DEFAULT_CONFIDENCE
+    rule = confidence_by_rule(recorded["sweep"])
+    assert recorded["confidence_by_rule"] == rule
+    # No swept confidence meeting the budget leaves the default where it is (app/core/serving_model.py).
+    assert rule in (None, DEFAULT_CONFIDENCE)
 
 
 def test_groups_a_pod_without_an_engine_uses_come_from_estimates_without_one():
