@@ -68,17 +68,25 @@ class Judged:
         return self.judged <= MISSED
 
 
-Rule = Callable[[ServingCalibration, Sequence[Measurement], Sequence[fit.Ratio]],
-                Callable[[fit.Ratio], float]]
+Rule = Callable[[ServingCalibration, Sequence[Measurement], "HeldOut"], Callable[[fit.Ratio], float]]
 
 
-def margin_rule(cal: ServingCalibration, rest: Sequence[Measurement], _cv: Sequence[fit.Ratio]
+@dataclass(frozen=True, slots=True)
+class HeldOut:
+    """The other sources' cross-validated estimates: as pods that name their engine (the corpus
+    row's) and as pods that do not."""
+
+    named: Sequence[fit.Ratio]
+    unstated: Sequence[fit.Ratio]
+
+
+def margin_rule(cal: ServingCalibration, rest: Sequence[Measurement], _cv: HeldOut
                 ) -> Callable[[fit.Ratio], float]:
     """The former rule: per metric and narrowest group, the smallest factor (at least 1) under which
     no point of the other sources, estimated in-sample, is accepted at a target it misses by more
     than 1.3x (its worst point sets it)."""
     table: dict[str, dict[str, float]] = {}
-    for r in fit.predict(rest, cal):
+    for r in fit.predict(rest, cal, engine=False):
         need = max(1.0, r.measured / r.estimated / 1.3)
         for key in (fit.group_of(r.row), "all"):
             got = table.setdefault(r.metric, {})
@@ -94,10 +102,12 @@ def quantile_rule(confidence: float, engine: bool = False) -> Rule:
     """The filter's rule: the group's quantile of measured / estimate at ``confidence`` over the
     other sources' cross-validated errors (what ``llm-placement calibrate`` records); ``engine``:
     each pod names its engine (the corpus row's), as the ``serving-engine`` annotation does."""
-    def rule(cal: ServingCalibration, _rest: Sequence[Measurement], cv: Sequence[fit.Ratio]
+    def rule(cal: ServingCalibration, _rest: Sequence[Measurement], cv: HeldOut
              ) -> Callable[[fit.Ratio], float]:
-        recorded = cal.model_copy(update={"error_quantiles": fit.error_quantiles(cv)})
+        table = fit.error_quantiles(cv.named, cv.unstated) if engine else fit.error_quantiles(cv.unstated)
+        recorded = cal.model_copy(update={"error_quantiles": table})
         return (fit.engine_factor if engine else fit.quantile_factor)(recorded, confidence)
+    rule.engine_named = engine  # type: ignore[attr-defined]
     return rule
 
 
@@ -118,17 +128,22 @@ def judge(rows: Sequence[Measurement], rules: dict[str, Rule],
     a leak the nested version, 14 times slower, would close)."""
     sources = sorted({r.source.id for r in rows})
     fits: dict[str, ServingCalibration] = {}
-    held: dict[str, list[fit.Ratio]] = {}
+    named: dict[str, list[fit.Ratio]] = {}
+    unstated: dict[str, list[fit.Ratio]] = {}
     for source in sources:
         progress(source)
         fits[source] = fit.fit([r for r in rows if r.source.id != source], ServingCalibration())
-        held[source] = fit.predict([r for r in rows if r.source.id == source], fits[source])
+        mine = [r for r in rows if r.source.id == source]
+        named[source] = fit.predict(mine, fits[source])
+        unstated[source] = fit.predict(mine, fits[source], engine=False)
     out: dict[str, list[Judged]] = {name: [] for name in rules}
     for source in sources:
         rest = [r for r in rows if r.source.id != source]
-        cv = [x for s in sources if s != source for x in held[s]]
+        cv = HeldOut([x for s in sources if s != source for x in named[s]],
+                     [x for s in sources if s != source for x in unstated[s]])
         for name, rule in rules.items():
             factor = rule(fits[source], rest, cv)
+            held = named if getattr(rule, "engine_named", False) else unstated
             out[name].extend(Judged(r, factor(r)) for r in held[source])
     return out
 

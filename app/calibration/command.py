@@ -167,7 +167,9 @@ def calibrate(  # noqa: PLR0913
     # cross-validated errors (in-sample when there is a single source: narrower than it should be).
     errors = cv or after
     fitted = fitted.model_copy(update={
-        "error_quantiles": fit.error_quantiles(errors),
+        "error_quantiles": fit.error_quantiles(
+            errors, list(validation.unstated) if cv and validation is not None else
+            fit.predict(rows, fitted, engine=False)),
         "provenance": {**fitted.provenance,
                        "error_quantiles_from": "cross-validated" if cv else "in-sample"}})
     for metric, label in (("tpot", "per output token"), ("ttft", "to first token")):

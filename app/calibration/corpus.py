@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from app.core.catalog import GpuCatalog, GpuSpec, default_catalog
 from app.core.datafile import ParamCount, problems
 from app.core.model_registry import ModelArch, ModelRegistry, default_registry
-from app.core.serving_model import Case, Shape
+from app.core.serving_model import Case, Shape, engine_name
 from app.core.userfiles import (
     MAX_ROW_CLIENTS,
     MAX_ROW_GPUS,
@@ -148,7 +148,7 @@ class Measurement(BaseModel):
                     kv_bytes_per_value=1.0 if p.kv_precision in ("fp8", "int8") else 2.0,
                     static=p.load == "static",
                     together_share=p.concurrency / p.requests if p.arrival == "staggered" and p.requests
-                    else 1.0)
+                    else 1.0, engine=engine_name(p.engine))
 
 
 def load_file(path: Path | str, *, text: str | None = None, catalog: GpuCatalog | None = None,

@@ -9,6 +9,7 @@ fit on the others, predict the left-out source (docs/stage-policy.md, "How good 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -47,6 +48,9 @@ _BOUNDS = {
     "pcie_allreduce_share": (0.1, 1.0),
     "expert_layer_prefill_us": (0.1, 20000.0),
     "sequence_overhead_us": (0.01, 2000.0),
+    "engine_budget_scale": (0.05, 20.0),
+    "engine_ttft_floor_scale": (0.05, 50.0),
+    "vendor_efficiency": (0.1, 2.0),
 }
 PRIOR_WEIGHT = 0.1  # log-units of residual per log-unit away from the default
 LOSS_SCALE = 0.25  # soft-L1 knee, in log ratio: rows off by more than ~1.3x count linearly
@@ -77,10 +81,13 @@ def per_token(row: Measurement, ms_per_token: float, ttft_ms: float) -> float:
     return ms_per_token
 
 
-def predict(rows: Iterable[Measurement], cal: ServingCalibration) -> list[Ratio]:
+def predict(rows: Iterable[Measurement], cal: ServingCalibration, *, engine: bool = True) -> list[Ratio]:
+    """Each row's estimates against its measurements; ``engine=False``: as a pod that does not name
+    its engine is estimated (the pooled engine figures)."""
     out = []
     for row in rows:
-        est = estimate(row.case(), cal)
+        case = row.case()
+        est = estimate(case if engine else dataclasses.replace(case, engine=None), cal)
         if row.point.tpot_ms is not None:
             out.append(Ratio(row, "tpot", per_token(row, est.ms_per_token, est.ttft_ms), row.point.tpot_ms))
         if row.point.ttft_ms is not None:
@@ -141,6 +148,8 @@ class CrossValidation:
     done: int
     sources: int
     cut: tuple[str, ...] = ()  # sources never held out: the budget ran out first
+    # The same held-out rows estimated as a pod that does not name its engine is.
+    unstated: tuple[Ratio, ...] = ()
 
     @property
     def grouped(self) -> bool:
@@ -173,6 +182,7 @@ def cross_validation(rows: Sequence[Measurement], start: ServingCalibration | No
     folds = folds_of(rows, max_folds)
     began = clock()
     ratios: list[Ratio] = []
+    unstated: list[Ratio] = []
     done = 0
     for fold in folds:
         if budget_s is not None and done and clock() - began >= budget_s:
@@ -184,9 +194,10 @@ def cross_validation(rows: Sequence[Measurement], start: ServingCalibration | No
         rest = [r for r in rows if r.source.id not in members]
         cal = fit(rest, start)
         ratios.extend(predict(held, cal))
+        unstated.extend(predict(held, cal, engine=False))
         done += 1
     cut = tuple(sorted(s for fold in folds[done:] for s in fold))
-    return CrossValidation(ratios, len(folds), done, sum(len(f) for f in folds), cut)
+    return CrossValidation(ratios, len(folds), done, sum(len(f) for f in folds), cut, tuple(unstated))
 
 
 def cross_validate(rows: Sequence[Measurement], start: ServingCalibration | None = None,
@@ -251,13 +262,23 @@ def decision_keys(row: Measurement) -> tuple[str, ...]:
     return (engine_key(engine), *keys) if engine.split("-", 1)[0] in ENGINES else keys
 
 
-def error_quantiles(ratios: Sequence[Ratio]) -> dict[str, dict[str, ErrorQuantiles]]:
+def error_quantiles(ratios: Sequence[Ratio], unstated: Sequence[Ratio] | None = None
+                    ) -> dict[str, dict[str, ErrorQuantiles]]:
     """Per metric and group, quantiles of measured / estimate at QUANTILE_LEVELS (rounded up to a
-    thousandth, so a recorded quantile never claims more than the points show)."""
+    thousandth, so a recorded quantile never claims more than the points show). ``unstated``: the
+    same rows estimated without their engine, which the groups a pod that names no engine uses
+    are taken from (the engine groups from ``ratios``)."""
     grouped: dict[str, dict[str, list[float]]] = {}
     for r in ratios:
-        for key in decision_keys(r.row):
+        keys = decision_keys(r.row)
+        if unstated is not None:
+            keys = tuple(k for k in keys if k.startswith("engine "))
+        for key in keys:
             grouped.setdefault(r.metric, {}).setdefault(key, []).append(r.measured / r.estimated)
+    for r in unstated or ():
+        for key in decision_keys(r.row):
+            if not key.startswith("engine "):
+                grouped.setdefault(r.metric, {}).setdefault(key, []).append(r.measured / r.estimated)
     out: dict[str, dict[str, ErrorQuantiles]] = {}
     for metric, groups in grouped.items():
         for key, values in groups.items():

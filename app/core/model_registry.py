@@ -169,6 +169,18 @@ class ModelRegistry:
     def get(self, name: str) -> ModelArch | None:
         return self._index.get(normalize(name)) if isinstance(name, str) else None
 
+    def by_counts(self, params: float, active_params: float | None, rel_tol: float) -> ModelArch | None:
+        """The one mixture of experts whose total and active parameter counts both match within
+        ``rel_tol``; None for dense counts (too many dense models share a size for the match to
+        name one) or when the counts fit several entries of different architectures."""
+        if active_params is None or not 0 < active_params < params:
+            return None
+        found = [a for a in self._entries if a.moe is not None and a.active_params is not None
+                 and math.isclose(params, a.params, rel_tol=rel_tol)
+                 and math.isclose(active_params, a.active_params, rel_tol=rel_tol)]
+        shapes = {(a.layers, a.hidden, a.kv_bytes_per_token(), a.moe, a.mla) for a in found}
+        return found[0] if len(shapes) == 1 else None
+
     def nearest(self, name: str) -> str | None:
         """The known name closest to ``name``, for "did you mean" messages."""
         names = [a.name for a in self._entries]

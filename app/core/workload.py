@@ -323,6 +323,20 @@ def _resolve_model(raw: str, fields: dict[str, Any], problems: list[str]) -> Non
                 name, f"{name} {given / 1e9:g}B disagrees with model {arch.name} ({known / 1e9:g}B)"))
 
 
+def _model_by_counts(fields: dict[str, Any]) -> None:
+    """A mixture of experts written as counts that match one registry entry is that model: the
+    estimates then use its layers, experts and routing, so the pod gets the same answer as when it
+    names the model (docs/annotations.md, ``model``)."""
+    from app.core.model_registry import default_registry
+
+    total, active = fields.get("model_params"), fields.get("active_params")
+    if total is None or active is None:
+        return
+    arch = default_registry().by_counts(total, active, MODEL_PARAMS_TOLERANCE)
+    if arch is not None:
+        fields["model"] = arch.name
+
+
 class WorkloadError(ValueError):
     """The pod's annotations cannot be understood. ``problems`` are event-ready sentences."""
 
@@ -610,6 +624,8 @@ def parse_workload(
     get = values.get
     if (raw := get("model")) is not None:
         _resolve_model(raw, fields, problems)
+    else:
+        _model_by_counts(fields)
     _cross_check(fields, problems)
     if problems:
         raise WorkloadError(problems)

@@ -32,12 +32,12 @@ NS = "team-a"
 
 
 def cluster() -> list[dict[str, Any]]:
-    """Each node is there to exercise one outcome of a 70B bf16 serving pod with a 30 ms/token SLO."""
+    """Each node is there to exercise one outcome of a 70B bf16 serving pod with a 25 ms/token SLO."""
     return [
         node_object("h200-0", gpus=8, product="NVIDIA-H200"),  # feasible, fastest
         node_object("h100-0", gpus=8, product="NVIDIA-H100-80GB-HBM3"),  # feasible, cheaper per hour
         node_object("h100-busy", gpus=8, product="NVIDIA-H100-80GB-HBM3"),  # 6 of 8 GPUs taken
-        node_object("a100-0", gpus=8, product="NVIDIA-A100-SXM4-80GB"),  # too slow for 30 ms/token
+        node_object("a100-0", gpus=8, product="NVIDIA-A100-SXM4-80GB"),  # too slow for 25 ms/token
         node_object("l4-0", gpus=4, product="NVIDIA-L4", cpu="48", memory="192Gi"),  # too little HBM
         node_object("cpu-0", node_class="cpu", cpu="64", memory="512Gi"),  # no GPUs
     ]
@@ -91,7 +91,7 @@ def make_service(binder: MemoryBinder) -> ExtenderService:
 
 
 def serving_pod(name: str, gpus: int = 4, **ann: str) -> dict[str, Any]:
-    annotations = {ANN + "model-params": "70B", ANN + "max-ms-per-token": "30"}
+    annotations = {ANN + "model-params": "70B", ANN + "max-ms-per-token": "25"}
     annotations.update({ANN + k.replace("_", "-"): v for k, v in ann.items()})
     return pod_object(name, namespace=NS, stage="serving", gpus=gpus, annotations=annotations)
 

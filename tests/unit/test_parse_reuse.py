@@ -106,6 +106,26 @@ def test_a_remembered_estimate_is_the_one_computed(settings: Settings, catalog: 
     assert moved.ms_per_token > first.ms_per_token
 
 
+def test_a_remembered_estimate_is_the_named_engines(settings: Settings, catalog: GpuCatalog) -> None:
+    """The engine changes the first token (its own fixed cost and prefill budget): the same pod
+    naming another engine, or none, is not answered from the first one's estimate."""
+    policy = settings.policies().placement.feasibility
+    gpu = catalog.lookup("NVIDIA-H100-80GB-HBM3")
+    assert gpu is not None
+    ttft = {}
+    for engine in (None, "tgi", "trtllm"):
+        ann = {PREFIX + "model-params": "8B", PREFIX + "concurrency": "16"}
+        if engine:
+            ann[PREFIX + "serving-engine"] = engine
+        spec = parse_workload(pod_object("e", gpus=1, stage="serving", annotations=ann))
+        got = serving_estimate(spec, Precision.BF16, gpu, 0.0, policy)
+        fresh = estimate(Case(Shape.of(spec.model_params or 0.0, None, None), Precision.BF16, gpu, 1, 16,
+                              *_lengths(spec, policy), engine=engine), policy.serving)
+        assert got == fresh
+        ttft[engine] = got.ttft_ms
+    assert len(set(ttft.values())) == 3
+
+
 def _lengths(spec: Any, policy: Any) -> tuple[int, int]:
     from app.core.serving_model import serving_lengths
 

@@ -24,12 +24,12 @@ def ranked(service: ExtenderService, pod: dict[str, Any]) -> list[str]:
 
 def test_70b_serving_with_slo_needs_hbm_bandwidth(service: ExtenderService) -> None:
     pod = pod_object("p", stage="serving", gpus=4, annotations={
-        "llm-placement.io/model-params": "70B", "llm-placement.io/max-ms-per-token": "30"})
+        "llm-placement.io/model-params": "70B", "llm-placement.io/max-ms-per-token": "25"})
     d = service.placer.filter(pod, NAMES)
     assert sorted(d.passed) == ["h100-0", "h200-0"]
     for n in d.passed:  # the prediction that let them through really meets the SLO
         ms = d.fits[n].ms_per_token
-        assert ms is not None and ms <= 30
+        assert ms is not None and ms <= 25
 
 
 def test_70b_without_slo_still_needs_memory(service: ExtenderService) -> None:

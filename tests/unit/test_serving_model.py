@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.core.catalog import default_catalog
 from app.core.model_registry import ModelArch, Moe
@@ -15,6 +17,7 @@ from app.core.serving_model import (
     Case,
     ServingCalibration,
     Shape,
+    closed_loop_wait_ms,
     estimate,
     prompts_before_first_token,
     weight_kind,
@@ -26,7 +29,8 @@ H100 = CAT.by_name("H100-SXM-80GB")
 A100 = CAT.by_name("A100-SXM4-80GB")
 L4 = CAT.by_name("L4")
 A10G = CAT.by_name("A10G")
-assert H100 and A100 and L4 and A10G
+MI300X = CAT.by_name("MI300X")
+assert H100 and A100 and L4 and A10G and MI300X
 
 DENSE = ModelArch(name="dense-7b", params=7e9, layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
                   source="synthetic")
@@ -240,3 +244,92 @@ def test_continuous_batching_pays_per_sequence_work_each_step_and_a_fixed_batch_
     assert estimate(static, dear).ms_per_token == pytest.approx(estimate(static, cheap).ms_per_token)
     alone = case(concurrency=1)
     assert estimate(alone, dear).ms_per_token == pytest.approx(estimate(alone, cheap).ms_per_token)
+
+
+def test_an_engine_takes_prompts_at_its_own_budget():
+    from dataclasses import replace
+
+    cal = CAL.model_copy(update={"prefill_token_budget": 8192.0, "ttft_floor_ms": 0.0,
+                                 "engine_budget_scale": {**CAL.engine_budget_scale, "sglang": 0.5}})
+    busy = case(concurrency=40, prompt=2000)
+    # Half the budget: two prompts a step instead of four, so a mean prompt waits (40 + 2) / 2
+    # prompts' work instead of (40 + 4) / 2.
+    pooled = estimate(busy, cal).ttft_ms
+    own = estimate(replace(busy, engine="sglang"), cal).ttft_ms
+    assert own == pytest.approx(pooled * 21 / 22, rel=0.02)
+    # An engine the fit has no figures of, and a pod naming none, take the pooled budget.
+    assert estimate(replace(busy, engine="tgi"), cal).ttft_ms == pooled
+
+
+@pytest.mark.parametrize(("raw", "name"), [("vllm/0.11.0", "vllm"), ("lmdeploy-turbomind", "lmdeploy"),
+                                           ("NIM", "nim"), ("unstated", None), (None, None)])
+def test_engine_names_as_pods_and_corpus_rows_write_them(raw: str | None, name: str | None):
+    from app.core.serving_model import engine_name
+
+    assert engine_name(raw) == name
+
+
+def test_another_vendors_gpus_run_at_their_own_share_of_the_fitted_efficiencies():
+    from dataclasses import replace
+
+    half = CAL.model_copy(update={"vendor_efficiency": {**CAL.vendor_efficiency, "amd": 0.5}})
+    one = case(gpu=MI300X, concurrency=1, prompt=4000)
+    # Memory-bound decode of one client and a long prompt's prefill both take twice as long (the
+    # step floor and the first-token floor are the engine's, not the GPU's).
+    floors = CAL.step_floor_ms + DENSE.layers * CAL.layer_overhead_us / 1e3
+    assert estimate(one, half).ms_per_token - floors == pytest.approx(
+        2 * (estimate(one, CAL).ms_per_token - floors), rel=0.01)
+    assert estimate(one, half).ttft_ms - CAL.ttft_floor_ms == pytest.approx(
+        2 * (estimate(one, CAL).ttft_ms - CAL.ttft_floor_ms), rel=0.01)
+    # NVIDIA's GPUs, which the efficiencies were fitted on, are untouched.
+    nvidia = replace(one, gpu=H100)
+    assert estimate(nvidia, half) == estimate(nvidia, CAL)
+
+
+def test_an_engine_pays_its_own_fixed_cost_of_a_first_token():
+    from dataclasses import replace
+
+    cal = CAL.model_copy(update={"ttft_floor_ms": 10.0,
+                                 "engine_ttft_floor_scale": {**CAL.engine_ttft_floor_scale, "tgi": 4.0}})
+    one = case(concurrency=1, prompt=500)
+    pooled = estimate(one, cal).ttft_ms
+    assert estimate(replace(one, engine="tgi"), cal).ttft_ms == pytest.approx(pooled + 30.0)
+    # Per token is the decode loop, which the first token's fixed cost does not touch.
+    assert estimate(replace(one, engine="tgi"), cal).ms_per_token == estimate(one, cal).ms_per_token
+    assert estimate(replace(one, engine="vllm"), cal).ttft_ms == pooled
+
+
+@given(clients=st.integers(1, 256), prefill=st.floats(0.1, 5_000), think=st.floats(0, 100_000))
+def test_a_closed_loop_prompt_waits_at_least_its_own_time_and_at_most_everyones(
+        clients: int, prefill: float, think: float):
+    wait = closed_loop_wait_ms(clients, prefill, think)
+    assert prefill * (1 - 1e-9) <= wait <= clients * prefill * (1 + 1e-9)
+    # One more client never shortens the wait.
+    assert closed_loop_wait_ms(clients + 1, prefill, think) >= wait * (1 - 1e-9)
+
+
+def test_a_closed_loop_saturates_at_every_client_ahead_less_the_decode():
+    # Prompts that take far longer than the decodes between them: the prefill is the bottleneck
+    # and each prompt waits for nearly all the others (the response time law, N x S - Z).
+    assert closed_loop_wait_ms(8, 1_000.0, 500.0) == pytest.approx(8 * 1_000 - 500, rel=0.01)
+    # Decodes far longer than the prompts: the queue is nearly always empty.
+    assert closed_loop_wait_ms(8, 10.0, 100_000.0) == pytest.approx(10.0, rel=0.01)
+    assert closed_loop_wait_ms(1, 10.0, 0.0) == 10.0
+
+
+def test_long_prompts_from_a_few_clients_queue_behind_each_other_in_steady_state():
+    # 8 clients sending 28,000-token prompts and reading 100 tokens back: the prompts, not the
+    # decodes, are the work, so a first token waits for about all 8 prompts whatever the budget.
+    cal = CAL.model_copy(update={"prefill_token_budget": 8192.0, "ttft_floor_ms": 0.0})
+    alone = estimate(case(concurrency=1, prompt=28_000, output=100), cal).ttft_ms
+    eight = estimate(case(concurrency=8, prompt=28_000, output=100), cal).ttft_ms
+    # The arrive-together rule alone says (8 + 1) / 2 = 4.5 prompts' work; in steady state a prompt
+    # waits for the 7 others less the ~2 s its client spends decoding (8 x 1.2 - 2.2 s).
+    assert eight == pytest.approx(8 * alone - 100 * (estimate(case(concurrency=8, prompt=28_000, output=100),
+                                                              cal).ms_per_token - _other_prompts(cal)), rel=0.05)
+    assert eight > 6 * alone
+
+
+def _other_prompts(cal: ServingCalibration) -> float:
+    busy = estimate(case(concurrency=8, prompt=28_000, output=100), cal)
+    return dict(busy.parts)["other prompts"]

@@ -244,4 +244,23 @@ def test_the_shipped_default_confidence_is_the_one_the_recorded_sweep_chooses() 
     from bench.serving_decisions import confidence_by_rule
 
     recorded = json.loads((Path(__file__).parents[2] / "bench/results/serving_decisions.json").read_text())
-    assert recorded["confidence_by_rule"] == confidence_by_rule(recorded["sweep"]) == DEFAULT_CONFIDENCE
+    rule = confidence_by_rule(recorded["sweep"])
+    assert recorded["confidence_by_rule"] == rule
+    # No swept confidence meeting the budget leaves the default where it is (app/core/serving_model.py).
+    assert rule in (None, DEFAULT_CONFIDENCE)
+
+
+def test_groups_a_pod_without_an_engine_uses_come_from_estimates_without_one():
+    """The pooled groups are what a pod naming no engine is judged by, so their errors are those
+    of estimates made without the engine's own figures; the engine groups keep the named ones."""
+
+    rows = corpus.packaged()
+    cal = fit.fit(rows[:0], ServingCalibration()).model_copy(
+        update={"engine_budget_scale": {**ServingCalibration().engine_budget_scale, "nim": 3.0}})
+    named = fit.predict(rows, cal)
+    unstated = fit.predict(rows, cal, engine=False)
+    assert any(a.estimated != b.estimated for a, b in zip(named, unstated, strict=True))
+    table = fit.error_quantiles(named, unstated)
+    assert table["ttft"]["all"] == fit.error_quantiles(unstated)["ttft"]["all"]
+    assert table["ttft"]["engine nim"] == fit.error_quantiles(named)["ttft"]["engine nim"]
+    assert table["ttft"]["all"] != fit.error_quantiles(named)["ttft"]["all"]

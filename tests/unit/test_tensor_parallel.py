@@ -132,7 +132,8 @@ def test_a_target_bandwidth_alone_meets_is_missed_over_pcie(service: ExtenderSer
     base = spec_of(4, model_params="70B", precision="int8", latency_class="batch")
     est = _tp(base, "L40S")
     # The filter compares the estimate times its group's quantile (docs/stage-policy.md).
-    margin = target_quantile(default_calibration(), "int8/fp8", "tpot", 0.9, 1).factor
+    confidence = service.placer.policy.feasibility.serving_confidence
+    margin = target_quantile(default_calibration(), "int8/fp8", "tpot", confidence, 1).factor
     target = margin * (est.ms_per_token - est.tp_per_token_ms / 2)
     spec = spec_of(4, model_params="70B", precision="int8", latency_class="batch",
                    max_ms_per_token=f"{target:.3f}")
@@ -144,7 +145,7 @@ def test_a_target_bandwidth_alone_meets_is_missed_over_pcie(service: ExtenderSer
     # all-reduces over PCIe do not.
     probe_spec = spec_of(4, model_params="8B", prompt_tokens="2000", serving_role="prefill")
     probe = _tp(probe_spec, "L40S")
-    limit = (target_quantile(default_calibration(), "tp>=4", "ttft", 0.9, 1).factor
+    limit = (target_quantile(default_calibration(), "tp>=4", "ttft", confidence, 1).factor
              * (probe.ttft_ms - probe.tp_prefill_ms / 2))
     spec = spec_of(4, model_params="8B", prompt_tokens="2000", serving_role="prefill",
                    max_ttft_ms=f"{limit:.3f}")

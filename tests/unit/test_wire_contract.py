@@ -32,7 +32,7 @@ def client(service: ExtenderService) -> TestClient:
 
 
 def serving_pod(**ann: str) -> dict[str, Any]:
-    base = {"llm-placement.io/model-params": "70B", "llm-placement.io/max-ms-per-token": "30"}
+    base = {"llm-placement.io/model-params": "70B", "llm-placement.io/max-ms-per-token": "25"}
     return pod_object("chat", namespace="ml", stage="serving", gpus=4, annotations={**base, **ann})
 
 
@@ -43,7 +43,7 @@ def test_filter_cache_mode_pascal_case(client: TestClient) -> None:
     out = r.json()
     assert set(out) == {"NodeNames", "Nodes", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
     assert out["Error"] == "" and out["Nodes"] is None
-    # 70B bf16 at 30 ms/token on 4 GPUs: only the HBM3/HBM3e parts have the bandwidth.
+    # 70B bf16 at 25 ms/token on 4 GPUs: only the HBM3/HBM3e parts have the bandwidth.
     assert sorted(out["NodeNames"]) == ["h100-0", "h200-0"]
     # A node passed, so no per-node reasons: kube-scheduler reads them only when none passes.
     assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}
