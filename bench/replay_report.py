@@ -16,6 +16,7 @@ import fnmatch
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import typer
@@ -161,6 +162,155 @@ def llm_rows(path: Path) -> list[str]:
                 str(v["mixed_gpu_gangs"]), "",
             ]).strip())
     return out
+
+
+class Overtake(NamedTuple):
+    """A gang (``later``) created after ``gang`` that started before it. ``delayed_at`` is the first
+    trace time at which ``gang``, waiting, would have fit on free GPUs of one model had ``later``'s
+    pods not held theirs (None: ``later`` never stood in its way, a backfill)."""
+
+    gang: str
+    later: str
+    later_start: float
+    later_end: float
+    delayed_at: float | None
+
+    @property
+    def backfill(self) -> bool:
+        return self.delayed_at is None
+
+
+def _fits(need: list[int], free: list[int]) -> bool:
+    """First fit, largest member first, of ``need`` (GPUs per member) into ``free`` (GPUs per node)."""
+    room = sorted(free, reverse=True)
+    for g in sorted(need, reverse=True):
+        for i, f in enumerate(room):
+            if f >= g:
+                room[i] -= g
+                break
+        else:
+            return False
+    return True
+
+
+def overtakes(gangs: dict[str, list[str]], gpus: dict[str, int], nodes: dict[str, tuple[str, int]],
+              placements: dict[str, str], created: dict[str, float], started: dict[str, float],
+              ran: dict[str, float]) -> dict[str, list[Overtake]]:
+    """For each gang, the gangs created after it that started before it, and whether each delayed it.
+
+    Queue order is the creation of a gang's first member (docs/gangs.md). A later gang H that started
+    before gang G delayed G if, at some trace time while G waited (from when all of G existed and H
+    had started until G started or H ended), G would have fit on the free GPUs of nodes of one model
+    with H's pods gone but did not fit with them: H took capacity G could use then. Otherwise H was a
+    backfill: it ran on capacity G could not use, or ended before G could have started.
+    ``nodes`` maps a node to (GPU model, GPUs); ``gpus``, ``placements``, ``created``, ``started``
+    and ``ran`` are per pod (a gang member's start is its gang's)."""
+    inf = float("inf")
+    end = {p: started[p] + ran.get(p, 0.0) for p in started}
+    events = sorted({t for p in started for t in (started[p], end[p])})
+    first = {g: min(created[m] for m in ms) for g, ms in gangs.items() if all(m in created for m in ms)}
+    ready = {g: max(created[m] for m in ms) for g, ms in gangs.items() if g in first}
+    start = {g: min(started[m] for m in ms) if all(m in started for m in ms) else inf
+             for g, ms in gangs.items() if g in first}
+
+    def free_by_model(t: float, without: set[str]) -> dict[str, list[int]]:
+        used: dict[str, int] = defaultdict(int)
+        for p, s in started.items():
+            if s <= t < end[p] and p not in without and p in placements:
+                used[placements[p]] += gpus.get(p, 0)
+        out: dict[str, list[int]] = defaultdict(list)
+        for node, (model, cap) in nodes.items():
+            out[model].append(cap - used[node])
+        return out
+
+    out: dict[str, list[Overtake]] = {}
+    for g in sorted(first, key=lambda k: (first[k], k)):
+        need = [gpus.get(m, 0) for m in gangs[g]]
+        rows = []
+        for h in first:
+            if h == g or (first[h], h) <= (first[g], g) or start[h] >= start[g]:
+                continue
+            h_end = max(end[m] for m in gangs[h])
+            lo, hi = max(ready[g], start[h]), min(start[g], h_end)
+            delayed = None
+            for t in [lo] + [e for e in events if lo < e < hi]:
+                if t >= hi:
+                    break
+                if not any(_fits(need, f) for f in free_by_model(t, set()).values()) and \
+                        any(_fits(need, f) for f in free_by_model(t, set(gangs[h])).values()):
+                    delayed = t
+                    break
+            rows.append(Overtake(g, h, start[h], h_end, delayed))
+        out[g] = rows
+    return out
+
+
+def _workload(meta: dict) -> tuple[list[dict], list]:
+    """The nodes and pods of a run, regenerated from its meta (bench/replay.py's generators are seeded)."""
+    from bench.replay import gang_workload, llm_cluster_workload
+
+    if "jobs" in meta:
+        nodes, pods, _ = llm_cluster_workload(int(meta["jobs"]), int(meta["seed"]), float(meta["load"]))
+    elif "gangs" in meta:
+        nodes, pods, _ = gang_workload(int(meta["gangs"]), int(meta["seed"]))
+    else:
+        raise typer.BadParameter("--overtaken reads LLM-cluster (--llm-jobs) and --gangs results only")
+    return nodes, pods
+
+
+GPU = "nvidia.com/gpu"
+
+
+def overtake_tables(path: Path) -> tuple[list[str], list[str]]:
+    """Per run and variant, and per gang: the later gangs that started before it and whether each was
+    a backfill. Needs the per-pod starts a run records (``started_s_by_pod``)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, for the generators
+    from tests.integration.harness.replay import node_product, pod_gang, pod_gpus
+
+    summary, per_gang = [], []
+    for doc in json.loads(path.read_text()).values():
+        meta = doc["meta"]
+        nodes, pods = _workload(meta)
+        caps = {n["metadata"]["name"]: (node_product(n), int(n["status"]["allocatable"].get(GPU, 0)))
+                for n in nodes}
+        gpus = {p.name: pod_gpus(p.manifest) for p in pods}
+        gangs: dict[str, list[str]] = defaultdict(list)
+        for p in pods:
+            g = pod_gang(p.manifest)
+            if g is not None:
+                gangs[g[0]].append(p.name)
+        for variant, v in doc["variants"].items():
+            started = v.get("started_s_by_pod")
+            if started is None:
+                continue
+            created = {p: started[p] - q for p, q in v["queue_s_by_pod"].items() if p in started}
+            table = overtakes(dict(gangs), gpus, caps, v["placements"], created, started, v["ran_s_by_pod"])
+            taken = [o for os_ in table.values() for o in os_]
+            bad = [o for o in taken if not o.backfill]
+            summary.append(" | ".join([
+                "", str(meta.get("seed", "-")), f"{meta.get('load', 1.0):g}", variant, str(len(table)),
+                str(sum(1 for os_ in table.values() if os_)), str(len(taken)), str(len(taken) - len(bad)),
+                f"**{len(bad)}**" if bad else "0", ""]).strip())
+            for g, os_ in table.items():
+                ms = gangs[g]
+                first = min(created[m] for m in ms if m in created) if all(m in created for m in ms) else None
+                start = min(started[m] for m in ms) if all(m in started for m in ms) else None
+                by = ", ".join(f"{o.later.split('/')[-1]} ("
+                               + ("backfill" if o.backfill else f"DELAYED it at {o.delayed_at:,.0f} s") + ")"
+                               for o in os_) or "-"
+                per_gang.append(" | ".join([
+                    "", str(meta.get("seed", "-")), f"{meta.get('load', 1.0):g}", variant, g.split("/")[-1],
+                    f"{len(ms)} x {gpus[ms[0]]}", _s(first), _s(start),
+                    _s(start - first) if start is not None and first is not None else "-", by, ""]).strip())
+    return summary, per_gang
+
+
+OVERTAKE_HEADER = ("| seed | load | variant | gangs | gangs overtaken | overtakes by later gangs | "
+                   "of which backfill | overtakes that delayed an earlier gang |")
+PER_GANG_HEADER = ("| seed | load | variant | gang | members x GPUs | created, s | started, s | waited, s | "
+                   "later gangs that started first (backfill or not) |")
 
 
 BAR_METRICS = (  # (figure, title); each relative to MostAllocated in its own run
@@ -389,10 +539,20 @@ def main(files: list[Path], outcomes: bool = False, llm: bool = False,
          drop: list[str] = typer.Option([], help="with --repeats: FILE:VARIANT runs to leave out"),
          ours_from: str | None = typer.Option(None, help="with --repeats: take ours only from files "
                                                          "whose name matches this pattern"),
+         overtaken: bool = False,
          ) -> None:
-    """--outcomes: the virtual-clock outcome table (gangs, queueing, completion, dollars spent);
-    --llm: the LLM-cluster mix table (files from ``bench/replay.py --llm-jobs``); --repeats: the
-    pipeline mixes' outcomes over several runs of each workload."""
+    """--overtaken: per gang, the later gangs that started before it and whether each was a backfill
+    (LLM-cluster and gang runs); --outcomes: the virtual-clock outcome table (gangs, queueing,
+    completion, dollars spent); --llm: the LLM-cluster mix table (files from ``bench/replay.py
+    --llm-jobs``); --repeats: the pipeline mixes' outcomes over several runs of each workload."""
+    if overtaken:
+        for f in files:
+            summary, per_gang = overtake_tables(f)
+            print(f"{f.name}\n\n{OVERTAKE_HEADER}\n|" + "---|" * 3 + "---:|" * 5)
+            print("\n".join(summary))
+            print(f"\n{PER_GANG_HEADER}\n|" + "---|" * 5 + "---:|" * 3 + "---|")
+            print("\n".join(per_gang) + "\n")
+        return
     if repeats:
         dropped = set()
         for item in drop:
