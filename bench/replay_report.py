@@ -167,7 +167,7 @@ def llm_rows(path: Path) -> list[str]:
 class Overtake(NamedTuple):
     """A gang (``later``) created after ``gang`` that started before it. ``delayed_at`` is the first
     trace time at which ``gang``, waiting, would have fit on free GPUs of one model had ``later``'s
-    pods not held theirs (None: ``later`` never stood in its way, a backfill)."""
+    pods not held theirs (None: ``later`` never stood in its way)."""
 
     gang: str
     later: str
@@ -176,8 +176,14 @@ class Overtake(NamedTuple):
     delayed_at: float | None
 
     @property
-    def backfill(self) -> bool:
-        return self.delayed_at is None
+    def kind(self) -> str:
+        """``backfill``: never in the earlier gang's way (beside it, or ended before it could have
+        started); ``overtook``: took capacity the earlier gang, waiting, fitted in at the moment it
+        started (what the gang queue forbids); ``passed over``: started when the earlier gang did not
+        fit, then held capacity it could have used (BestEffortFIFO without run times, docs/gangs.md)."""
+        if self.delayed_at is None:
+            return "backfill"
+        return "overtook" if self.delayed_at <= self.later_start else "passed over"
 
 
 def _fits(need: list[int], free: list[int]) -> bool:
@@ -199,10 +205,11 @@ def overtakes(gangs: dict[str, list[str]], gpus: dict[str, int], nodes: dict[str
     """For each gang, the gangs created after it that started before it, and whether each delayed it.
 
     Queue order is the creation of a gang's first member (docs/gangs.md). A later gang H that started
-    before gang G delayed G if, at some trace time while G waited (from when all of G existed and H
-    had started until G started or H ended), G would have fit on the free GPUs of nodes of one model
-    with H's pods gone but did not fit with them: H took capacity G could use then. Otherwise H was a
-    backfill: it ran on capacity G could not use, or ended before G could have started.
+    before gang G stood in G's way if, at some trace time while G waited (from when all of G existed
+    and H had started until G started or H ended), G would have fit on the free GPUs of nodes of one
+    model with H's pods gone but did not fit with them (``Overtake.kind`` tells whether that was
+    already so when H started). Otherwise H was a backfill: it ran on capacity G could not use, or
+    ended before G could have started.
     ``nodes`` maps a node to (GPU model, GPUs); ``gpus``, ``placements``, ``created``, ``started``
     and ``ran`` are per pod (a gang member's start is its gang's)."""
     inf = float("inf")
@@ -288,18 +295,19 @@ def overtake_tables(path: Path) -> tuple[list[str], list[str]]:
             created = {p: started[p] - q for p, q in v["queue_s_by_pod"].items() if p in started}
             table = overtakes(dict(gangs), gpus, caps, v["placements"], created, started, v["ran_s_by_pod"])
             taken = [o for os_ in table.values() for o in os_]
-            bad = [o for o in taken if not o.backfill]
+            kinds = {k: sum(1 for o in taken if o.kind == k) for k in ("backfill", "passed over", "overtook")}
             summary.append(" | ".join([
                 "", str(meta.get("seed", "-")), f"{meta.get('load', 1.0):g}", variant, str(len(table)),
-                str(sum(1 for os_ in table.values() if os_)), str(len(taken)), str(len(taken) - len(bad)),
-                f"**{len(bad)}**" if bad else "0", ""]).strip())
+                str(sum(1 for os_ in table.values() if os_)), str(len(taken)), str(kinds["backfill"]),
+                str(kinds["passed over"]), f"**{kinds['overtook']}**" if kinds["overtook"] else "0",
+                ""]).strip())
             for g, os_ in table.items():
                 ms = gangs[g]
                 first = min(created[m] for m in ms if m in created) if all(m in created for m in ms) else None
                 start = min(started[m] for m in ms) if all(m in started for m in ms) else None
-                by = ", ".join(f"{o.later.split('/')[-1]} ("
-                               + ("backfill" if o.backfill else f"DELAYED it at {o.delayed_at:,.0f} s") + ")"
-                               for o in os_) or "-"
+                by = ", ".join(f"{o.later.split('/')[-1]} ({o.kind}"
+                               + ("" if o.delayed_at is None else f", in its way from {o.delayed_at:,.0f} s")
+                               + ")" for o in os_) or "-"
                 per_gang.append(" | ".join([
                     "", str(meta.get("seed", "-")), f"{meta.get('load', 1.0):g}", variant, g.split("/")[-1],
                     f"{len(ms)} x {gpus[ms[0]]}", _s(first), _s(start),
@@ -307,10 +315,11 @@ def overtake_tables(path: Path) -> tuple[list[str], list[str]]:
     return summary, per_gang
 
 
-OVERTAKE_HEADER = ("| seed | load | variant | gangs | gangs overtaken | overtakes by later gangs | "
-                   "of which backfill | overtakes that delayed an earlier gang |")
+OVERTAKE_HEADER = ("| seed | load | variant | gangs | gangs overtaken | later gangs started first | "
+                   "backfill | passed over (earlier did not fit then; in its way later) | "
+                   "overtook while the earlier fitted |")
 PER_GANG_HEADER = ("| seed | load | variant | gang | members x GPUs | created, s | started, s | waited, s | "
-                   "later gangs that started first (backfill or not) |")
+                   "later gangs that started first |")
 
 
 BAR_METRICS = (  # (figure, title); each relative to MostAllocated in its own run
@@ -548,7 +557,7 @@ def main(files: list[Path], outcomes: bool = False, llm: bool = False,
     if overtaken:
         for f in files:
             summary, per_gang = overtake_tables(f)
-            print(f"{f.name}\n\n{OVERTAKE_HEADER}\n|" + "---|" * 3 + "---:|" * 5)
+            print(f"{f.name}\n\n{OVERTAKE_HEADER}\n|" + "---|" * 3 + "---:|" * 6)
             print("\n".join(summary))
             print(f"\n{PER_GANG_HEADER}\n|" + "---|" * 5 + "---:|" * 3 + "---|")
             print("\n".join(per_gang) + "\n")

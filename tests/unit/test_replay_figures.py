@@ -368,16 +368,18 @@ def test_repeats_take_ours_only_from_the_named_files_and_refuse_a_malformed_drop
         report.main([now], repeats=True, plot=None, merge_to=None, drop=["ours"], ours_from=None)
 
 
-# Two 8-GPU nodes of model H and one of model A. A solo pod x fills h1 from 0 to 100; gang G
-# (2 x 8 GPUs) exists from 10 and can only run on h1 + h2 once x ends; gang L (2 x 4 GPUs), created
-# after G at 20, starts at once on one node. Whether L delayed G depends on where it ran and how long.
-@pytest.mark.parametrize(("l_node", "l_end", "g_start", "delayed_at"), [
-    ("h2", 300.0, 300.0, 100.0),  # held h2 past x's end: G fit at 100 but for L
-    ("h2", 90.0, 100.0, None),  # ended before G could have started: backfill
-    ("a1", 300.0, 100.0, None),  # on the one A node, which G (two whole nodes of one model) cannot use
+# Two 8-GPU nodes of model H and one of model A. A solo pod x fills h1 until x_end; gang G (2 x 8
+# GPUs) exists from 10 and can only run on h1 + h2; gang L (2 x 4 GPUs), created after G at 20,
+# starts at once on one node. Whether L stood in G's way depends on where it ran, how long, and
+# whether G fitted when L started.
+@pytest.mark.parametrize(("x_end", "l_node", "l_end", "g_start", "delayed_at", "kind"), [
+    (100.0, "h2", 300.0, 300.0, 100.0, "passed over"),  # G did not fit at 20; L held h2 past 100
+    (100.0, "h2", 90.0, 100.0, None, "backfill"),  # ended before G could have started
+    (100.0, "a1", 300.0, 100.0, None, "backfill"),  # on the one A node, which G cannot use
+    (15.0, "h2", 300.0, 300.0, 20.0, "overtook"),  # G fitted on h1 + h2 when L took h2
 ])
 def test_a_later_gang_that_started_first_is_a_backfill_only_if_it_never_stood_in_the_way(
-        l_node: str, l_end: float, g_start: float, delayed_at: float | None) -> None:
+        x_end: float, l_node: str, l_end: float, g_start: float, delayed_at: float | None, kind: str) -> None:
     report = _report()
     nodes = {"h1": ("H", 8), "h2": ("H", 8), "a1": ("A", 8)}
     gangs = {"ns/g": ["g-0", "g-1"], "ns/l": ["l-0", "l-1"]}
@@ -385,11 +387,11 @@ def test_a_later_gang_that_started_first_is_a_backfill_only_if_it_never_stood_in
     placements = {"x": "h1", "g-0": "h1", "g-1": "h2", "l-0": l_node, "l-1": l_node}
     created = {"x": 0.0, "g-0": 10.0, "g-1": 10.0, "l-0": 20.0, "l-1": 20.0}
     started = {"x": 0.0, "g-0": g_start, "g-1": g_start, "l-0": 20.0, "l-1": 20.0}
-    ran = {"x": 100.0, "g-0": 50.0, "g-1": 50.0, "l-0": l_end - 20.0, "l-1": l_end - 20.0}
+    ran = {"x": x_end, "g-0": 50.0, "g-1": 50.0, "l-0": l_end - 20.0, "l-1": l_end - 20.0}
     out = report.overtakes(gangs, gpus, nodes, placements, created, started, ran)
     (o,) = out["ns/g"]
     assert (o.later, o.later_start, o.later_end) == ("ns/l", 20.0, l_end)
-    assert o.delayed_at == delayed_at and o.backfill is (delayed_at is None)
+    assert (o.delayed_at, o.kind) == (delayed_at, kind)
     assert out["ns/l"] == []  # an earlier gang that started first overtook nothing
 
 
