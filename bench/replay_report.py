@@ -12,9 +12,11 @@ ms/token target, cost, co-location, agreement. A file's name after ``replay-grav
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -199,10 +201,46 @@ def _fits(need: list[int], free: list[int]) -> bool:
     return True
 
 
+class _Usage:
+    """GPUs in use per node at every start or end of a pod (a gang member starts with its gang)."""
+
+    def __init__(self, gpus: dict[str, int], nodes: dict[str, tuple[str, int]], placements: dict[str, str],
+                 started: dict[str, float], ran: dict[str, float]) -> None:
+        self.gpus, self.nodes, self.placements, self.started = gpus, nodes, placements, started
+        self.end = {p: started[p] + ran.get(p, 0.0) for p in started}
+        self.events = sorted({t for p in started for t in (started[p], self.end[p])})
+        self.used: list[dict[str, int]] = []
+        for t in self.events:
+            used: dict[str, int] = defaultdict(int)
+            for p in self.running(t, started):
+                used[placements[p]] += gpus.get(p, 0)
+            self.used.append(used)
+
+    def running(self, t: float, pods: Iterable[str]) -> list[str]:
+        return [p for p in pods if p in self.placements and p in self.started
+                and self.started[p] <= t < self.end[p]]
+
+    def since(self, t: float) -> int:
+        """Index of the state in force at ``t``: the last event at or before it."""
+        return max(0, bisect.bisect_right(self.events, t) - 1)
+
+    def fits(self, need: list[int], i: int, t: float, without: Iterable[str] = ()) -> bool:
+        """``need`` fits the free GPUs of nodes of one model at ``t`` (state ``i``), ``without``'s
+        running pods gone."""
+        used = dict(self.used[i])
+        for p in self.running(t, without):
+            used[self.placements[p]] -= self.gpus.get(p, 0)
+        free: dict[str, list[int]] = defaultdict(list)
+        for node, (model, cap) in self.nodes.items():
+            free[model].append(cap - used.get(node, 0))
+        return any(_fits(need, f) for f in free.values())
+
+
 def overtakes(gangs: dict[str, list[str]], gpus: dict[str, int], nodes: dict[str, tuple[str, int]],
               placements: dict[str, str], created: dict[str, float], started: dict[str, float],
               ran: dict[str, float]) -> dict[str, list[Overtake]]:
-    """For each gang, the gangs created after it that started before it, and whether each delayed it.
+    """For each gang, the gangs created after it that started before it, and whether each stood in
+    its way.
 
     Queue order is the creation of a gang's first member (docs/gangs.md). A later gang H that started
     before gang G stood in G's way if, at some trace time while G waited (from when all of G existed
@@ -213,23 +251,11 @@ def overtakes(gangs: dict[str, list[str]], gpus: dict[str, int], nodes: dict[str
     ``nodes`` maps a node to (GPU model, GPUs); ``gpus``, ``placements``, ``created``, ``started``
     and ``ran`` are per pod (a gang member's start is its gang's)."""
     inf = float("inf")
-    end = {p: started[p] + ran.get(p, 0.0) for p in started}
-    events = sorted({t for p in started for t in (started[p], end[p])})
+    use = _Usage(gpus, nodes, placements, started, ran)
     first = {g: min(created[m] for m in ms) for g, ms in gangs.items() if all(m in created for m in ms)}
     ready = {g: max(created[m] for m in ms) for g, ms in gangs.items() if g in first}
     start = {g: min(started[m] for m in ms) if all(m in started for m in ms) else inf
              for g, ms in gangs.items() if g in first}
-
-    def free_by_model(t: float, without: set[str]) -> dict[str, list[int]]:
-        used: dict[str, int] = defaultdict(int)
-        for p, s in started.items():
-            if s <= t < end[p] and p not in without and p in placements:
-                used[placements[p]] += gpus.get(p, 0)
-        out: dict[str, list[int]] = defaultdict(list)
-        for node, (model, cap) in nodes.items():
-            out[model].append(cap - used[node])
-        return out
-
     out: dict[str, list[Overtake]] = {}
     for g in sorted(first, key=lambda k: (first[k], k)):
         need = [gpus.get(m, 0) for m in gangs[g]]
@@ -237,18 +263,46 @@ def overtakes(gangs: dict[str, list[str]], gpus: dict[str, int], nodes: dict[str
         for h in first:
             if h == g or (first[h], h) <= (first[g], g) or start[h] >= start[g]:
                 continue
-            h_end = max(end[m] for m in gangs[h])
+            h_end = max(use.end[m] for m in gangs[h])
             lo, hi = max(ready[g], start[h]), min(start[g], h_end)
             delayed = None
-            for t in [lo] + [e for e in events if lo < e < hi]:
+            for i in range(use.since(lo), len(use.events)):
+                t = max(lo, use.events[i])
                 if t >= hi:
                     break
-                if not any(_fits(need, f) for f in free_by_model(t, set()).values()) and \
-                        any(_fits(need, f) for f in free_by_model(t, set(gangs[h])).values()):
+                if not use.fits(need, i, t) and use.fits(need, i, t, gangs[h]):
                     delayed = t
                     break
             rows.append(Overtake(g, h, start[h], h_end, delayed))
         out[g] = rows
+    return out
+
+
+def behind_later_work(gangs: dict[str, list[str]], gpus: dict[str, int], nodes: dict[str, tuple[str, int]],
+                      placements: dict[str, str], created: dict[str, float], started: dict[str, float],
+                      ran: dict[str, float]) -> dict[str, float]:
+    """Per gang, the trace seconds it waited while work created after it (any pod, gang or not) held
+    GPUs it needed: it did not fit, and would have on free GPUs of one model with every later pod
+    then running gone. Pairwise overtakes miss this: many later 1-GPU pods together fill the nodes a
+    gang waits for, none alone in its way."""
+    use = _Usage(gpus, nodes, placements, started, ran)
+    out: dict[str, float] = {}
+    for g, ms in gangs.items():
+        if not all(m in created for m in ms):
+            continue
+        first, ready = min(created[m] for m in ms), max(created[m] for m in ms)
+        start = min(started[m] for m in ms) if all(m in started for m in ms) else use.events[-1]
+        later = [p for p in started if created.get(p, -1.0) > first and p not in ms]
+        need = [gpus.get(m, 0) for m in ms]
+        total = 0.0
+        for i in range(use.since(ready), len(use.events)):
+            t = max(ready, use.events[i])
+            if t >= start:
+                break
+            nxt = min(start, use.events[i + 1]) if i + 1 < len(use.events) else start
+            if not use.fits(need, i, t) and use.fits(need, i, t, later):
+                total += nxt - t
+        out[g] = total
     return out
 
 
@@ -293,33 +347,37 @@ def overtake_tables(path: Path) -> tuple[list[str], list[str]]:
             if started is None:
                 continue
             created = {p: started[p] - q for p, q in v["queue_s_by_pod"].items() if p in started}
-            table = overtakes(dict(gangs), gpus, caps, v["placements"], created, started, v["ran_s_by_pod"])
+            args = (dict(gangs), gpus, caps, v["placements"], created, started, v["ran_s_by_pod"])
+            table, behind = overtakes(*args), behind_later_work(*args)
             taken = [o for os_ in table.values() for o in os_]
             kinds = {k: sum(1 for o in taken if o.kind == k) for k in ("backfill", "passed over", "overtook")}
             summary.append(" | ".join([
                 "", str(meta.get("seed", "-")), f"{meta.get('load', 1.0):g}", variant, str(len(table)),
                 str(sum(1 for os_ in table.values() if os_)), str(len(taken)), str(kinds["backfill"]),
                 str(kinds["passed over"]), f"**{kinds['overtook']}**" if kinds["overtook"] else "0",
-                ""]).strip())
+                f"{sum(1 for x in behind.values() if x > 0)} / {_s(sum(behind.values()))}", ""]).strip())
+            waits = v.get("gang_waits") or {}
             for g, os_ in table.items():
                 ms = gangs[g]
-                first = min(created[m] for m in ms if m in created) if all(m in created for m in ms) else None
+                first = min(created[m] for m in ms)
                 start = min(started[m] for m in ms) if all(m in started for m in ms) else None
                 by = ", ".join(f"{o.later.split('/')[-1]} ({o.kind}"
                                + ("" if o.delayed_at is None else f", in its way from {o.delayed_at:,.0f} s")
                                + ")" for o in os_) or "-"
                 per_gang.append(" | ".join([
                     "", str(meta.get("seed", "-")), f"{meta.get('load', 1.0):g}", variant, g.split("/")[-1],
-                    f"{len(ms)} x {gpus[ms[0]]}", _s(first), _s(start),
-                    _s(start - first) if start is not None and first is not None else "-", by, ""]).strip())
+                    f"{len(ms)} x {gpus[ms[0]]}", _s(first), _s((waits.get(g) or {}).get("could_start")),
+                    _s(start), _s(start - first) if start is not None else "-", by, _s(behind.get(g)),
+                    ""]).strip())
     return summary, per_gang
 
 
-OVERTAKE_HEADER = ("| seed | load | variant | gangs | gangs overtaken | later gangs started first | "
-                   "backfill | passed over (earlier did not fit then; in its way later) | "
-                   "overtook while the earlier fitted |")
-PER_GANG_HEADER = ("| seed | load | variant | gang | members x GPUs | created, s | started, s | waited, s | "
-                   "later gangs that started first |")
+OVERTAKE_HEADER = ("| seed | load | variant | gangs | gangs overtaken by a later gang | later gangs started "
+                   "first | backfill | passed over (the earlier did not fit then; in its way later) | "
+                   "overtook an earlier gang that fitted | gangs that waited behind later work / seconds |")
+PER_GANG_HEADER = ("| seed | load | variant | gang | members x GPUs | created, s | first free whole "
+                   "nodes of one model, s | started, s | waited, s | later gangs that started first | "
+                   "waited behind later work, s |")
 
 
 BAR_METRICS = (  # (figure, title); each relative to MostAllocated in its own run
@@ -557,9 +615,9 @@ def main(files: list[Path], outcomes: bool = False, llm: bool = False,
     if overtaken:
         for f in files:
             summary, per_gang = overtake_tables(f)
-            print(f"{f.name}\n\n{OVERTAKE_HEADER}\n|" + "---|" * 3 + "---:|" * 6)
+            print(f"{f.name}\n\n{OVERTAKE_HEADER}\n|" + "---|" * 3 + "---:|" * 7)
             print("\n".join(summary))
-            print(f"\n{PER_GANG_HEADER}\n|" + "---|" * 5 + "---:|" * 3 + "---|")
+            print(f"\n{PER_GANG_HEADER}\n|" + "---|" * 5 + "---:|" * 4 + "---|---:|")
             print("\n".join(per_gang) + "\n")
         return
     if repeats:

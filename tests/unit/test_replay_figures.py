@@ -405,3 +405,23 @@ def test_a_gang_started_before_a_later_one_is_not_overtaken() -> None:
                            {"g-0": 0.0, "g-1": 0.0, "l-0": 50.0, "l-1": 50.0},
                            {"g-0": 50.0, "g-1": 50.0, "l-0": 10.0, "l-1": 10.0})
     assert out == {"ns/g": [], "ns/l": []}
+
+
+def test_waiting_behind_later_work_counts_many_small_pods_that_together_fill_a_gangs_nodes() -> None:
+    report = _report()
+    # G (2 x 8 GPUs, created at 10) on two 8-GPU nodes. An earlier pod e holds 7 GPUs of h1 until
+    # 50; two later 1-GPU pods, a on h1 and b on h2, hold one GPU each from 20 to 130. Neither alone
+    # is in G's way (the other still blocks a node); together they are, from e's end at 50 until G
+    # starts at 130: 80 s. Before 50, e (earlier than G) kept G out, which is queue order.
+    gangs = {"ns/g": ["g-0", "g-1"]}
+    gpus = {"e": 7, "a": 1, "b": 1, "g-0": 8, "g-1": 8}
+    nodes = {"h1": ("H", 8), "h2": ("H", 8)}
+    placements = {"e": "h1", "a": "h1", "b": "h2", "g-0": "h1", "g-1": "h2"}
+    created = {"e": 0.0, "g-0": 10.0, "g-1": 10.0, "a": 20.0, "b": 20.0}
+    started = {"e": 0.0, "a": 20.0, "b": 20.0, "g-0": 130.0, "g-1": 130.0}
+    ran = {"e": 50.0, "a": 110.0, "b": 110.0, "g-0": 10.0, "g-1": 10.0}
+    args = (gangs, gpus, nodes, placements, created, started, ran)
+    assert report.behind_later_work(*args) == {"ns/g": pytest.approx(80.0)}
+    assert report.overtakes(*args) == {"ns/g": []}  # no later gang: none overtook it
+    created.update({"a": 5.0, "b": 5.0})  # the same pods created before G: queue order, not counted
+    assert report.behind_later_work(*args) == {"ns/g": 0.0}
