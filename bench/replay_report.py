@@ -115,10 +115,11 @@ def outcome_rows(path: Path) -> list[str]:
     return out
 
 
-LLM_HEADER = ("| seed | load | variant | gangs run / deadlocks | GPU-h held idle | queueing p50 / p95, s | "
-              "job completion mean / p95, s | dollars spent | stranded $/h, common window | "
-              "stranded GPU-h / beyond perfect packing | whole free 8-GPU nodes, own span / common window | "
-              "gangs started across GPU models |")
+LLM_HEADER = ("| seed | load | variant | result file | gangs run / deadlocks | GPU-h held idle | "
+              "queueing p50 / p95, s | job completion mean / p95, s | dollars spent | stranded $/h, common "
+              "window | stranded GPU-h / beyond perfect packing | whole free 8-GPU nodes, own span / common "
+              "window | gangs started across GPU models |")
+LLM_ORDER = ("ours", "mostalloc", "kueue", "kueue-tas")
 
 
 def common_window(variants: dict[str, dict]) -> dict[str, dict[str, float]]:
@@ -145,16 +146,34 @@ def windowed(x: dict, window: float) -> dict[str, float]:
             "beyond_packing_gpu_h": tw.get("stranded_beyond_packing_gpu_hours", float("nan"))}
 
 
-def llm_rows(path: Path) -> list[str]:
-    """The LLM-cluster mix (bench/replay.py --llm-jobs): one row per load and variant."""
+def _same_workload(name: str, key: str, have: dict, meta: dict) -> None:
+    for k in WORKLOAD_KEYS:
+        if k in have and k in meta and have[k] != meta[k]:
+            raise typer.BadParameter(f"{name} {key}: {k} is {meta[k]!r}, not {have[k]!r}")
+
+
+def llm_rows(files: list[Path]) -> list[str]:
+    """The LLM-cluster mix (bench/replay.py --llm-jobs): one row per run of a variant, naming the file
+    it came from. Runs of one workload (seed and load) from several files (baselines once, ours
+    again, a baseline repeated) are one group: sorted together and judged over one common window,
+    the longest span among them. Refuses runs of one seed and load whose workloads differ."""
+    runs: dict[tuple[int, float], list[tuple[str, str, dict, dict]]] = defaultdict(list)
+    first: dict[tuple[int, float], dict] = {}
+    for f in files:
+        for key, doc in json.loads(f.read_text()).items():
+            meta = doc["meta"]
+            group = (int(meta["seed"]), float(meta["load"]))
+            _same_workload(f.name, key, first.setdefault(group, meta), meta)
+            runs[group] += [(variant, f.name, v, meta) for variant, v in doc["variants"].items()]
     out = []
-    for _key, doc in json.loads(path.read_text()).items():
-        meta = doc["meta"]
-        common = common_window(doc["variants"])
-        for variant, v in doc["variants"].items():
-            tw, cw = v.get("time_weighted") or {}, common[variant]
+    for group in sorted(runs):
+        window = max((_span(v) for _, _, v, _ in runs[group]), default=0.0) or 1.0
+        order = sorted(runs[group], key=lambda r: (LLM_ORDER.index(r[0]) if r[0] in LLM_ORDER
+                                                   else len(LLM_ORDER), r[0], r[1]))
+        for variant, name, v, meta in order:
+            tw, cw = v.get("time_weighted") or {}, windowed(v, window)
             out.append(" | ".join([
-                "", str(meta["seed"]), f"{meta['load']:g}", variant,
+                "", str(group[0]), f"{group[1]:g}", variant, name,
                 f"{v['gangs_started']} / {v['gang_deadlocks']}", f"{v['idle_held_gpu_h']:.1f}",
                 f"{_s(v['queue_p50_s'])} / {_s(v['queue_p95_s'])}",
                 f"{_s(v['completion_mean_s'])} / {_s(v['completion_p95_s'])}",
@@ -543,9 +562,7 @@ def merge(files: list[Path], out: Path) -> Path:
                                "merged_from": [f.name]}
                 continue
             have = merged[key]["meta"]
-            for k in WORKLOAD_KEYS:
-                if k in have and k in doc["meta"] and have[k] != doc["meta"][k]:
-                    raise typer.BadParameter(f"{f.name} {key}: {k} is {doc['meta'][k]!r}, not {have[k]!r}")
+            _same_workload(f.name, key, have, doc["meta"])
             merged[key]["meta"] = {**doc["meta"], **have}
             merged[key]["variants"].update(doc["variants"])
             merged[key]["merged_from"].append(f.name)
@@ -644,9 +661,13 @@ def main(files: list[Path], outcomes: bool = False, llm: bool = False,
         print(f"wrote {merge_to}")
     if plot is not None:
         print(f"wrote {bars(files, plot)}")
+    if llm:
+        print(LLM_HEADER)
+        print("|" + "---|" * 4 + "---:|" * 9)
+        print("\n".join(llm_rows(files)))
+        return
     header, align, make = (
-        (LLM_HEADER, "|" + "---|" * 3 + "---:|" * 9, llm_rows) if llm
-        else (OUTCOME_HEADER, "|" + "---|" * 3 + "---:|" * 11, outcome_rows) if outcomes
+        (OUTCOME_HEADER, "|" + "---|" * 3 + "---:|" * 11, outcome_rows) if outcomes
         else (HEADER, "|" + "---|" * 3 + "---:|" * 10 + "---|", rows))
     print(header)
     print(align)

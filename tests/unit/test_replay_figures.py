@@ -425,3 +425,36 @@ def test_waiting_behind_later_work_counts_many_small_pods_that_together_fill_a_g
     assert report.overtakes(*args) == {"ns/g": []}  # no later gang: none overtook it
     created.update({"a": 5.0, "b": 5.0})  # the same pods created before G: queue order, not counted
     assert report.behind_later_work(*args) == {"ns/g": 0.0}
+
+
+def _llm_run(completion: float, span: float, stranded_usd: float, free_nodes: float) -> dict:
+    return {"gangs_started": 2, "gang_deadlocks": 0, "idle_held_gpu_h": 0.0, "queue_p50_s": 0.0,
+            "queue_p95_s": 10.0, "completion_mean_s": completion, "completion_p95_s": completion,
+            "spent_total": 100.0, "stranded_usd_total": stranded_usd, "mixed_gpu_gangs": 0,
+            "time_weighted": {"span_s": span, "whole_free_8gpu_nodes": free_nodes, "nodes_8gpu": 10,
+                              "stranded_gpu_hours": 1.0, "stranded_beyond_packing_gpu_hours": 0.0}}
+
+
+def test_the_llm_table_groups_runs_of_one_workload_across_files_and_names_each_file(tmp_path: Path) -> None:
+    report = _report()
+    meta = {"jobs": 10, "seed": 1, "load": 1.0, "dollars_floor": 50.0}
+    kueue = tmp_path / "replay-llm-k.json"
+    kueue.write_text(json.dumps({"load-1": {"meta": meta, "variants": {
+        "kueue-tas": _llm_run(120.0, 7200.0, 20.0, 6.0), "kueue": _llm_run(130.0, 3600.0, 10.0, 6.0)}}}))
+    ours = tmp_path / "replay-llm-ours.json"
+    ours.write_text(json.dumps({"load-1": {"meta": meta, "variants": {"ours": _llm_run(90.0, 3600.0, 3.0, 8.0)}},
+                                "load-0.5": {"meta": {**meta, "load": 0.5},
+                                             "variants": {"ours": _llm_run(80.0, 3600.0, 3.0, 8.0)}}}))
+    rows = report.llm_rows([kueue, ours])
+    # Sorted by load, then ours, mostalloc, kueue, kueue-tas, whichever file each run came from.
+    assert [[c.strip() for c in r.split("|")[1:5]] for r in rows] == [
+        ["1", "0.5", "ours", "replay-llm-ours.json"], ["1", "1", "ours", "replay-llm-ours.json"],
+        ["1", "1", "kueue", "replay-llm-k.json"], ["1", "1", "kueue-tas", "replay-llm-k.json"]]
+    # One common window for the load-1 runs of both files (Kueue-TAS's 7,200 s): ours' 3 dollars
+    # of stranded GPUs over 2 hours, its 10 nodes back and free for the second hour.
+    assert "| 100 (floor +100 %) | 1.5 | 1.0 / 0.0 | 8.00 / 9.00 | 0 |" in rows[1]
+    assert "| 8.00 / 8.00 |" in rows[0]  # load 0.5 is its own workload: ours alone, own window
+    other = tmp_path / "replay-llm-other.json"
+    other.write_text(json.dumps({"load-1": {"meta": {**meta, "jobs": 20}, "variants": {}}}))
+    with pytest.raises(typer.BadParameter, match="jobs is 20, not 10"):
+        report.llm_rows([kueue, other])
