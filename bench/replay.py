@@ -752,6 +752,9 @@ def outcomes(r: ReplayResult) -> dict[str, Any]:
         # For reading a run afterwards: which pods queued, and how long (creation to start), and
         # how long each ran on the node it got (its reads included).
         "queue_s_by_pod": {n: round(w, 1) for n, w in wait_of.items()},
+        # Trace time each pod started (a gang member: its gang's start), for orderings read afterwards
+        # (which gang started before an earlier one: replay_report.py --overtaken).
+        "started_s_by_pod": {n: round(r.started_at[n], 1) for n in sorted(r.started_at)},
         "ran_s_by_pod": {n: round(r.ran_s[n], 1) for n in sorted(r.ran_s)},
         **gang_wait_figures(r),
     }

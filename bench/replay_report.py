@@ -12,10 +12,13 @@ ms/token target, cost, co-location, agreement. A file's name after ``replay-grav
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import typer
@@ -112,10 +115,11 @@ def outcome_rows(path: Path) -> list[str]:
     return out
 
 
-LLM_HEADER = ("| seed | load | variant | gangs run / deadlocks | GPU-h held idle | queueing p50 / p95, s | "
-              "job completion mean / p95, s | dollars spent | stranded $/h, common window | "
-              "stranded GPU-h / beyond perfect packing | whole free 8-GPU nodes, own span / common window | "
-              "gangs started across GPU models |")
+LLM_HEADER = ("| seed | load | variant | result file | gangs run / deadlocks | GPU-h held idle | "
+              "queueing p50 / p95, s | job completion mean / p95, s | dollars spent | stranded $/h, common "
+              "window | stranded GPU-h / beyond perfect packing | whole free 8-GPU nodes, own span / common "
+              "window | gangs started across GPU models |")
+LLM_ORDER = ("ours", "mostalloc", "kueue", "kueue-tas")
 
 
 def common_window(variants: dict[str, dict]) -> dict[str, dict[str, float]]:
@@ -142,16 +146,34 @@ def windowed(x: dict, window: float) -> dict[str, float]:
             "beyond_packing_gpu_h": tw.get("stranded_beyond_packing_gpu_hours", float("nan"))}
 
 
-def llm_rows(path: Path) -> list[str]:
-    """The LLM-cluster mix (bench/replay.py --llm-jobs): one row per load and variant."""
+def _same_workload(name: str, key: str, have: dict, meta: dict) -> None:
+    for k in WORKLOAD_KEYS:
+        if k in have and k in meta and have[k] != meta[k]:
+            raise typer.BadParameter(f"{name} {key}: {k} is {meta[k]!r}, not {have[k]!r}")
+
+
+def llm_rows(files: list[Path]) -> list[str]:
+    """The LLM-cluster mix (bench/replay.py --llm-jobs): one row per run of a variant, naming the file
+    it came from. Runs of one workload (seed and load) from several files (baselines once, ours
+    again, a baseline repeated) are one group: sorted together and judged over one common window,
+    the longest span among them. Refuses runs of one seed and load whose workloads differ."""
+    runs: dict[tuple[int, float], list[tuple[str, str, dict, dict]]] = defaultdict(list)
+    first: dict[tuple[int, float], dict] = {}
+    for f in files:
+        for key, doc in json.loads(f.read_text()).items():
+            meta = doc["meta"]
+            group = (int(meta["seed"]), float(meta["load"]))
+            _same_workload(f.name, key, first.setdefault(group, meta), meta)
+            runs[group] += [(variant, f.name, v, meta) for variant, v in doc["variants"].items()]
     out = []
-    for _key, doc in json.loads(path.read_text()).items():
-        meta = doc["meta"]
-        common = common_window(doc["variants"])
-        for variant, v in doc["variants"].items():
-            tw, cw = v.get("time_weighted") or {}, common[variant]
+    for group in sorted(runs):
+        window = max((_span(v) for _, _, v, _ in runs[group]), default=0.0) or 1.0
+        order = sorted(runs[group], key=lambda r: (LLM_ORDER.index(r[0]) if r[0] in LLM_ORDER
+                                                   else len(LLM_ORDER), r[0], r[1]))
+        for variant, name, v, meta in order:
+            tw, cw = v.get("time_weighted") or {}, windowed(v, window)
             out.append(" | ".join([
-                "", str(meta["seed"]), f"{meta['load']:g}", variant,
+                "", str(group[0]), f"{group[1]:g}", variant, name,
                 f"{v['gangs_started']} / {v['gang_deadlocks']}", f"{v['idle_held_gpu_h']:.1f}",
                 f"{_s(v['queue_p50_s'])} / {_s(v['queue_p95_s'])}",
                 f"{_s(v['completion_mean_s'])} / {_s(v['completion_p95_s'])}",
@@ -161,6 +183,220 @@ def llm_rows(path: Path) -> list[str]:
                 str(v["mixed_gpu_gangs"]), "",
             ]).strip())
     return out
+
+
+class Overtake(NamedTuple):
+    """A gang (``later``) created after ``gang`` that started before it. ``delayed_at`` is the first
+    trace time at which ``gang``, waiting, would have fit on free GPUs of one model had ``later``'s
+    pods not held theirs (None: ``later`` never stood in its way)."""
+
+    gang: str
+    later: str
+    later_start: float
+    later_end: float
+    delayed_at: float | None
+
+    @property
+    def kind(self) -> str:
+        """``backfill``: never in the earlier gang's way (beside it, or ended before it could have
+        started); ``overtook``: took capacity the earlier gang, waiting, fitted in at the moment it
+        started (what the gang queue forbids); ``passed over``: started when the earlier gang did not
+        fit, then held capacity it could have used (BestEffortFIFO without run times, docs/gangs.md)."""
+        if self.delayed_at is None:
+            return "backfill"
+        return "overtook" if self.delayed_at <= self.later_start else "passed over"
+
+
+def _fits(need: list[int], free: list[int]) -> bool:
+    """First fit, largest member first, of ``need`` (GPUs per member) into ``free`` (GPUs per node)."""
+    room = sorted(free, reverse=True)
+    for g in sorted(need, reverse=True):
+        for i, f in enumerate(room):
+            if f >= g:
+                room[i] -= g
+                break
+        else:
+            return False
+    return True
+
+
+class _Usage:
+    """GPUs in use per node at every start or end of a pod (a gang member starts with its gang)."""
+
+    def __init__(self, gpus: dict[str, int], nodes: dict[str, tuple[str, int]], placements: dict[str, str],
+                 started: dict[str, float], ran: dict[str, float]) -> None:
+        self.gpus, self.nodes, self.placements, self.started = gpus, nodes, placements, started
+        self.end = {p: started[p] + ran.get(p, 0.0) for p in started}
+        self.events = sorted({t for p in started for t in (started[p], self.end[p])})
+        self.used: list[dict[str, int]] = []
+        for t in self.events:
+            used: dict[str, int] = defaultdict(int)
+            for p in self.running(t, started):
+                used[placements[p]] += gpus.get(p, 0)
+            self.used.append(used)
+
+    def running(self, t: float, pods: Iterable[str]) -> list[str]:
+        return [p for p in pods if p in self.placements and p in self.started
+                and self.started[p] <= t < self.end[p]]
+
+    def since(self, t: float) -> int:
+        """Index of the state in force at ``t``: the last event at or before it."""
+        return max(0, bisect.bisect_right(self.events, t) - 1)
+
+    def fits(self, need: list[int], i: int, t: float, without: Iterable[str] = ()) -> bool:
+        """``need`` fits the free GPUs of nodes of one model at ``t`` (state ``i``), ``without``'s
+        running pods gone."""
+        used = dict(self.used[i])
+        for p in self.running(t, without):
+            used[self.placements[p]] -= self.gpus.get(p, 0)
+        free: dict[str, list[int]] = defaultdict(list)
+        for node, (model, cap) in self.nodes.items():
+            free[model].append(cap - used.get(node, 0))
+        return any(_fits(need, f) for f in free.values())
+
+
+def overtakes(gangs: dict[str, list[str]], gpus: dict[str, int], nodes: dict[str, tuple[str, int]],
+              placements: dict[str, str], created: dict[str, float], started: dict[str, float],
+              ran: dict[str, float]) -> dict[str, list[Overtake]]:
+    """For each gang, the gangs created after it that started before it, and whether each stood in
+    its way.
+
+    Queue order is the creation of a gang's first member (docs/gangs.md). A later gang H that started
+    before gang G stood in G's way if, at some trace time while G waited (from when all of G existed
+    and H had started until G started or H ended), G would have fit on the free GPUs of nodes of one
+    model with H's pods gone but did not fit with them (``Overtake.kind`` tells whether that was
+    already so when H started). Otherwise H was a backfill: it ran on capacity G could not use, or
+    ended before G could have started.
+    ``nodes`` maps a node to (GPU model, GPUs); ``gpus``, ``placements``, ``created``, ``started``
+    and ``ran`` are per pod (a gang member's start is its gang's)."""
+    inf = float("inf")
+    use = _Usage(gpus, nodes, placements, started, ran)
+    first = {g: min(created[m] for m in ms) for g, ms in gangs.items() if all(m in created for m in ms)}
+    ready = {g: max(created[m] for m in ms) for g, ms in gangs.items() if g in first}
+    start = {g: min(started[m] for m in ms) if all(m in started for m in ms) else inf
+             for g, ms in gangs.items() if g in first}
+    out: dict[str, list[Overtake]] = {}
+    for g in sorted(first, key=lambda k: (first[k], k)):
+        need = [gpus.get(m, 0) for m in gangs[g]]
+        rows = []
+        for h in first:
+            if h == g or (first[h], h) <= (first[g], g) or start[h] >= start[g]:
+                continue
+            h_end = max(use.end[m] for m in gangs[h])
+            lo, hi = max(ready[g], start[h]), min(start[g], h_end)
+            delayed = None
+            for i in range(use.since(lo), len(use.events)):
+                t = max(lo, use.events[i])
+                if t >= hi:
+                    break
+                if not use.fits(need, i, t) and use.fits(need, i, t, gangs[h]):
+                    delayed = t
+                    break
+            rows.append(Overtake(g, h, start[h], h_end, delayed))
+        out[g] = rows
+    return out
+
+
+def behind_later_work(gangs: dict[str, list[str]], gpus: dict[str, int], nodes: dict[str, tuple[str, int]],
+                      placements: dict[str, str], created: dict[str, float], started: dict[str, float],
+                      ran: dict[str, float]) -> dict[str, float]:
+    """Per gang, the trace seconds it waited while work created after it (any pod, gang or not) held
+    GPUs it needed: it did not fit, and would have on free GPUs of one model with every later pod
+    then running gone. Pairwise overtakes miss this: many later 1-GPU pods together fill the nodes a
+    gang waits for, none alone in its way."""
+    use = _Usage(gpus, nodes, placements, started, ran)
+    out: dict[str, float] = {}
+    for g, ms in gangs.items():
+        if not all(m in created for m in ms):
+            continue
+        first, ready = min(created[m] for m in ms), max(created[m] for m in ms)
+        start = min(started[m] for m in ms) if all(m in started for m in ms) else use.events[-1]
+        later = [p for p in started if created.get(p, -1.0) > first and p not in ms]
+        need = [gpus.get(m, 0) for m in ms]
+        total = 0.0
+        for i in range(use.since(ready), len(use.events)):
+            t = max(ready, use.events[i])
+            if t >= start:
+                break
+            nxt = min(start, use.events[i + 1]) if i + 1 < len(use.events) else start
+            if not use.fits(need, i, t) and use.fits(need, i, t, later):
+                total += nxt - t
+        out[g] = total
+    return out
+
+
+def _workload(meta: dict) -> tuple[list[dict], list]:
+    """The nodes and pods of a run, regenerated from its meta (bench/replay.py's generators are seeded)."""
+    from bench.replay import gang_workload, llm_cluster_workload
+
+    if "jobs" in meta:
+        nodes, pods, _ = llm_cluster_workload(int(meta["jobs"]), int(meta["seed"]), float(meta["load"]))
+    elif "gangs" in meta:
+        nodes, pods, _ = gang_workload(int(meta["gangs"]), int(meta["seed"]))
+    else:
+        raise typer.BadParameter("--overtaken reads LLM-cluster (--llm-jobs) and --gangs results only")
+    return nodes, pods
+
+
+GPU = "nvidia.com/gpu"
+
+
+def overtake_tables(path: Path) -> tuple[list[str], list[str]]:
+    """Per run and variant, and per gang: the later gangs that started before it and whether each was
+    a backfill. Needs the per-pod starts a run records (``started_s_by_pod``)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, for the generators
+    from tests.integration.harness.replay import node_product, pod_gang, pod_gpus
+
+    summary, per_gang = [], []
+    for doc in json.loads(path.read_text()).values():
+        meta = doc["meta"]
+        nodes, pods = _workload(meta)
+        caps = {n["metadata"]["name"]: (node_product(n), int(n["status"]["allocatable"].get(GPU, 0)))
+                for n in nodes}
+        gpus = {p.name: pod_gpus(p.manifest) for p in pods}
+        gangs: dict[str, list[str]] = defaultdict(list)
+        for p in pods:
+            g = pod_gang(p.manifest)
+            if g is not None:
+                gangs[g[0]].append(p.name)
+        for variant, v in doc["variants"].items():
+            started = v.get("started_s_by_pod")
+            if started is None:
+                continue
+            created = {p: started[p] - q for p, q in v["queue_s_by_pod"].items() if p in started}
+            args = (dict(gangs), gpus, caps, v["placements"], created, started, v["ran_s_by_pod"])
+            table, behind = overtakes(*args), behind_later_work(*args)
+            taken = [o for os_ in table.values() for o in os_]
+            kinds = {k: sum(1 for o in taken if o.kind == k) for k in ("backfill", "passed over", "overtook")}
+            summary.append(" | ".join([
+                "", str(meta.get("seed", "-")), f"{meta.get('load', 1.0):g}", variant, str(len(table)),
+                str(sum(1 for os_ in table.values() if os_)), str(len(taken)), str(kinds["backfill"]),
+                str(kinds["passed over"]), f"**{kinds['overtook']}**" if kinds["overtook"] else "0",
+                f"{sum(1 for x in behind.values() if x > 0)} / {_s(sum(behind.values()))}", ""]).strip())
+            waits = v.get("gang_waits") or {}
+            for g, os_ in table.items():
+                ms = gangs[g]
+                first = min(created[m] for m in ms)
+                start = min(started[m] for m in ms) if all(m in started for m in ms) else None
+                by = ", ".join(f"{o.later.split('/')[-1]} ({o.kind}"
+                               + ("" if o.delayed_at is None else f", in its way from {o.delayed_at:,.0f} s")
+                               + ")" for o in os_) or "-"
+                per_gang.append(" | ".join([
+                    "", str(meta.get("seed", "-")), f"{meta.get('load', 1.0):g}", variant, g.split("/")[-1],
+                    f"{len(ms)} x {gpus[ms[0]]}", _s(first), _s((waits.get(g) or {}).get("could_start")),
+                    _s(start), _s(start - first) if start is not None else "-", by, _s(behind.get(g)),
+                    ""]).strip())
+    return summary, per_gang
+
+
+OVERTAKE_HEADER = ("| seed | load | variant | gangs | gangs overtaken by a later gang | later gangs started "
+                   "first | backfill | passed over (the earlier did not fit then; in its way later) | "
+                   "overtook an earlier gang that fitted | gangs that waited behind later work / seconds |")
+PER_GANG_HEADER = ("| seed | load | variant | gang | members x GPUs | created, s | first free whole "
+                   "nodes of one model, s | started, s | waited, s | later gangs that started first | "
+                   "waited behind later work, s |")
 
 
 BAR_METRICS = (  # (figure, title); each relative to MostAllocated in its own run
@@ -326,9 +562,7 @@ def merge(files: list[Path], out: Path) -> Path:
                                "merged_from": [f.name]}
                 continue
             have = merged[key]["meta"]
-            for k in WORKLOAD_KEYS:
-                if k in have and k in doc["meta"] and have[k] != doc["meta"][k]:
-                    raise typer.BadParameter(f"{f.name} {key}: {k} is {doc['meta'][k]!r}, not {have[k]!r}")
+            _same_workload(f.name, key, have, doc["meta"])
             merged[key]["meta"] = {**doc["meta"], **have}
             merged[key]["variants"].update(doc["variants"])
             merged[key]["merged_from"].append(f.name)
@@ -389,10 +623,20 @@ def main(files: list[Path], outcomes: bool = False, llm: bool = False,
          drop: list[str] = typer.Option([], help="with --repeats: FILE:VARIANT runs to leave out"),
          ours_from: str | None = typer.Option(None, help="with --repeats: take ours only from files "
                                                          "whose name matches this pattern"),
+         overtaken: bool = False,
          ) -> None:
-    """--outcomes: the virtual-clock outcome table (gangs, queueing, completion, dollars spent);
-    --llm: the LLM-cluster mix table (files from ``bench/replay.py --llm-jobs``); --repeats: the
-    pipeline mixes' outcomes over several runs of each workload."""
+    """--overtaken: per gang, the later gangs that started before it and whether each was a backfill
+    (LLM-cluster and gang runs); --outcomes: the virtual-clock outcome table (gangs, queueing,
+    completion, dollars spent); --llm: the LLM-cluster mix table (files from ``bench/replay.py
+    --llm-jobs``); --repeats: the pipeline mixes' outcomes over several runs of each workload."""
+    if overtaken:
+        for f in files:
+            summary, per_gang = overtake_tables(f)
+            print(f"{f.name}\n\n{OVERTAKE_HEADER}\n|" + "---|" * 3 + "---:|" * 7)
+            print("\n".join(summary))
+            print(f"\n{PER_GANG_HEADER}\n|" + "---|" * 5 + "---:|" * 4 + "---|---:|")
+            print("\n".join(per_gang) + "\n")
+        return
     if repeats:
         dropped = set()
         for item in drop:
@@ -417,9 +661,13 @@ def main(files: list[Path], outcomes: bool = False, llm: bool = False,
         print(f"wrote {merge_to}")
     if plot is not None:
         print(f"wrote {bars(files, plot)}")
+    if llm:
+        print(LLM_HEADER)
+        print("|" + "---|" * 4 + "---:|" * 9)
+        print("\n".join(llm_rows(files)))
+        return
     header, align, make = (
-        (LLM_HEADER, "|" + "---|" * 3 + "---:|" * 9, llm_rows) if llm
-        else (OUTCOME_HEADER, "|" + "---|" * 3 + "---:|" * 11, outcome_rows) if outcomes
+        (OUTCOME_HEADER, "|" + "---|" * 3 + "---:|" * 11, outcome_rows) if outcomes
         else (HEADER, "|" + "---|" * 3 + "---:|" * 10 + "---|", rows))
     print(header)
     print(align)

@@ -352,3 +352,95 @@ def test_repeats_take_ours_only_from_the_named_files_and_refuse_a_malformed_drop
     assert "| 1 | 90 | 100 |" in ours  # one run: the earlier build's ours left out
     with pytest.raises(typer.BadParameter, match="give FILE:VARIANT"):
         report.main([now], repeats=True, plot=None, merge_to=None, drop=["ours"], ours_from=None)
+
+
+# Two 8-GPU nodes of model H and one of model A. A solo pod x fills h1 until x_end; gang G (2 x 8
+# GPUs) exists from 10 and can only run on h1 + h2; gang L (2 x 4 GPUs), created after G at 20,
+# starts at once on one node. Whether L stood in G's way depends on where it ran, how long, and
+# whether G fitted when L started.
+@pytest.mark.parametrize(("x_end", "l_node", "l_end", "g_start", "delayed_at", "kind"), [
+    (100.0, "h2", 300.0, 300.0, 100.0, "passed over"),  # G did not fit at 20; L held h2 past 100
+    (100.0, "h2", 90.0, 100.0, None, "backfill"),  # ended before G could have started
+    (100.0, "a1", 300.0, 100.0, None, "backfill"),  # on the one A node, which G cannot use
+    (15.0, "h2", 300.0, 300.0, 20.0, "overtook"),  # G fitted on h1 + h2 when L took h2
+])
+def test_a_later_gang_that_started_first_is_a_backfill_only_if_it_never_stood_in_the_way(
+        x_end: float, l_node: str, l_end: float, g_start: float, delayed_at: float | None, kind: str) -> None:
+    report = _report()
+    nodes = {"h1": ("H", 8), "h2": ("H", 8), "a1": ("A", 8)}
+    gangs = {"ns/g": ["g-0", "g-1"], "ns/l": ["l-0", "l-1"]}
+    gpus = {"x": 8, "g-0": 8, "g-1": 8, "l-0": 4, "l-1": 4}
+    placements = {"x": "h1", "g-0": "h1", "g-1": "h2", "l-0": l_node, "l-1": l_node}
+    created = {"x": 0.0, "g-0": 10.0, "g-1": 10.0, "l-0": 20.0, "l-1": 20.0}
+    started = {"x": 0.0, "g-0": g_start, "g-1": g_start, "l-0": 20.0, "l-1": 20.0}
+    ran = {"x": x_end, "g-0": 50.0, "g-1": 50.0, "l-0": l_end - 20.0, "l-1": l_end - 20.0}
+    out = report.overtakes(gangs, gpus, nodes, placements, created, started, ran)
+    (o,) = out["ns/g"]
+    assert (o.later, o.later_start, o.later_end) == ("ns/l", 20.0, l_end)
+    assert (o.delayed_at, o.kind) == (delayed_at, kind)
+    assert out["ns/l"] == []  # an earlier gang that started first overtook nothing
+
+
+def test_a_gang_started_before_a_later_one_is_not_overtaken() -> None:
+    report = _report()
+    out = report.overtakes({"ns/g": ["g-0", "g-1"], "ns/l": ["l-0", "l-1"]},
+                           {"g-0": 8, "g-1": 8, "l-0": 8, "l-1": 8},
+                           {"h1": ("H", 8), "h2": ("H", 8)},
+                           {"g-0": "h1", "g-1": "h2", "l-0": "h1", "l-1": "h2"},
+                           {"g-0": 0.0, "g-1": 0.0, "l-0": 5.0, "l-1": 5.0},
+                           {"g-0": 0.0, "g-1": 0.0, "l-0": 50.0, "l-1": 50.0},
+                           {"g-0": 50.0, "g-1": 50.0, "l-0": 10.0, "l-1": 10.0})
+    assert out == {"ns/g": [], "ns/l": []}
+
+
+def test_waiting_behind_later_work_counts_many_small_pods_that_together_fill_a_gangs_nodes() -> None:
+    report = _report()
+    # G (2 x 8 GPUs, created at 10) on two 8-GPU nodes. An earlier pod e holds 7 GPUs of h1 until
+    # 50; two later 1-GPU pods, a on h1 and b on h2, hold one GPU each from 20 to 130. Neither alone
+    # is in G's way (the other still blocks a node); together they are, from e's end at 50 until G
+    # starts at 130: 80 s. Before 50, e (earlier than G) kept G out, which is queue order.
+    gangs = {"ns/g": ["g-0", "g-1"]}
+    gpus = {"e": 7, "a": 1, "b": 1, "g-0": 8, "g-1": 8}
+    nodes = {"h1": ("H", 8), "h2": ("H", 8)}
+    placements = {"e": "h1", "a": "h1", "b": "h2", "g-0": "h1", "g-1": "h2"}
+    created = {"e": 0.0, "g-0": 10.0, "g-1": 10.0, "a": 20.0, "b": 20.0}
+    started = {"e": 0.0, "a": 20.0, "b": 20.0, "g-0": 130.0, "g-1": 130.0}
+    ran = {"e": 50.0, "a": 110.0, "b": 110.0, "g-0": 10.0, "g-1": 10.0}
+    args = (gangs, gpus, nodes, placements, created, started, ran)
+    assert report.behind_later_work(*args) == {"ns/g": pytest.approx(80.0)}
+    assert report.overtakes(*args) == {"ns/g": []}  # no later gang: none overtook it
+    created.update({"a": 5.0, "b": 5.0})  # the same pods created before G: queue order, not counted
+    assert report.behind_later_work(*args) == {"ns/g": 0.0}
+
+
+def _llm_run(completion: float, span: float, stranded_usd: float, free_nodes: float) -> dict:
+    return {"gangs_started": 2, "gang_deadlocks": 0, "idle_held_gpu_h": 0.0, "queue_p50_s": 0.0,
+            "queue_p95_s": 10.0, "completion_mean_s": completion, "completion_p95_s": completion,
+            "spent_total": 100.0, "stranded_usd_total": stranded_usd, "mixed_gpu_gangs": 0,
+            "time_weighted": {"span_s": span, "whole_free_8gpu_nodes": free_nodes, "nodes_8gpu": 10,
+                              "stranded_gpu_hours": 1.0, "stranded_beyond_packing_gpu_hours": 0.0}}
+
+
+def test_the_llm_table_groups_runs_of_one_workload_across_files_and_names_each_file(tmp_path: Path) -> None:
+    report = _report()
+    meta = {"jobs": 10, "seed": 1, "load": 1.0, "dollars_floor": 50.0}
+    kueue = tmp_path / "replay-llm-k.json"
+    kueue.write_text(json.dumps({"load-1": {"meta": meta, "variants": {
+        "kueue-tas": _llm_run(120.0, 7200.0, 20.0, 6.0), "kueue": _llm_run(130.0, 3600.0, 10.0, 6.0)}}}))
+    ours = tmp_path / "replay-llm-ours.json"
+    ours.write_text(json.dumps({"load-1": {"meta": meta, "variants": {"ours": _llm_run(90.0, 3600.0, 3.0, 8.0)}},
+                                "load-0.5": {"meta": {**meta, "load": 0.5},
+                                             "variants": {"ours": _llm_run(80.0, 3600.0, 3.0, 8.0)}}}))
+    rows = report.llm_rows([kueue, ours])
+    # Sorted by load, then ours, mostalloc, kueue, kueue-tas, whichever file each run came from.
+    assert [[c.strip() for c in r.split("|")[1:5]] for r in rows] == [
+        ["1", "0.5", "ours", "replay-llm-ours.json"], ["1", "1", "ours", "replay-llm-ours.json"],
+        ["1", "1", "kueue", "replay-llm-k.json"], ["1", "1", "kueue-tas", "replay-llm-k.json"]]
+    # One common window for the load-1 runs of both files (Kueue-TAS's 7,200 s): ours' 3 dollars
+    # of stranded GPUs over 2 hours, its 10 nodes back and free for the second hour.
+    assert "| 100 (floor +100 %) | 1.5 | 1.0 / 0.0 | 8.00 / 9.00 | 0 |" in rows[1]
+    assert "| 8.00 / 8.00 |" in rows[0]  # load 0.5 is its own workload: ours alone, own window
+    other = tmp_path / "replay-llm-other.json"
+    other.write_text(json.dumps({"load-1": {"meta": {**meta, "jobs": 20}, "variants": {}}}))
+    with pytest.raises(typer.BadParameter, match="jobs is 20, not 10"):
+        report.llm_rows([kueue, other])
