@@ -344,9 +344,6 @@ GPU = "nvidia.com/gpu"
 def overtake_tables(path: Path) -> tuple[list[str], list[str]]:
     """Per run and variant, and per gang: the later gangs that started before it and whether each was
     a backfill. Needs the per-pod starts a run records (``started_s_by_pod``)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, for the generators
     from tests.integration.harness.replay import node_product, pod_gang, pod_gpus
 
     summary, per_gang = [], []
