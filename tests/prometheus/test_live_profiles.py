@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(300)]
 ANN = "llm-placement.io/"
 RATE = 20.0  # requests per second each fake engine completes
 # What each fake engine measures: mean seconds per output token and to first token.
-SERVED = {"vllm": (0.036, 0.180), "sglang": (0.009, 0.070), "tgi": (0.017, None)}
+SERVED = {"vllm": (0.028, 0.180), "sglang": (0.009, 0.070), "tgi": (0.017, None)}
 VLLM_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 
@@ -176,9 +176,9 @@ def test_learnt_profiles_equal_the_engines_measurements_and_decide(prometheus: P
     svc = service(prometheus.url)
     book = svc.placer.policy.feasibility.profiles
     assert isinstance(book, LiveProfileBook)
-    chat = parse_workload(serving("next", model_params="7B", precision="int8", max_ms_per_token="40"))
+    chat = parse_workload(serving("next", model_params="7B", precision="int8", max_ms_per_token="30"))
     _, rejections = svc.placer.evaluate_nodes(chat, ["t4"])
-    assert "t4" in rejections, "the estimate alone keeps a 40 ms/token 7B int8 pod off the T4"
+    assert "t4" in rejections, "the estimate alone keeps a 30 ms/token 7B int8 pod off the T4"
     poller = start_live_profiles(svc)
     assert poller is not None
     try:
@@ -187,13 +187,13 @@ def test_learnt_profiles_equal_the_engines_measurements_and_decide(prometheus: P
         poller.stop()
     learnt = {p.gpu: p for p in book.learnt()}
     t4, h100, l4 = (learnt[n] for n in ("T4", "H100-SXM-80GB", "L4"))
-    assert t4.ms_per_token == pytest.approx(36.0, rel=1e-3)
+    assert t4.ms_per_token == pytest.approx(28.0, rel=1e-3)
     assert t4.ttft_ms == pytest.approx(180.0, rel=1e-3) and t4.prompt_tokens == 512
     assert h100.gpus == 2 and h100.ms_per_token == pytest.approx(9.0, rel=1e-3)
     assert h100.ttft_ms == pytest.approx(70.0, rel=1e-3)
     assert l4.ms_per_token == pytest.approx(17.0, rel=1e-3) and l4.ttft_ms is None
     fits, _ = svc.placer.evaluate_nodes(chat, ["t4"])
-    assert "t4" in fits and fits["t4"].ms_per_token == pytest.approx(36.0, rel=1e-3)
+    assert "t4" in fits and fits["t4"].ms_per_token == pytest.approx(28.0, rel=1e-3)
     note = next(e for e in explain_spec(svc, chat)["nodes"] if e["node"] == "t4")["serving_model"]
     assert note["decided_by"].startswith("learnt profile") and "serve/chat-vllm" in note["profile_source"]
     assert svc.metrics.registry.get_sample_value("llm_placement_live_profiles") == 3
@@ -212,7 +212,7 @@ def test_prometheus_gone_falls_back_to_the_estimate_without_blocking(prometheus:
     poller.poll_once()
     clock[0] += 1
     poller.poll_once()
-    chat = parse_workload(serving("next", model_params="7B", precision="int8", max_ms_per_token="40"))
+    chat = parse_workload(serving("next", model_params="7B", precision="int8", max_ms_per_token="30"))
     assert "t4" in svc.placer.evaluate_nodes(chat, ["t4"])[0]
     prometheus.proc.stop(timeout=15)
     began = time.monotonic()
