@@ -184,15 +184,6 @@ class Requeuer:
             members, unbound = self.book.pending(key)
             if not members:
                 return  # the gang was deleted
-            if self.book.size_conflict(key) is not None:
-                # A member told "waiting for members" before the one that disagrees reached the cache
-                # heard of the conflict from no pod change of its own: one requeue, so its next
-                # answer names both sizes; none after (docs/gangs.md, "Members that disagree").
-                if self.writer is not None:
-                    n = self._nudges[key] = self._nudges.get(key, 0) + 1
-                    for m in unbound:
-                        self.writer.annotate(m.namespace, m.name, {RETRY_ANNOTATION: str(n)})
-                return
             if len(members) < size:
                 if delay < MEMBER_RECHECK_MAX_SECONDS:
                     self.when_complete(key, size, min(delay * 2, MEMBER_RECHECK_MAX_SECONDS))

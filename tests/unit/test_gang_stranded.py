@@ -131,24 +131,6 @@ def test_members_that_disagree_on_the_size_stay_gated_hold_nothing_and_are_told_
     assert not c.member_timers.pending() and not c.gangs.book.queue()
 
 
-def test_a_member_told_to_wait_before_the_one_that_disagrees_arrived_is_requeued_once() -> None:
-    """kube-scheduler may retry the first member before the extender's cache has the second: its
-    answer ("waiting for gang members") would then stand until kube-scheduler's five-minute flush."""
-    c = Cluster()
-    c.nodes("n", 4, "leaf-1")
-    first = held_pod("g", 0, "4", gate=False, group="g")
-    c.add(first)
-    assert "waiting for gang members" in next(iter(c.filter(first).unresolvable.values()))
-    c.add(held_pod("g", 1, "2", gate=False, group="g"))
-    assert c.member_timers.fire() == 1
-    c.flush()
-    assert {k: v.get(RETRY_ANNOTATION) for k, v in c.binder.annotations.items()} == {
-        "ml/g-0": "1", "ml/g-1": "1"}
-    # Its next answer names both sizes, and nothing is armed again: no loop.
-    assert "disagree on its size: 4 (ml/g-0) and 2 (ml/g-1)" in next(iter(c.filter(first).unresolvable.values()))
-    assert not c.member_timers.pending()
-
-
 def test_a_gate_refused_once_is_asked_again_at_the_next_member_change() -> None:
     timers = FakeTimers()
     binder = RefusingBinder(refusals=1)
