@@ -65,6 +65,20 @@ def gang_gate(control_plane: ControlPlane) -> Iterator[None]:
         adm.delete_mutating_admission_policy(GATE_POLICY)
         adm.delete_validating_admission_policy_binding(PATCH_POLICY)
         adm.delete_validating_admission_policy(PATCH_POLICY)
+        _policy_gone(kubernetes.client.CoreV1Api(control_plane.api))
+
+
+def _policy_gone(core: kubernetes.client.CoreV1Api) -> None:
+    """The deletion takes effect asynchronously too: until it has, a later module's gang members
+    would still be created gated, and wait for a gate nobody lifts."""
+    def ungated_probe() -> bool:
+        name = f"gate-off-probe-{time.monotonic_ns()}"
+        create_pod(core, "default", _member(name, name))
+        gated = GATE in _gates(core, "default", name)
+        core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        return not gated
+
+    wait_until(ungated_probe, 30, "the gang-gate policy's removal to take effect")
 
 
 def _gates(core: kubernetes.client.CoreV1Api, ns: str, name: str) -> list[str]:

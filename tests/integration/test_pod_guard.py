@@ -24,6 +24,7 @@ from .harness import (
     wait_until,
 )
 from .harness.schedconfig import CHART_FILES
+from .test_gang_gate import _policy_gone
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +65,7 @@ def policies(control_plane: ControlPlane) -> Iterator[None]:
             adm.delete_validating_admission_policy(name)
         adm.delete_mutating_admission_policy_binding(GATE_POLICY)
         adm.delete_mutating_admission_policy(GATE_POLICY)
+        _policy_gone(kubernetes.client.CoreV1Api(control_plane.api))
 
 
 def _pod(name: str, **ann: str) -> dict[str, Any]:
