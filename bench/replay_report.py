@@ -207,19 +207,6 @@ class Overtake(NamedTuple):
         return "overtook" if self.delayed_at <= self.later_start else "passed over"
 
 
-def _fits(need: list[int], free: list[int]) -> bool:
-    """First fit, largest member first, of ``need`` (GPUs per member) into ``free`` (GPUs per node)."""
-    room = sorted(free, reverse=True)
-    for g in sorted(need, reverse=True):
-        for i, f in enumerate(room):
-            if f >= g:
-                room[i] -= g
-                break
-        else:
-            return False
-    return True
-
-
 class _Usage:
     """GPUs in use per node at every start or end of a pod (a gang member starts with its gang)."""
 
@@ -246,13 +233,15 @@ class _Usage:
     def fits(self, need: list[int], i: int, t: float, without: Iterable[str] = ()) -> bool:
         """``need`` fits the free GPUs of nodes of one model at ``t`` (state ``i``), ``without``'s
         running pods gone."""
+        from tests.integration.harness.replay import first_fit
+
         used = dict(self.used[i])
         for p in self.running(t, without):
             used[self.placements[p]] -= self.gpus.get(p, 0)
         free: dict[str, list[int]] = defaultdict(list)
         for node, (model, cap) in self.nodes.items():
             free[model].append(cap - used.get(node, 0))
-        return any(_fits(need, f) for f in free.values())
+        return any(first_fit(need, f) for f in free.values())
 
 
 def overtakes(gangs: dict[str, list[str]], gpus: dict[str, int], nodes: dict[str, tuple[str, int]],

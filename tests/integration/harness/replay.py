@@ -506,7 +506,7 @@ class GangWaits:
                 whole[self.model.get(node, "")].append(cap.gpus)
         for k in todo:
             self.created[k] = max(created[m] for m in self.members[k])
-            if any(_first_fit(self.need[k], free) for free in whole.values()):
+            if any(first_fit(self.need[k], free) for free in whole.values()):
                 self.first[k] = vt
 
     def table(self, started_at: dict[str, float], by_name: dict[str, ReplayPod]) -> dict[str, dict[str, Any]]:
@@ -533,10 +533,10 @@ class GangWaits:
         return out
 
 
-def _first_fit(need: list[int], free: list[int]) -> bool:
-    """``need`` (GPUs per member, largest first) fits the whole nodes ``free`` (GPUs each)."""
+def first_fit(need: list[int], free: list[int]) -> bool:
+    """``need`` (GPUs per member) fits the nodes ``free`` (GPUs each), first fit, largest member first."""
     room = sorted(free, reverse=True)
-    for g in need:
+    for g in sorted(need, reverse=True):
         for i, f in enumerate(room):
             if f >= g:
                 room[i] -= g
