@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import shutil
 import tempfile
 import time
 import uuid
@@ -66,7 +67,8 @@ def main() -> None:
     ap.add_argument("--writes", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    cp = ControlPlane(Path(tempfile.mkdtemp(prefix="llmp-write-cost-")), find_binaries(build=True))
+    workdir = Path(tempfile.mkdtemp(prefix="llmp-write-cost-"))
+    cp = ControlPlane(workdir, find_binaries(build=True))
     cp.start(extender=False, scheduler=False)
     try:
         assert cp.apiserver is not None and cp.etcd is not None
@@ -106,6 +108,7 @@ def main() -> None:
                 block(f"{who}, {shape}", keep[who], make, True)
     finally:
         cp.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

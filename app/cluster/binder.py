@@ -24,7 +24,7 @@ from app.core.workload import GANG_GATE
 
 log = logging.getLogger(__name__)
 COMPONENT = "llm-placement"
-# Events wait here for the writer thread; past this many (an API server outage during a burst) new
+# Events wait here for the writer threads; past this many (an API server outage during a burst) new
 # ones are dropped and counted in the log, never blocking a bind.
 EVENT_BACKLOG = 10_000
 EVENT_WRITERS = 4
@@ -40,7 +40,8 @@ class BindError(RuntimeError):
 
 class Binder:
     def __init__(self, api: client.ApiClient, rest: RestLike | None = None) -> None:
-        # ``rest``: how the calls are sent (tests hand a recorder); raw JSON over the client's pool.
+        # ``rest``: how the calls are sent (tests hand a recorder); raw JSON over keep-alive
+        # connections with the client's credentials (app/cluster/rest.py).
         self.rest: RestLike = rest or JsonRest(api)
         # Events are written off the bind path: a Placed event used to double a bind's API time,
         # and kube-scheduler waits for the bind answer. One writer could not keep up once the API
