@@ -19,9 +19,13 @@ class Server:
     """A raw HTTP/1.1 server: answers each request with ``script[n]`` (bytes), records what it got,
     and can close a connection after its answer (``close_after``)."""
 
-    def __init__(self, script: list[bytes], close_after: set[int] | None = None) -> None:
+    def __init__(self, script: list[bytes], close_after: set[int] | None = None,
+                 silent: set[int] | None = None) -> None:
         self.script = script
         self.close_after = close_after or set()
+        # Requests (by index) read and then dropped with the connection, unanswered: the race of a
+        # server closing an idle keep-alive connection just as a request arrives on it.
+        self.silent = silent or set()
         self.requests: list[bytes] = []
         self.connections = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -57,6 +61,8 @@ class Server:
                 self.requests.append(head + b"\r\n\r\n" + rest[:length])
                 buf = rest[length:]
                 n = len(self.requests) - 1
+                if n in self.silent:
+                    return
                 conn.sendall(self.script[min(n, len(self.script) - 1)])
                 if n in self.close_after:
                     return
@@ -86,8 +92,9 @@ def rest_for(port: int) -> JsonRest:
 def serve() -> Iterator[Any]:
     made: list[Server] = []
 
-    def make(script: list[bytes], close_after: set[int] | None = None) -> tuple[Server, JsonRest]:
-        s = Server(script, close_after)
+    def make(script: list[bytes], close_after: set[int] | None = None,
+             silent: set[int] | None = None) -> tuple[Server, JsonRest]:
+        s = Server(script, close_after, silent)
         made.append(s)
         return s, rest_for(s.port)
 
@@ -156,6 +163,28 @@ def test_server_closing_an_idle_connection_costs_a_new_one_not_an_error(serve: A
     rest.request("GET", "/y")
     assert len(srv.requests) == 2
     assert srv.connections == 2
+
+
+def test_request_dropped_unanswered_on_a_reused_connection_is_sent_once_more() -> None:
+    srv = Server([ok(b'{"n":1}'), ok(b'{"n":2}'), ok(b'{"n":3}')], silent={1})
+    try:
+        rest = rest_for(srv.port)
+        assert rest.request("GET", "/a") == b'{"n":1}'
+        assert rest.request("POST", "/b", {"x": 1}) == b'{"n":3}'  # request 1 was dropped, 2 answered
+        assert len(srv.requests) == 3 and srv.requests[1] == srv.requests[2]
+        assert srv.connections == 2
+    finally:
+        srv.close()
+
+
+def test_request_dropped_unanswered_on_a_new_connection_is_an_error() -> None:
+    srv = Server([ok()], silent={0})
+    try:
+        with pytest.raises(ResponseError, match="before answering"):
+            rest_for(srv.port).request("POST", "/b", {"x": 1})
+        assert len(srv.requests) == 1
+    finally:
+        srv.close()
 
 
 def test_answer_cut_short_is_an_error_and_the_connection_is_dropped(serve: Any) -> None:
