@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from app import wire
@@ -37,6 +38,10 @@ from app.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 _RATE_LOG = RateLimitedLog(log)
 FILTER_REUSE_SECONDS = 2.0
+# Threads for bind's API writes. Each waits on the API server (tens of ms when etcd is slow) without
+# the GIL; with the loop's default pool (cores + 4) binds queued behind each other, and every bind
+# kube-scheduler still waits on holds one more connection open to us (docs/extender-protocol.md, "Bind").
+BIND_THREADS = 16
 
 
 class GangBindHook(Protocol):
@@ -97,6 +102,8 @@ class ExtenderService:
         # every call, and these are observed once per request.
         self._seconds = {verb: self.metrics.request_duration.labels(verb)
                          for verb in ("filter", "prioritize", "bind", "preempt")}
+        # Threads start on first use, so a service that never binds starts none.
+        self._bind_pool = ThreadPoolExecutor(max_workers=BIND_THREADS, thread_name_prefix="bind")
 
     @property
     def binder(self) -> BinderLike | None:
@@ -189,8 +196,8 @@ class ExtenderService:
                 # Only a pod the watch does not hold needs an API read, and only that goes to a thread:
                 # each hop is a queue, a wake-up and a GIL hand-over on the interpreter that also
                 # answers filter (docs/extender-protocol.md, "Bind").
-                spec = await asyncio.to_thread(
-                    self.gate.spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
+                spec = await asyncio.get_running_loop().run_in_executor(
+                    self._bind_pool, self.gate.spec_for, args.pod_namespace, args.pod_name, args.pod_uid)
             refusal = self.gate.refuse(args, spec, early)
             if refusal is not None:
                 self.metrics.request_errors.labels("bind", "refused").inc()
@@ -202,9 +209,9 @@ class ExtenderService:
             if spec is not None and spec.gang is not None and self.gang_binder is not None:
                 err = await self.gang_binder.bind_member(spec, args.node)
             else:
-                err = await asyncio.to_thread(
-                    self.binding.bind_one, args.pod_namespace, args.pod_name, args.pod_uid, args.node, spec
-                )
+                err = await asyncio.get_running_loop().run_in_executor(
+                    self._bind_pool, self.binding.bind_one, args.pod_namespace, args.pod_name, args.pod_uid,
+                    args.node, spec)
             if err:
                 self.metrics.request_errors.labels("bind", "refused").inc()
                 if early:

@@ -213,6 +213,8 @@ class RunResult:
     cpu_s: dict[str, float] = field(default_factory=dict)
     # kube-apiserver requests served in the same window, "VERB resource[/subresource]" -> count.
     api_requests: dict[str, int] = field(default_factory=dict)
+    # kube-apiserver's own seconds spent on those requests (POSTs), "seconds VERB resource" -> s.
+    api_requests_s: dict[str, float] = field(default_factory=dict)
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -228,10 +230,17 @@ def cpu_seconds(pid: int | None) -> float:
 
 
 REQUEST_LINE = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$", re.M)
+# Watch traffic: every object change is sent to every watcher of its resource, so the events sent
+# (and their bytes) are work kube-apiserver does per pod beyond the requests.
+WATCH_LINE = re.compile(r"^apiserver_watch_events_(total|sizes_sum)\{([^}]*)\} ([0-9.e+]+)$", re.M)
+# Its own time per request (the writes' latency as the API server sees it, etcd included), to tell
+# a slow bind answer spent in the API server from one spent in the extender.
+LATENCY_LINE = re.compile(r"^apiserver_request_duration_seconds_sum\{([^}]*)\} ([0-9.e+]+)$", re.M)
 
 
 def api_requests(cp: ControlPlane) -> dict[str, float]:
-    """kube-apiserver's own request counter, summed per verb and resource (watches counted once)."""
+    """kube-apiserver's own request counter, summed per verb and resource (watches counted once),
+    and its watch events sent ("watch-events <resource>") and their bytes ("watch-bytes ...")."""
     text = httpx.get(f"{cp.server}/metrics", verify=cp._https(), timeout=10).text
     out: dict[str, float] = {}
     for labels, value in REQUEST_LINE.findall(text):
@@ -240,6 +249,17 @@ def api_requests(cp: ControlPlane) -> dict[str, float]:
             f"/{d['subresource']}" if d.get("subresource") else ""
         )
         out[key] = out.get(key, 0.0) + float(value)
+    for kind, labels, value in WATCH_LINE.findall(text):
+        d = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        what = d.get("resource") or d.get("kind") or "?"
+        key = f"{'watch-events' if kind == 'total' else 'watch-bytes'} {what}"
+        out[key] = out.get(key, 0.0) + float(value)
+    for labels, value in LATENCY_LINE.findall(text):
+        d = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if d.get("verb") == "POST":
+            sub = f"/{d['subresource']}" if d.get("subresource") else ""
+            key = f"seconds POST {d.get('resource')}{sub}"
+            out[key] = out.get(key, 0.0) + float(value)
     return out
 
 
@@ -436,7 +456,12 @@ def run_variant(
     result.api_requests = {
         k: int(v - req_before.get(k, 0.0))
         for k, v in sorted(req_after.items())
-        if v - req_before.get(k, 0.0) >= 1
+        if v - req_before.get(k, 0.0) >= 1 and not k.startswith("seconds ")
+    }
+    result.api_requests_s = {
+        k: round(v - req_before.get(k, 0.0), 4)
+        for k, v in sorted(req_after.items())
+        if k.startswith("seconds ")
     }
     result.cpu_s = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 2) for k in cpu_after}
     if null is not None:
@@ -632,8 +657,15 @@ def report_cpu(results: list[RunResult]) -> None:
     print()
     for r in results:
         if r.bound and r.api_requests:
-            per = {k: v / r.bound for k, v in r.api_requests.items() if v / r.bound >= 0.05}
+            per = {k: v / r.bound for k, v in r.api_requests.items()
+                   if v / r.bound >= 0.05 and not k.startswith("seconds ")}
             print(f"  {r.nodes} {r.variant}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(per.items())))
+            # The API server's own mean time per write, ms (etcd included).
+            means = {what: r.api_requests_s[k] * 1e3 / r.api_requests[what]
+                     for k in r.api_requests_s if r.api_requests.get(what := k.removeprefix("seconds "))}
+            if means:
+                print(f"  {r.nodes} {r.variant} API server mean ms per write: "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in sorted(means.items())))
 
 
 def main(argv: list[str] | None = None) -> int:

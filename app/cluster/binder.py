@@ -10,6 +10,7 @@ import datetime as dt
 import logging
 import queue
 import threading
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -23,9 +24,10 @@ from app.core.workload import GANG_GATE
 
 log = logging.getLogger(__name__)
 COMPONENT = "llm-placement"
-# Events wait here for the writer thread; past this many (an API server outage during a burst) new
+# Events wait here for the writer threads; past this many (an API server outage during a burst) new
 # ones are dropped and counted in the log, never blocking a bind.
 EVENT_BACKLOG = 10_000
+EVENT_WRITERS = 4
 
 
 def _pod_path(namespace: str, name: str) -> str:
@@ -38,14 +40,20 @@ class BindError(RuntimeError):
 
 class Binder:
     def __init__(self, api: client.ApiClient, rest: RestLike | None = None) -> None:
-        # ``rest``: how the calls are sent (tests hand a recorder); raw JSON over the client's pool.
+        # ``rest``: how the calls are sent (tests hand a recorder); raw JSON over keep-alive
+        # connections with the client's credentials (app/cluster/rest.py).
         self.rest: RestLike = rest or JsonRest(api)
         # Events are written off the bind path: a Placed event used to double a bind's API time,
-        # and kube-scheduler waits for the bind answer.
-        self._events: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(EVENT_BACKLOG)
+        # and kube-scheduler waits for the bind answer. One writer could not keep up once the API
+        # server took tens of ms per write (one event per pod at 80+ pods/s); each pod's events go
+        # to one writer by its name, so they keep their order.
+        self._queues: list[queue.Queue[tuple[str, dict[str, Any]] | None]] = [
+            queue.Queue(EVENT_BACKLOG // EVENT_WRITERS) for _ in range(EVENT_WRITERS)]
         self._dropped = 0
-        self._writer = threading.Thread(target=self._write_events, name="event-writer", daemon=True)
-        self._writer.start()
+        self._writers = [threading.Thread(target=self._write_events, args=(q,), name=f"event-writer-{i}",
+                                          daemon=True) for i, q in enumerate(self._queues)]
+        for w in self._writers:
+            w.start()
 
     def current_node(self, namespace: str, name: str, uid: str) -> str:
         """The node the pod is bound to ('' if none); raise BindError if it is gone or replaced."""
@@ -147,7 +155,7 @@ class Binder:
             "count": 1,
         }
         try:
-            self._events.put_nowait((namespace, ev))
+            self._queues[hash((namespace, name)) % EVENT_WRITERS].put_nowait((namespace, ev))
         except queue.Full:
             self._dropped += 1
             if self._dropped in (1, 10, 100) or self._dropped % 1000 == 0:
@@ -156,16 +164,22 @@ class Binder:
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until queued events are written (tests, shutdown); False on timeout."""
-        done = threading.Event()
-        self._events.put(("", {"flush": done}))
-        return done.wait(timeout)
+        deadline = time.monotonic() + timeout
+        marks = []
+        for q in self._queues:
+            done = threading.Event()
+            q.put(("", {"flush": done}))
+            marks.append(done)
+        return all(m.wait(max(0.0, deadline - time.monotonic())) for m in marks)
 
     def close(self) -> None:
-        self._events.put(None)
-        self._writer.join(timeout=5)
+        for q in self._queues:
+            q.put(None)
+        for w in self._writers:
+            w.join(timeout=5)
 
-    def _write_events(self) -> None:
-        while (item := self._events.get()) is not None:
+    def _write_events(self, events: queue.Queue[tuple[str, dict[str, Any]] | None]) -> None:
+        while (item := events.get()) is not None:
             namespace, ev = item
             if "flush" in ev:
                 ev["flush"].set()

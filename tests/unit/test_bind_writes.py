@@ -90,3 +90,34 @@ def test_a_bind_makes_no_separate_annotation_write(precision: str, fallback: str
     # The Placed event reports the precision the filter chose, from the filter's own verdict.
     placed = [m for _, reason, m in binder.events if reason == "Placed"]
     assert len(placed) == 1 and ("precision int8 (fallback)" in placed[0]) == (expected is not None)
+
+
+class SlowRest(Rest):
+    """Records events with a varying delay, as an API server under load answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def request(self, method: str, path: str, body: Any = None, **kw: Any) -> bytes:
+        import time
+        self.n += 1
+        time.sleep(0.001 * (self.n % 3))
+        return super().request(method, path, body, **kw)
+
+
+def test_events_of_one_pod_keep_their_order_across_writers_and_flush_waits_for_all() -> None:
+    rest = SlowRest()
+    binder = Binder(None, rest)  # type: ignore[arg-type]
+    try:
+        for i in range(6):
+            for pod in range(12):
+                binder.event("ns", f"p{pod}", f"u{pod}", "Placed", f"step {i}")
+        assert binder.flush(10.0)
+        written = list(rest.calls)  # nothing may arrive after flush returned
+    finally:
+        binder.close()
+    assert len(written) == 72
+    for pod in range(12):
+        steps = [b["message"] for _, _, b in written if b["involvedObject"]["name"] == f"p{pod}"]
+        assert steps == [f"step {i}" for i in range(6)], steps
