@@ -436,6 +436,18 @@ ALERTS = (
           "The filter admitted them on an estimate this cluster's engines do not reach: refit the error "
           "distribution from the cluster (llm-placement calibrate --from-prometheus) or raise "
           "serving_confidence (docs/stage-policy.md, \"Targets the engines measure missed\")."),
+    # Gang members behind the chart's gang gate are never tried by kube-scheduler, and only the
+    # extender lifts the gate and writes their events: with no replica up they wait with no word
+    # on the pod (docs/gangs.md, "Held at admission"), so the word goes to the operator. `absent`
+    # covers a Deployment with no pod left to scrape; `max` lets one live replica of two suffice.
+    Alert("LLMPlacementExtenderDown",
+          'max(up{job=~".*llm-placement.*"})', '< 1 or absent(up{job=~".*llm-placement.*"})', "5m",
+          "critical",
+          "No llm-placement extender has answered a scrape for 5 minutes",
+          "kube-scheduler's calls to the extender fail, so GPU pods are not placed, and gang members "
+          "held by the gang gate stay gated with no event until a replica is back (docs/gangs.md, "
+          "\"Held at admission\"). Check the extender's pods and logs; run two replicas in "
+          "`mode: scheduler` for a warm standby."),
     Alert("LLMPlacementWatchRestarts",
           "sum by (resource) (increase(llm_placement_watch_restarts_total[15m]))", "> 5", "15m", "warning",
           "llm-placement's {{ $labels.resource }} watch restarted {{ $value }} times in 15 minutes",
