@@ -1,0 +1,56 @@
+"""A pod that names no engine is estimated with the centre of the engines the corpus measured
+(docs/stage-policy.md, "The serving model"): the fit's pooled first-token figures are the
+geometric mean of the per-engine ones, and each measured engine keeps its own estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.calibration import corpus, fit
+from app.core.serving_model import ServingCalibration, estimate
+
+SCALE = st.floats(min_value=0.05, max_value=20.0, allow_nan=False)
+
+
+def loaded_rows(*engines: str) -> list[corpus.Measurement]:
+    """Corpus rows of these engines whose first token depends on the prefill budget."""
+    return [r for r in corpus.packaged() if r.point.engine in engines and r.point.load != "static"
+            and r.point.concurrency > 1 and r.point.ttft_ms is not None]
+
+
+@settings(max_examples=50, deadline=None)
+@given(vllm=SCALE, sglang=SCALE, budget=st.floats(min_value=512, max_value=131072), floor=SCALE)
+def test_centring_keeps_each_measured_engine_and_moves_the_pooled_figure_to_their_centre(
+        vllm: float, sglang: float, budget: float, floor: float) -> None:
+    rows = loaded_rows("vllm", "sglang")
+    values = {**ServingCalibration().free_parameters(), "prefill_token_budget": budget,
+              "engine_budget_scale.vllm": vllm, "engine_budget_scale.sglang": sglang,
+              "engine_ttft_floor_scale.vllm": floor}
+    got = fit.centre_engines(values, rows)
+    for engine in ("vllm", "sglang"):  # the product each measured engine is estimated with
+        key = f"engine_budget_scale.{engine}"
+        assert got["prefill_token_budget"] * got[key] == pytest.approx(budget * values[key])
+    assert got["prefill_token_budget"] == pytest.approx(budget * math.sqrt(vllm * sglang))
+    # An engine the rows do not show is estimated at the centre too.
+    assert got["engine_budget_scale.tgi"] == 1.0
+
+
+def test_a_pod_without_an_engine_is_estimated_between_the_engines_measured() -> None:
+    rows = loaded_rows("vllm", "sglang")
+    assert {r.point.engine for r in rows} == {"vllm", "sglang"}
+    cal = fit.fit(rows[:12], ServingCalibration())
+    budgets = [cal.prefill_token_budget * cal.engine_budget_scale[e] for e in ("vllm", "sglang")]
+    floors = [cal.ttft_floor_ms * cal.engine_ttft_floor_scale[e] for e in ("vllm", "sglang")]
+    assert cal.prefill_token_budget == pytest.approx(math.sqrt(budgets[0] * budgets[1]), rel=1e-3)
+    assert cal.ttft_floor_ms == pytest.approx(math.sqrt(floors[0] * floors[1]), rel=1e-3)
+    # Hence its first token lies between the two engines' (same deployment, same load).
+    case = rows[0].case()
+    unnamed = estimate(dataclasses.replace(case, engine=None), cal).ttft_ms
+    named = sorted(estimate(dataclasses.replace(case, engine=e), cal).ttft_ms for e in ("vllm", "sglang"))
+    assert named[0] * 0.999 <= unnamed <= named[1] * 1.001
+
