@@ -28,6 +28,7 @@ from app.core.serving_model import (
     estimate,
     narrowest_group,
     target_quantile,
+    weight_kind,
 )
 from app.core.serving_model import (
     decision_keys as serving_decision_keys,
@@ -51,6 +52,7 @@ _BOUNDS = {
     "sequence_overhead_us": (0.01, 2000.0),
     "engine_budget_scale": (0.05, 20.0),
     "engine_ttft_floor_scale": (0.05, 50.0),
+    "engine_decode_scale": (0.3, 3.0),
     "vendor_efficiency": (0.1, 2.0),
 }
 PRIOR_WEIGHT = 0.1  # log-units of residual per log-unit away from the default
@@ -132,7 +134,24 @@ def fit(rows: Sequence[Measurement], start: ServingCalibration | None = None,
     got = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=LOSS_SCALE,
                         max_nfev=400)
     values = centre_engines(dict(zip(names, np.exp(got.x).tolist(), strict=True)), rows)
-    return start.with_parameters({n: float(f"{v:.4g}") for n, v in values.items()}, provenance)
+    fitted = start.with_parameters({n: float(f"{v:.4g}") for n, v in values.items()}, provenance)
+    return fitted.model_copy(update={"decode_scale_unnamed": unnamed_decode_scale(fitted, rows)})
+
+
+def unnamed_decode_scale(cal: ServingCalibration, rows: Sequence[Measurement]) -> dict[str, float]:
+    """Per weight kind, the geometric mean of the decode scales of the engines whose per-token rows
+    store weights that way ("all": of every engine with per-token rows). Per kind, not one centre:
+    a kind measured with one engine only (int8 with vLLM) is known at that engine's rate, and
+    moving it to the centre of engines never measured with it would be a guess."""
+    engines: dict[str, set[str]] = {}
+    for r in rows:
+        name = engine_name(r.point.engine)
+        if name is not None and r.point.tpot_ms is not None and name in cal.engine_decode_scale:
+            engines.setdefault(weight_kind(r.point.precision, r.gpu), set()).add(name)
+            engines.setdefault("all", set()).add(name)
+    centre = {kind: math.exp(sum(math.log(cal.engine_decode_scale[e]) for e in names) / len(names))
+              for kind, names in engines.items()}
+    return {kind: float(f"{value:.4g}") for kind, value in centre.items()}
 
 
 # Per-engine figures, each a multiple of a pooled one, and which rows tell the fit about them.
