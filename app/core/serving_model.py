@@ -164,6 +164,14 @@ class ServingCalibration(BaseModel):
     # show, and for a pod that does not name its engine (``serving-engine``).
     engine_budget_scale: dict[str, Positive] = Field(
         default_factory=lambda: dict.fromkeys(ENGINE_NAMES, 1.0))
+    # Each engine's share of the pooled bandwidth efficiencies at decode (its kernels, scheduler and
+    # weight layouts read the weights at a different share of the peak), for a pod that names it.
+    engine_decode_scale: dict[str, Positive] = Field(
+        default_factory=lambda: dict.fromkeys(ENGINE_NAMES, 1.0))
+    # The scale a pod that names no engine gets, per weight kind: the centre (geometric mean) of the
+    # scales of the engines the corpus measured with that kind ("all": of every engine measured).
+    # Written by the fit from the rows, not fitted (docs/stage-policy.md, "The serving model").
+    decode_scale_unnamed: dict[str, Positive] = Field(default_factory=dict)
     # Per metric ("tpot", "ttft") and corpus group: quantiles of measured / estimate over the
     # cross-validated errors (each source predicted by a fit to the others), at the probabilities
     # of QUANTILE_LEVELS, and how many points they were taken from. A target is met when the
@@ -177,7 +185,8 @@ class ServingCalibration(BaseModel):
         """Flat name -> value of every fitted figure (``bandwidth_efficiency.int4`` and so on)."""
         out: dict[str, float] = {}
         for key in ("bandwidth_efficiency", "prefill_efficiency", "allreduce_latency_us",
-                    "engine_budget_scale", "engine_ttft_floor_scale", "vendor_efficiency"):
+                    "engine_budget_scale", "engine_ttft_floor_scale", "engine_decode_scale",
+                    "vendor_efficiency"):
             for kind, value in getattr(self, key).items():
                 out[f"{key}.{kind}"] = value
         for key in ("kv_bandwidth_efficiency", "decode_compute_efficiency", "step_floor_ms",
@@ -283,6 +292,13 @@ class Case:
         scale = cal.engine_ttft_floor_scale.get(self.engine, 1.0) if self.engine else 1.0
         return cal.ttft_floor_ms * scale
 
+    def decode_scale(self, cal: ServingCalibration, kind: str) -> float:
+        """The engine's share of the bandwidth efficiencies; unnamed, the centre of the engines the
+        corpus measured with weights stored this way."""
+        if self.engine:
+            return cal.engine_decode_scale.get(self.engine, 1.0)
+        return cal.decode_scale_unnamed.get(kind, cal.decode_scale_unnamed.get("all", 1.0))
+
     def prefill_budget(self, cal: ServingCalibration) -> float:
         """Prompt tokens per prefill step: the engine's own where the fit knows it."""
         scale = cal.engine_budget_scale.get(self.engine, 1.0) if self.engine else 1.0
@@ -377,6 +393,7 @@ def estimate(case: Case, cal: ServingCalibration) -> Estimate:
     weights = s.params_read(batch) * case.precision.bytes_per_param
     kv = batch * context * s.kv_bytes_per_token * case.kv_bytes_per_value / 2.0
     memory_ms = (weights / cal.bandwidth_efficiency[kind] + kv / cal.kv_bandwidth_efficiency) / bw * 1e3
+    memory_ms /= case.decode_scale(cal, kind)
     # Batched decode is the same matrix work as a prompt of ``batch`` tokens, at a lower share of
     # the tensor throughput (skinny matrices).
     tflops = case.gpu.bf16_tflops * cal.prefill_efficiency[kind] * cal.decode_compute_efficiency * vendor
