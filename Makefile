@@ -113,7 +113,7 @@ bench: $(STAMP) controlplane etcd kwok kueue
 
 ## Soak with faults: ~3,000 pods of every stage on kwok nodes while the extender, kube-scheduler,
 ## kube-apiserver and etcd are killed (-9) and restarted; invariants checked throughout
-## (tests/integration/harness/soak.py). Figures in bench/results/soak-3000.json and BENCHMARKS.md.
+## (kubeharness/soak.py). Figures in bench/results/soak-3000.json and BENCHMARKS.md.
 soak: $(STAMP) controlplane etcd kwok
 	$(BIN)/python -m bench.soak
 

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from app.calibration.command import calibrate
-from app.config import ConfigDeprecationWarning, ConfigError, Settings, load_settings
+from app.config.settings import ConfigDeprecationWarning, ConfigError, Settings, load_settings
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="llm-placement: LLM-lifecycle-aware scheduler extender for kube-scheduler.")
@@ -66,7 +66,7 @@ def serve(
 
     from app.api.app import create_app
     from app.api.server import HttpLimits, start_metrics_server, uvicorn_options
-    from app.wiring import build_live
+    from app.extender.wiring import build_live
 
     settings = _settings(config, host=host, port=port, kubeconfig=kubeconfig)
     logging.basicConfig(level=settings.log_level.upper(),
@@ -124,7 +124,7 @@ def _fail_start(exc: Exception, kubeconfig: str | None) -> NoReturn:
 @cli.command()
 def catalog(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Show the built-in GPU catalog."""
-    from app.core.catalog import GpuCatalog
+    from app.base.catalog import GpuCatalog
 
     cat = GpuCatalog.load()
     if as_json:
@@ -143,7 +143,7 @@ def catalog(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")]
 @cli.command()
 def models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Show the model registry: the names the `model` annotation accepts and their architecture."""
-    from app.core.model_registry import default_registry
+    from app.base.model_registry import default_registry
 
     reg = default_registry()
     if as_json:
@@ -357,7 +357,7 @@ def config_dump(
         "--all", help="Every setting, defaults included (default: only those that differ).")] = False,
 ) -> None:
     """Print the settings in the current versioned form: an unversioned file or old names, rewritten."""
-    from app.config import dump_settings
+    from app.config.settings import dump_settings
 
     typer.echo(dump_settings(_settings(file), changed_only=not all_settings), nl=False)
 
@@ -365,7 +365,7 @@ def config_dump(
 @config_cli.command("docs")
 def config_docs() -> None:
     """Print the reference of every setting (docs/configuration.md), generated from the model."""
-    from app.config_docs import markdown
+    from app.config.docs import markdown
 
     typer.echo(markdown(), nl=False)
 
@@ -395,9 +395,9 @@ def profiles_import(
     """Turn serving-benchmark results into a measured-profile entry (YAML on stdout or --out)."""
     import yaml
 
-    from app.core.catalog import GpuCatalog
-    from app.core.workload import Precision
-    from app.profiles_import import (
+    from app.base.catalog import GpuCatalog
+    from app.base.workload import Precision
+    from app.serving.profiles_import import (
         BenchmarkImportError,
         Statistic,
         build_profile,

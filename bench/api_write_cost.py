@@ -33,7 +33,7 @@ from typing import Any
 from app.cluster.client import api_client
 from app.cluster.rest import JsonRest
 from bench.scheduler_throughput import cpu_seconds
-from tests.integration.harness import ControlPlane, find_binaries
+from kubeharness import ControlPlane, find_binaries
 
 NS = "default"
 PATH = f"/api/v1/namespaces/{NS}/events"

@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.table import Table
 
 from app.api.app import create_app, create_fastapi
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.objects import node_object, pod_object
-from app.wiring import build_core
+from app.base.catalog import GpuCatalog
+from app.base.objects import node_object, pod_object
+from app.config.settings import Settings
+from app.extender.wiring import build_core
 
 console = Console()
 

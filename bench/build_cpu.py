@@ -30,10 +30,10 @@ from typing import Any
 
 from kubernetes import client
 
+from app.base.catalog import GpuCatalog
 from app.cluster.cache import ClusterCache
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.wiring import build_core
+from app.config.settings import Settings
+from app.extender.wiring import build_core
 from bench.scheduler_throughput import bench_nodes, bench_pods
 
 GPU = "nvidia.com/gpu"

@@ -30,16 +30,16 @@ from typing import Annotated
 
 import typer
 
+from app.base.catalog import default_catalog
+from app.base.reasons import ReasonCode
+from app.base.workload import Stage, WorkloadSpec
 from app.calibration import corpus, fit
 from app.calibration.corpus import Measurement
-from app.core.catalog import default_catalog
-from app.core.feasibility import NodeFit, evaluate
-from app.core.nodes import NodeFacts, NodeLabelKeys, node_facts
-from app.core.reasons import ReasonCode
-from app.core.serving_model import DEFAULT_CONFIDENCE, MISS, ServingCalibration, default_calibration
-from app.core.sizing import allreduce_us, gpu_link, shape
-from app.core.snapshot import NodeUsage
-from app.core.workload import Stage, WorkloadSpec
+from app.placement.feasibility import NodeFit, evaluate
+from app.serving.model import DEFAULT_CONFIDENCE, MISS, ServingCalibration, default_calibration
+from app.serving.sizing import allreduce_us, gpu_link, shape
+from app.snapshot.nodes import NodeFacts, NodeLabelKeys, node_facts
+from app.snapshot.store import NodeUsage
 
 SHIPPED = "after, shipped calibration (fit to all)"
 LEGACY_BANDWIDTH_EFFICIENCY = 0.6
@@ -101,7 +101,7 @@ def filter_verdicts(rows: list[Measurement]) -> dict[str, int]:
     """Each measured point through the real filter (``feasibility.evaluate``, shipped settings) with
     a target the measurement misses by just over MISS (accepting it is wrong) and one it meets with
     MISS to spare (refusing it is wrong), for per-token and first-token targets."""
-    from app.config import Settings
+    from app.config.settings import Settings
 
     policy = Settings(cluster_source="none", metrics_port=0).policies().placement.feasibility
     out = {"judged": 0, "accepted_but_misses": 0, "refused_but_runs": 0, "not_judged_memory": 0}
@@ -132,7 +132,7 @@ def memory_refusals(rows: list[Measurement], cal: ServingCalibration, *, concurr
     deployment started, which is what the measurement proves (an engine holds fewer sequences at
     once than asked when their KV cache does not fit, and queues the rest). ``concurrency``: with
     the whole batch's KV cache, which a pod declaring that concurrency is sized for."""
-    from app.config import Settings
+    from app.config.settings import Settings
 
     policy = Settings(cluster_source="none", metrics_port=0).policies().placement.feasibility
     out = []

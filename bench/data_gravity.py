@@ -42,7 +42,7 @@ The mapping (nothing public links the stages of one model with data sizes; these
   from the same figures built in; pretraining runs 10x the mean GPU job ("1-3% of jobs, 70-96% of
   GPU time"), serving replicas 4x. Pipelines arrive every 1,200 s on average.
 
-Cluster (82 nodes, app.objects): zone-a has two spines; spine-1 holds leaf-1 and leaf-2, each 8 x
+Cluster (82 nodes, app.base.objects): zone-a has two spines; spine-1 holds leaf-1 and leaf-2, each 8 x
 H100 (8 GPUs) + 2 CPU + 1 storage node; spine-2 holds leaf-3 (8 x A100-80GB + 2 CPU + 1 storage) and
 leaf-4 (an 18-tray GB200 NVL72 rack, 4 GPUs a tray, one NVLink domain, + 2 CPU). zone-b's spine-3
 holds leaf-5 (8 x H100 + 2 CPU + 1 storage) and leaf-6 (8 x L40S + 8 x L4, 4 GPUs each, + 2 CPU).
@@ -73,17 +73,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.feasibility import pod_hourly_cost
-from app.core.gravity import GravityModel
-from app.core.nodes import node_facts
-from app.core.placer import Placer
-from app.core.snapshot import ClusterSnapshot
-from app.core.workload import WorkloadError, WorkloadSpec, parse_workload, pod_resources
-from app.objects import expand_cluster, pod_object
+from app.base.catalog import GpuCatalog
+from app.base.objects import expand_cluster, pod_object
+from app.base.workload import WorkloadError, WorkloadSpec, parse_workload, pod_resources
+from app.config.settings import Settings
+from app.placement.feasibility import pod_hourly_cost
+from app.placement.gravity import GravityModel
+from app.placement.placer import Placer
 from app.sim.profile import SchedulerProfile, default_profile, most_allocated_profile, shipped_profile
 from app.sim.scheduler import WHAT_IF, Placement, SimScheduler, in_tree_fits
+from app.snapshot.nodes import node_facts
+from app.snapshot.store import ClusterSnapshot
 
 ANN = "llm-placement.io/"
 ACME = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "acmetrace" / "cluster_summary.csv"

@@ -12,12 +12,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from app.base.catalog import GpuCatalog
+from app.base.objects import node_object
 from app.cluster.cache import apply_node
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.dra import DRIVER
-from app.core.snapshot import ClusterSnapshot
-from app.objects import node_object
+from app.config.settings import Settings
+from app.dra.index import DRIVER
+from app.snapshot.store import ClusterSnapshot
 
 console = Console()
 

@@ -24,12 +24,12 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.snapshot import PlacedPod
-from app.core.workload import Stage
-from app.objects import node_object, pod_object
-from app.wiring import build_core
+from app.base.catalog import GpuCatalog
+from app.base.objects import node_object, pod_object
+from app.base.workload import Stage
+from app.config.settings import Settings
+from app.extender.wiring import build_core
+from app.snapshot.store import PlacedPod
 
 PRODUCTS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-L4", "Tesla-T4", "NVIDIA-H200"]
 console = Console()

@@ -19,11 +19,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.workload import parse_workload
-from app.objects import node_object, pod_object
-from app.wiring import build_core
+from app.base.catalog import GpuCatalog
+from app.base.objects import node_object, pod_object
+from app.base.workload import parse_workload
+from app.config.settings import Settings
+from app.extender.wiring import build_core
 
 console = Console()
 

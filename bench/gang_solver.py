@@ -109,7 +109,7 @@ def run_cell(cell: Cell, instances: int, time_limit: float, workers: int, cp_sat
     for seed in range(instances):
         p, _label = instance(cell.nodes, cell.pods, seed, launcher)
         # The previous instance's garbage is not this plan's cost (the extender freezes its
-        # long-lived cache out of the collector's sight, see app.wiring).
+        # long-lived cache out of the collector's sight, see app.extender.wiring).
         gc.collect()
         cpu = time.process_time()
         ours = plan(p, time_limit=time_limit, workers=workers)  # the index is built inside: timed

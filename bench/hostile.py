@@ -49,7 +49,7 @@ from kubernetes.client.rest import ApiException
 from rich.console import Console
 from rich.table import Table
 
-from tests.integration.harness import (
+from kubeharness import (
     EXTENDER_USER,
     ControlPlane,
     create_nodes,

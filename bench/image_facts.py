@@ -22,8 +22,8 @@ from pathlib import Path
 
 import typer
 
-from tests.integration.harness import ControlPlane, create_nodes, find_binaries, gpu_node, wait_until
-from tests.integration.harness.container import chart_container, docker, run_script
+from kubeharness import ControlPlane, create_nodes, find_binaries, gpu_node, wait_until
+from kubeharness.container import chart_container, docker, run_script
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from app.core.catalog import default_catalog
-from app.core.profiles import ProfileBook
-from app.core.workload import Precision, WorkloadSpec
+from app.base.catalog import default_catalog
+from app.base.workload import Precision, WorkloadSpec
+from app.serving.profiles import ProfileBook
 
 
 def entries(n: int) -> list[dict[str, Any]]:

@@ -7,10 +7,10 @@ kube-scheduler (+ our extender) onto kwok-managed nodes, ours vs the baselines a
     python -m bench.replay --gangs 40 --variants ours                   # gangs queueing for GPUs
     python -m bench.replay --llm-jobs 240 --load 1.0 --load 1.3         # LLM-cluster mix vs Kueue
 
-Everything runs in one control plane (tests/integration/harness, the integration suite's binaries,
-PKI and RBAC) with one kwok (tests/integration/harness/kwok.py) for every node. For each workload the
+Everything runs in one control plane (kubeharness, the integration suite's binaries,
+PKI and RBAC) with one kwok (kubeharness/kwok.py) for every node. For each workload the
 same nodes and the same pod manifests go through every variant in turn, kube-scheduler restarted on
-the variant's configuration (tests/integration/harness/replay.py ``variant_config``):
+the variant's configuration (kubeharness/replay.py ``variant_config``):
 
 * ``ours``: the Helm chart's scheduler configuration as shipped, with the extender;
 * ``default``: kube-scheduler's default profile, nothing configured;
@@ -22,7 +22,7 @@ the variant's configuration (tests/integration/harness/replay.py ``variant_confi
   podAntiAffinity to training pods: bin-packing that keeps the training/serving separation of
   docs/stage-policy.md, which plain ``mostalloc`` ignores;
 * ``kueue`` and ``kueue-tas`` (gangs and the LLM-cluster mix): ``mostalloc`` behind real Kueue
-  (tests/integration/harness/kueue.py, built by scripts/build-kueue.sh), every pod in one LocalQueue
+  (kubeharness/kueue.py, built by scripts/build-kueue.sh), every pod in one LocalQueue
   and each gang one pod group, admitted all-or-nothing on a quota equal to the cluster; ``kueue-tas``
   with Kueue's topology-aware scheduling, which also checks that the group fits node by node and
   pins each pod to its node. What an operator who wants gangs whole runs instead of us.
@@ -46,7 +46,7 @@ Traces (openb: ATC'23 "Beware of Fragmentation", 1,213 GPU nodes, read in place 
 Pipelines: bench/data_gravity.py's generator and 82-node cluster (same seed, scenarios cpu, gpu,
 gpu-small); stage k+1 of a pipeline is created when every pod of stage k has Succeeded.
 
-The trace clock (``--clock``, tests/integration/harness/replay.py): ``virtual`` (default) is
+The trace clock (``--clock``, kubeharness/replay.py): ``virtual`` (default) is
 event-driven: it stands still while kube-scheduler, the extender or kwok are busy and jumps to the
 next arrival or the next end of a running pod (bind time + duration), where the driver has kwok
 finish the pod; every variant then runs on the same load, however fast it decides, and kube-
@@ -66,7 +66,7 @@ gangs wait for others to end. For ``ours`` the replay also reads the extender's 
 (``llm_placement_solver_runs_total``) and CPU time before and after: solver runs per gang that had
 to wait is what docs/gangs.md ("Cannot place") bounds.
 
-Run time (virtual clock, tests/integration/harness/runtime.py and datapath.py; never the
+Run time (virtual clock, kubeharness/runtime.py and datapath.py; never the
 extender's own estimates): a training pod's trace duration is its run on an H100 and it runs its
 work at the measured training throughput of the GPU it got (bench/data/training_throughput.yaml); a
 batch serving pod runs its tokens at the GPU's measured per-token time relative to the H100's
@@ -87,10 +87,10 @@ the part beyond what perfect packing of the same partly used work would strand; 
 failed; over-commits (must be none); gangs run whole, deadlocks, GPU-hours held idle by partial
 gangs; per gang, when it could first have started on free whole nodes of one GPU model, when it
 did and why it waited (held for a larger gang, queue order, or nothing started meanwhile:
-tests/integration/harness/replay.py, ``GangWaits``), printed for the longest waits; queueing delay
+kubeharness/replay.py, ``GangWaits``), printed for the longest waits; queueing delay
 and job / pipeline completion; with Kueue, the times the clock moved on without Kueue's word
 (``admission_settle_timeouts``, 0 in a clean run); dollars spent (each pod's share of its node's
-list price from app/core/catalog.py x the hours it really ran); GB read per data-path tier; for
+list price from app/base/catalog.py x the hours it really ran); GB read per data-path tier; for
 pipelines, co-location of each consumer with its producer (same node or NVLink domain); for
 ``ours``, the extender's agreement counter
 (``llm_placement_scheduler_agreement_total``) when it exports one. Figures go to
@@ -117,14 +117,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.feasibility import pod_hourly_cost
-from app.core.nodes import node_facts
-from app.core.workload import LatencyClass, Stage, parse_workload
-from app.objects import expand_cluster, node_object, pod_object
+from app.base.catalog import GpuCatalog
+from app.base.objects import expand_cluster, node_object, pod_object
+from app.base.workload import LatencyClass, Stage, parse_workload
+from app.config.settings import Settings
+from app.placement.feasibility import pod_hourly_cost
+from app.snapshot.nodes import node_facts
 from bench.replay_report import attainment, common_window
-from tests.integration.harness import (
+from kubeharness import (
     ControlPlane,
     create_nodes,
     delete_all_pods,
@@ -133,9 +133,9 @@ from tests.integration.harness import (
     gpu_node,
     llm_pod,
 )
-from tests.integration.harness.kueue import Kueue, build_kueue, cluster_quota, queued
-from tests.integration.harness.kwok import Kwok, build_kwok, kwok_node_labels
-from tests.integration.harness.replay import (
+from kubeharness.kueue import Kueue, build_kueue, cluster_quota, queued
+from kubeharness.kwok import Kwok, build_kwok, kwok_node_labels
+from kubeharness.replay import (
     CLOCKS,
     ReplayPod,
     ReplayResult,
@@ -146,7 +146,7 @@ from tests.integration.harness.replay import (
     variant_config,
     with_retry_backoff,
 )
-from tests.integration.harness.runtime import Inputs, PodRuntime, ServingJudge, node_gpus
+from kubeharness.runtime import Inputs, PodRuntime, ServingJudge, node_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -322,7 +322,7 @@ def llm_cluster_workload(jobs: int, seed: int, load: float) -> tuple[list[dict[s
 
 def solver_counters(bench: Bench) -> dict[str, float]:
     """The extender's solver runs by status, solver seconds and process CPU seconds."""
-    from tests.integration.harness.controlplane import metric_value
+    from kubeharness.controlplane import metric_value
 
     text = bench.cp.extender_metrics()
     out: dict[str, float] = {}
@@ -624,7 +624,7 @@ class Bench:
         self.cp.stop()
 
     def use_nodes(self, nodes: list[dict[str, Any]]) -> None:
-        from tests.integration.harness import delete_nodes
+        from kubeharness import delete_nodes
 
         if self.nodes:
             delete_nodes(self.cp.core, self.nodes)

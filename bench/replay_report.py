@@ -233,7 +233,7 @@ class _Usage:
     def fits(self, need: list[int], i: int, t: float, without: Iterable[str] = ()) -> bool:
         """``need`` fits the free GPUs of nodes of one model at ``t`` (state ``i``), ``without``'s
         running pods gone."""
-        from tests.integration.harness.replay import first_fit
+        from kubeharness.replay import first_fit
 
         used = dict(self.used[i])
         for p in self.running(t, without):
@@ -333,7 +333,7 @@ GPU = "nvidia.com/gpu"
 def overtake_tables(path: Path) -> tuple[list[str], list[str]]:
     """Per run and variant, and per gang: the later gangs that started before it and whether each was
     a backfill. Needs the per-pod starts a run records (``started_s_by_pod``)."""
-    from tests.integration.harness.replay import node_product, pod_gang, pod_gpus
+    from kubeharness.replay import node_product, pod_gang, pod_gpus
 
     summary, per_gang = [], []
     for doc in json.loads(path.read_text()).values():

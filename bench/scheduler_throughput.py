@@ -5,7 +5,7 @@
     python -m bench.scheduler_throughput --nodes 500 --pods 2000 --json out.json
 
 One control plane (etcd, kube-apiserver, our extender) for the whole run, started by the integration
-suite's harness (tests/integration/harness), so the binaries, certificates, RBAC and the scheduler
+suite's harness (kubeharness), so the binaries, certificates, RBAC and the scheduler
 configuration are exactly those of the tests: the Helm chart's KubeSchedulerConfiguration with local
 overrides only. For each node count the same nodes serve both variants:
 
@@ -48,7 +48,7 @@ from typing import Any
 import httpx
 from kubernetes.client import CoreV1Api
 
-from tests.integration.harness import (
+from kubeharness import (
     ControlPlane,
     cpu_node,
     create_nodes,
@@ -63,9 +63,9 @@ from tests.integration.harness import (
     pod_events,
     wait_until,
 )
-from tests.integration.harness.controlplane import metric_value
-from tests.integration.harness.podwatch import list_then_watch
-from tests.integration.harness.procs import Component, free_port
+from kubeharness.controlplane import metric_value
+from kubeharness.podwatch import list_then_watch
+from kubeharness.procs import Component, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

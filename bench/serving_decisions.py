@@ -26,22 +26,22 @@ from typing import Annotated
 
 import typer
 
+from app.base.catalog import default_catalog
+from app.base.reasons import ReasonCode
+from app.base.workload import Stage, WorkloadSpec
 from app.calibration import corpus, fit
 from app.calibration.corpus import Measurement
-from app.config import Settings
-from app.core.catalog import default_catalog
-from app.core.feasibility import NodeFit, evaluate
-from app.core.nodes import NodeFacts, NodeLabelKeys, node_facts
-from app.core.reasons import ReasonCode
-from app.core.serving_model import (
+from app.config.settings import Settings
+from app.placement.feasibility import NodeFit, evaluate
+from app.serving.model import (
     DEFAULT_CONFIDENCE,
     FALSE_ACCEPT_BUDGET,
     ErrorQuantiles,
     ServingCalibration,
     target_quantile,
 )
-from app.core.snapshot import NodeUsage
-from app.core.workload import Stage, WorkloadSpec
+from app.snapshot.nodes import NodeFacts, NodeLabelKeys, node_facts
+from app.snapshot.store import NodeUsage
 
 MET = 1.2  # target = 1.2x measured: the hardware meets it with 20 % to spare
 MISSED = 0.75  # target = 0.75x measured: the hardware misses it by a third
@@ -175,7 +175,7 @@ def judge_sweep(rows: Sequence[Measurement], judged: dict[str, list[Judged]]) ->
 
 def confidence_by_rule(sweep: Sequence[dict[str, object]], budget: float = FALSE_ACCEPT_BUDGET
                        ) -> float | None:
-    """The rule that sets the default ``serving_confidence`` (app/core/serving_model.py): the
+    """The rule that sets the default ``serving_confidence`` (app/serving/model.py): the
     lowest swept confidence whose overall per-token false-accept rate is at most ``budget``.
 
     Per token only: first-token false accepts stay above 2 % at every confidence of the sweep

@@ -9,7 +9,7 @@ for every node; each bound pod Succeeds after its few seconds (the soak writes t
 SIGKILL and restarted ``--down`` seconds later; poison pods (``nvidia.com/gpu: "1e400"``, an
 invalid ``model-params``) are present throughout. The workload, the admission rule that makes
 "capacity exists" exact, and every invariant checked are described in
-tests/integration/harness/soak.py. Figures go to ``bench/results/soak-<pods>.json``; the exit code
+kubeharness/soak.py. Figures go to ``bench/results/soak-<pods>.json``; the exit code
 is 1 if any invariant was violated.
 """
 
@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tests.integration.harness import ControlPlane, find_binaries
-from tests.integration.harness.kwok import Kwok, build_kwok
-from tests.integration.harness.soak import SoakResult, SoakShape, run_soak
+from kubeharness import ControlPlane, find_binaries
+from kubeharness.kwok import Kwok, build_kwok
+from kubeharness.soak import SoakResult, SoakShape, run_soak
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"

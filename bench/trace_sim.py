@@ -42,14 +42,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.ranking import ScoreMapping
-from app.core.snapshot import ClusterSnapshot
-from app.objects import node_object, pod_object
-from app.service import ExtenderService
+from app.base.catalog import GpuCatalog
+from app.base.objects import node_object, pod_object
+from app.config.settings import Settings
+from app.extender.service import ExtenderService
+from app.placement.ranking import ScoreMapping
 from app.sim.profile import SchedulerProfile, default_profile, most_allocated_profile, shipped_profile
 from app.sim.scheduler import WHAT_IF, SimScheduler
+from app.snapshot.store import ClusterSnapshot
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
 console = Console()

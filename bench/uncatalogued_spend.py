@@ -10,10 +10,10 @@ node of an uncatalogued product removed, and the dollars each run spent are comp
 Run model (both runs alike): pods arrive at their times and wait in a FIFO queue until a cycle places
 them (retried at every arrival and every finish, as kube-scheduler retries unschedulable pods on
 cluster events); a placed pod runs the harness's run time on the GPU it got
-(``tests/integration/harness/runtime.PodRuntime``: measured training and batch-serving speeds; a
+(``kubeharness/runtime.PodRuntime``: measured training and batch-serving speeds; a
 product the catalog lacks runs training at the dense BF16 figure the scenario states as its truth,
 which the extender may or may not have been told) and then leaves. Dollars spent: each pod's share of
-its node's list price (``app.core.feasibility.pod_hourly_cost``) x the hours it ran, the figure
+its node's list price (``app.placement.feasibility.pod_hourly_cost``) x the hours it ran, the figure
 ``bench/replay.py`` reports as "dollars spent". Misplaced: a pod placed on an uncatalogued GPU while a
 catalogued node that passed kube-scheduler's resource fit and the extender's filter at that moment
 would truly have run it for less (what mispricing looks like, apart from capacity a busy cluster buys).
@@ -50,15 +50,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.feasibility import pod_hourly_cost
-from app.core.workload import WorkloadError, parse_workload
-from app.objects import node_object, pod_object
-from app.service import ExtenderService
+from app.base.catalog import GpuCatalog
+from app.base.objects import node_object, pod_object
+from app.base.workload import WorkloadError, parse_workload
+from app.config.settings import Settings
+from app.extender.service import ExtenderService
+from app.placement.feasibility import pod_hourly_cost
 from app.sim.profile import default_profile, shipped_profile
 from app.sim.scheduler import WHAT_IF, SimScheduler, in_tree_fits
-from tests.integration.harness.runtime import PodRuntime, uncatalogued
+from kubeharness.runtime import PodRuntime, uncatalogued
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
 TFLOPS = "llm-placement.io/gpu-bf16-tflops"

@@ -19,12 +19,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.snapshot import PlacedPod
-from app.core.workload import LatencyClass, Stage
-from app.objects import node_object, pod_object
-from app.wiring import build_core
+from app.base.catalog import GpuCatalog
+from app.base.objects import node_object, pod_object
+from app.base.workload import LatencyClass, Stage
+from app.config.settings import Settings
+from app.extender.wiring import build_core
+from app.snapshot.store import PlacedPod
 
 PRODUCTS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-L4", "Tesla-T4", "NVIDIA-H200"]
 

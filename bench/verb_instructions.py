@@ -28,9 +28,9 @@ import os
 import subprocess
 from typing import Any
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.wiring import build_core
+from app.base.catalog import GpuCatalog
+from app.config.settings import Settings
+from app.extender.wiring import build_core
 from bench import build_cpu
 from bench.scheduler_throughput import bench_nodes, bench_pods
 
@@ -82,7 +82,7 @@ def main() -> None:
     for pod in pods[:10]:
         one(pod)
     gc.collect()
-    gc.freeze()  # as the live extender does once its cache is synced (app/wiring.py)
+    gc.freeze()  # as the live extender does once its cache is synced (app/extender/wiring.py)
     _instrument(True)
     for pod in pods[10:]:
         one(pod)

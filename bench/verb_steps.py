@@ -22,15 +22,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import app.binding as binding_mod
+import app.api.wire as wire
+import app.bind.binding as binding_mod
 import app.cluster.cache as cache_mod
-import app.service as service_mod
-import app.wire as wire
-from app.bind_gate import BindGate
-from app.binding import PodBinding
+import app.extender.service as service_mod
+from app.bind.binding import PodBinding
+from app.bind.decisions import DecisionMemory
+from app.bind.gate import BindGate
 from app.cluster.binder import Binder
-from app.core.placer import Placer
-from app.decisions import DecisionMemory
+from app.placement.placer import Placer
 from bench import build_cpu
 
 ACC: dict[str, float] = {}

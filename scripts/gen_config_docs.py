@@ -1,4 +1,4 @@
-"""The settings' generated files, from the model in app/config.py (app/config_docs.py):
+"""The settings' generated files, from the model in app/config/settings.py (app/config/docs.py):
 
     python -m scripts.gen_config_docs           # (re)write them
     python -m scripts.gen_config_docs --check   # exit 1 and name the files that differ
@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.config_docs import helm_settings_schema, markdown
+from app.config.docs import helm_settings_schema, markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "configuration.md"

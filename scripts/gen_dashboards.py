@@ -45,7 +45,7 @@ TAG = "llm-placement"
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"  # Grafana picks a window of at least 4 scrape intervals
 
-# Data-gravity distance labels (app.core.gravity.Distance.label); "node" is co-located.
+# Data-gravity distance labels (app.placement.gravity.Distance.label); "node" is co-located.
 COLOCATED = 'distance="node"'
 EDGE_KNOWN = 'distance!="missing"'
 
@@ -267,7 +267,7 @@ EXTENDER = Board(
 FRAGMENTATION = Board(
     "llm-placement-fragmentation", "llmp-fragmentation", "llm-placement / Cluster fragmentation",
     "Where the free GPUs are: per NVLink domain and GPU model, how many sit stranded beside busy ones, "
-    "and what is waiting for them. Definitions: app/quality.py.",
+    "and what is waiting for them. Definitions: app/metrics/quality.py.",
     (
         Row("Free capacity", (
             P("Free GPUs by model", "Free GPUs on schedulable nodes (minus gang reservations), per model.",

@@ -2,7 +2,7 @@
 
 Each serving pod is one path, ``/metrics/<namespace>/<pod>``, that serves its engine's histograms
 with the names and label sets the engines define (vLLM: ``model_name``, ``engine``; SGLang:
-``model_name``, ``engine_type``; TGI: none; ``app.core.live_profiles.ENGINES``). Requests complete at
+``model_name``, ``engine_type``; TGI: none; ``app.serving.live_profiles.ENGINES``). Requests complete at
 ``rate`` per second; every request observes the pod's current means, so any window's
 ``rate(X_sum) / rate(X_count)`` is the mean itself however the scrapes fall (and a changed mean
 shows in the windows after the change). ``scrape_configs`` is the Prometheus configuration that

@@ -13,9 +13,9 @@ import uvicorn
 
 from app.api.app import create_app
 from app.api.server import uvicorn_options
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.service import ExtenderService
+from app.base.catalog import GpuCatalog
+from app.config.settings import Settings
+from app.extender.service import ExtenderService
 
 
 @contextmanager

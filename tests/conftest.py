@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.objects import node_object
-from app.service import ExtenderService
+from app.base.catalog import GpuCatalog
+from app.base.objects import node_object
+from app.config.settings import Settings
+from app.extender.service import ExtenderService
 
 ZONE = "topology.kubernetes.io/zone"
 

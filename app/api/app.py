@@ -11,7 +11,7 @@ from app import __version__
 from app.api.access import ExplainAccess, OpenAccess
 from app.api.fastpath import VerbFastPath
 from app.api.routes import ExplainGate, extender_router, ops_router
-from app.service import ExtenderService
+from app.extender.service import ExtenderService
 
 
 def create_fastapi(service: ExtenderService, access: ExplainAccess | None = None) -> FastAPI:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from app.api.routes import answer
-from app.service import ExtenderService
+from app.extender.service import ExtenderService
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

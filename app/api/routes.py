@@ -10,10 +10,10 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
-from app import wire
+from app.api import wire
 from app.api.access import RETRY_AFTER_SECONDS, ExplainAccess
-from app.core.reasons import MESSAGE_PREFIX
-from app.service import ExtenderService
+from app.base.reasons import MESSAGE_PREFIX
+from app.extender.service import ExtenderService
 
 JSON = "application/json"
 # Explains at once: each scores every node under the service lock the verbs also take, so more would
@@ -111,7 +111,7 @@ def _explain(service: ExtenderService, access: ExplainAccess, authorization: str
              namespace: str, name: str) -> Any:
     """Authorize, then explain: on a gate thread, never the event loop (an explain scores every node,
     and a TokenReview is a round trip to the API server)."""
-    from app.explain import explain_pod
+    from app.extender.explain import explain_pod
 
     status, reason = access.check(authorization, namespace, name)
     if status != 200:

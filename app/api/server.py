@@ -16,7 +16,7 @@ few hundred such sockets from one tenant then hold memory and threads indefinite
   its connection is closed.
 
 The verbs keep httptools (the C parser on kube-scheduler's synchronous path); the limits are a thin
-subclass of uvicorn's protocol, pinned by tests/unit/test_http_limits.py against a live server.
+subclass of uvicorn's protocol, pinned by tests/unit/api/test_http_limits.py against a live server.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import httptools
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.config import Settings
-from app.ratelog import RateLimitedLog
+from app.base.ratelog import RateLimitedLog
+from app.config.settings import Settings
 
 # One line a minute per kind of refusal: a client can send bad requests as fast as it likes.
 _log = RateLimitedLog(logging.getLogger(__name__))

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from app.base.catalog import default_catalog
+from app.base.datafile import problems
+from app.base.model_registry import default_registry
 from app.calibration.corpus import Measurement, Point, Source
-from app.core.catalog import default_catalog
-from app.core.datafile import problems
-from app.core.model_registry import default_registry
-from app.profiles_import import BenchmarkImportError, Statistic, read_runs
+from app.serving.profiles_import import BenchmarkImportError, Statistic, read_runs
 
 
 @dataclass(frozen=True, slots=True)

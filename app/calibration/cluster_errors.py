@@ -3,10 +3,10 @@ the error distribution refitted from it (docs/stage-policy.md, "Calibrating from
 
 The points are the learnt profiles' own windows, read back over a look-back period: every pod's
 mean time per output token (and to first token) over consecutive windows, attributed to the pod's
-annotations and its node's GPU as the extender does it (``app.core.live_profiles``). A window counts
+annotations and its node's GPU as the extender does it (``app.serving.live_profiles``). A window counts
 when it has ``min_requests`` requests and agrees within ``steady_tolerance`` with the pod's window
 before it, the rule that makes a learnt profile. Each such steady window is one point: measured /
-estimate, in the groups the filter's target decision reads (``app.core.serving_model``).
+estimate, in the groups the filter's target decision reads (``app.serving.model``).
 
 The refit replaces a group's recorded quantiles with the cluster's when the cluster has at least
 ``MIN_GROUP_POINTS`` points of that group and metric; every other group keeps the calibration's
@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from app.base.catalog import GpuCatalog
+from app.base.workload import PREFIX, Precision, WorkloadError, parse_workload
 from app.calibration.fit import MET, MISSED
-from app.core.catalog import GpuCatalog
-from app.core.live_profiles import PodWindow, ServingPod
-from app.core.nodes import facts_for
-from app.core.policy import FeasibilityPolicy, LearnPolicy, NodeFactsPolicy
-from app.core.serving_model import (
+from app.config.policy import FeasibilityPolicy, LearnPolicy, NodeFactsPolicy
+from app.serving.live_profiles import PodWindow, ServingPod
+from app.serving.model import (
     MIN_GROUP_POINTS,
     QUANTILE_LEVELS,
     ErrorQuantiles,
@@ -41,9 +41,9 @@ from app.core.serving_model import (
     serving_estimate,
     target_quantile,
 )
-from app.core.sizing import size
-from app.core.snapshot import serving_spec
-from app.core.workload import PREFIX, Precision, WorkloadError, parse_workload
+from app.serving.sizing import size
+from app.snapshot.nodes import facts_for
+from app.snapshot.store import serving_spec
 
 MAX_RANGE_POINTS = 11_000  # Prometheus refuses a range query of more points per series
 
@@ -142,7 +142,7 @@ def _ms(w: PodWindow, metric: str) -> float | None:
 
 def clients_held(facts: ServingPod, defaults: FeasibilityPolicy) -> int | None:
     """The clients the pod's KV cache holds at once on its GPU, as the filter judges its latency at
-    (app.core.feasibility): the rest queue. None when nothing limits them."""
+    (app.placement.feasibility): the rest queue. None when nothing limits them."""
     sizing = size(facts.spec, facts.precision, default_context=defaults.default_context_tokens,
                   default_concurrency=defaults.default_concurrency,
                   alignment_extra_headroom=defaults.alignment_extra_headroom)

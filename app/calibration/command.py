@@ -22,7 +22,7 @@ from rich.table import Table
 
 from app.calibration import corpus, fit
 from app.calibration.bench_results import BenchmarkRows, bench_rows
-from app.core.serving_model import (
+from app.serving.model import (
     DEFAULT_CONFIDENCE,
     QUANTILE_LEVELS,
     ServingCalibration,

@@ -15,11 +15,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from app.core.catalog import GpuCatalog, GpuSpec, default_catalog
-from app.core.datafile import ParamCount, problems
-from app.core.model_registry import ModelArch, ModelRegistry, default_registry
-from app.core.serving_model import Case, Shape, engine_name
-from app.core.userfiles import (
+from app.base.catalog import GpuCatalog, GpuSpec, default_catalog
+from app.base.datafile import ParamCount, problems
+from app.base.model_registry import ModelArch, ModelRegistry, default_registry
+from app.base.userfiles import (
     MAX_ROW_CLIENTS,
     MAX_ROW_GPUS,
     MAX_ROW_MS_PER_TOKEN,
@@ -31,14 +30,15 @@ from app.core.userfiles import (
     parse_user_yaml,
     read_user_text,
 )
-from app.core.workload import Precision
+from app.base.workload import Precision
+from app.serving.model import Case, Shape, engine_name
 
 PACKAGE = "app.data"
 FOLDER = "measurements"
 MAX_FILE_BYTES = 4 << 20  # a measurement file is a table, not a dump
 MAX_VALUES = 1 << 20  # YAML values in one file (about 50,000 rows of 20 fields)
 
-# Physical bounds (app/core/userfiles.py, docs/stage-policy.md "Limits of user files").
+# Physical bounds (app/base/userfiles.py, docs/stage-policy.md "Limits of user files").
 Gpus = Annotated[int, Field(gt=0, le=MAX_ROW_GPUS)]
 Clients = Annotated[int, Field(gt=0, le=MAX_ROW_CLIENTS)]
 Requests = Annotated[int, Field(gt=0, le=MAX_ROW_REQUESTS)]
@@ -157,7 +157,7 @@ def load_file(path: Path | str, *, text: str | None = None, catalog: GpuCatalog 
     origin = str(path)
     catalog = catalog or default_catalog()
     registry = registry or default_registry()
-    # One reader for every user file (app/core/userfiles.py): a regular file, the size counted
+    # One reader for every user file (app/base/userfiles.py): a regular file, the size counted
     # while reading, no NUL, UTF-8, no aliases, nesting capped.
     if text is None:
         text = read_user_text(path, CorpusError, MAX_FILE_BYTES)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.base.workload import ServingEngine
 from app.calibration.corpus import Measurement
-from app.core.serving_model import (
+from app.serving.model import (
     MISS,
     QUANTILE_LEVELS,
     ErrorQuantiles,
@@ -30,10 +31,9 @@ from app.core.serving_model import (
     target_quantile,
     weight_kind,
 )
-from app.core.serving_model import (
+from app.serving.model import (
     decision_keys as serving_decision_keys,
 )
-from app.core.workload import ServingEngine
 
 # Bounds per parameter family: shares of a peak figure, or times.
 _BOUNDS = {

@@ -24,14 +24,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from app.base.catalog import GpuCatalog
+from app.base.datafile import load_user_yaml
 from app.calibration import cluster_errors as ce
 from app.cluster.prometheus_history import HistoryReader
 from app.cluster.serving_metrics import PrometheusError, Source
-from app.core.catalog import GpuCatalog
-from app.core.datafile import load_user_yaml
-from app.core.live_profiles import ENGINE_NAMES
-from app.core.policy import LearnPolicy
-from app.core.serving_model import MIN_GROUP_POINTS, ServingCalibration, default_calibration
+from app.config.policy import LearnPolicy
+from app.serving.live_profiles import ENGINE_NAMES
+from app.serving.model import MIN_GROUP_POINTS, ServingCalibration, default_calibration
 
 MAX_PODS_FILE_BYTES = 64 << 20  # a cluster's pods and nodes as kubectl prints them
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
@@ -128,7 +128,7 @@ class ClusterOptions:
 
 def run(o: ClusterOptions, console: Console, err: Console) -> None:
     """The whole command; raises CalibrateError for anything the user must fix."""
-    from app.config import Settings
+    from app.config.settings import Settings
 
     check_url(o.url)
     window_s, lookback_s = duration(o.window, "--window"), duration(o.lookback, "--lookback")

@@ -18,9 +18,9 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from app.base.reasons import EVENT_MESSAGE_CHARS, one_line
+from app.base.workload import GANG_GATE
 from app.cluster.rest import JsonRest, RestLike
-from app.core.reasons import EVENT_MESSAGE_CHARS, one_line
-from app.core.workload import GANG_GATE
 
 log = logging.getLogger(__name__)
 COMPONENT = "llm-placement"

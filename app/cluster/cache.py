@@ -3,7 +3,7 @@
 Raw JSON streams (``_preload_content=False``) instead of the client's model objects: the placement
 core reads plain dicts, and deserialising 100,000 pods into generated classes costs seconds and
 hundreds of MB. Each watch keeps its resourceVersion, re-lists on 410 Gone, and reconnects with a
-short exponential backoff (app/backoff.py); node facts are computed here, once per event, never per request.
+short exponential backoff (app/cluster/backoff.py); node facts are computed here, once per event, never per request.
 """
 
 from __future__ import annotations
@@ -17,14 +17,10 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
-from app.cluster.client import list_all
-from app.core.catalog import GpuCatalog
-from app.core.gravity import SHARE_ANNOTATION
-from app.core.nodes import facts_for, node_inputs
-from app.core.policy import Policies
-from app.core.snapshot import TERMINAL_PHASES, ClusterSnapshot, PlacedPod, serving_spec
-from app.core.units import quote
-from app.core.workload import (
+from app.base.catalog import GpuCatalog
+from app.base.ratelog import RateLimitedLog
+from app.base.units import quote
+from app.base.workload import (
     PREFIX,
     Precision,
     WorkloadError,
@@ -32,9 +28,13 @@ from app.core.workload import (
     pod_resources,
     unknown_keys,
 )
-from app.metrics import Metrics
-from app.ratelog import RateLimitedLog
-from app.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
+from app.cluster.client import list_all
+from app.cluster.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
+from app.config.policy import Policies
+from app.metrics.metrics import Metrics
+from app.placement.gravity import SHARE_ANNOTATION
+from app.snapshot.nodes import facts_for, node_inputs
+from app.snapshot.store import TERMINAL_PHASES, ClusterSnapshot, PlacedPod, serving_spec
 
 log = logging.getLogger(__name__)
 KINDS = ("nodes", "pods", "namespaces")
@@ -83,7 +83,7 @@ def _name_of(obj: dict[str, Any]) -> str:
 
 
 class CacheSettings(Protocol):
-    """What the cache reads of the settings (app/config.py's Settings is one): which scheduler's
+    """What the cache reads of the settings (app/config/settings.py's Settings is one): which scheduler's
     pods are ours, and the policies. The settings file sits above the adapters (README, "Layout")."""
 
     @property

@@ -8,7 +8,7 @@ again from what its last Node event said (``snapshot.node_inputs``), a pod's cha
 last Pod event said (``ClusterSnapshot.refresh_dra``), and a watch that times out is resumed from
 its last resourceVersion; the objects are listed again only after 410 Gone or a failed watch that
 cannot be resumed. Clusters without the API (404) or without the right to read it (403) are looked
-at again after 1 s, then less often up to every minute (app/backoff.py); until then placement reads
+at again after 1 s, then less often up to every minute (app/cluster/backoff.py); until then placement reads
 extended resources only.
 """
 
@@ -20,12 +20,12 @@ from typing import Any
 
 from kubernetes import client
 
+from app.base.ratelog import RateLimitedLog
+from app.base.units import quote
 from app.cluster.cache import ClusterCache, apply_node
 from app.cluster.client import list_all
-from app.core.dra import MAX_NODE_DEVICES, parse_slice
-from app.core.units import quote
-from app.ratelog import RateLimitedLog
-from app.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
+from app.cluster.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
+from app.dra.index import MAX_NODE_DEVICES, parse_slice
 
 log = logging.getLogger(__name__)
 GROUP, VERSION = "resource.k8s.io", "v1"

@@ -12,7 +12,7 @@ import math
 import httpx
 
 from app.cluster.serving_metrics import PrometheusError, PrometheusReader
-from app.core.live_profiles import ENGINES, EngineMetrics, PodWindow
+from app.serving.live_profiles import ENGINES, EngineMetrics, PodWindow
 
 
 class HistoryReader(PrometheusReader):

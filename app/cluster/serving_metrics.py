@@ -19,7 +19,9 @@ from typing import Any, Protocol
 
 import httpx
 
-from app.core.live_profiles import (
+from app.base.ratelog import RateLimitedLog
+from app.metrics.metrics import Metrics
+from app.serving.live_profiles import (
     ENGINES,
     EngineMetrics,
     LiveProfileBook,
@@ -28,10 +30,8 @@ from app.core.live_profiles import (
     ServingPod,
     observe,
 )
-from app.core.serving_model import ServingDefaults, error_group, serving_estimate
-from app.core.serving_targets import TargetWatch
-from app.metrics import Metrics
-from app.ratelog import RateLimitedLog
+from app.serving.model import ServingDefaults, error_group, serving_estimate
+from app.serving.targets import TargetWatch
 
 log = logging.getLogger(__name__)
 

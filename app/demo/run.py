@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.workload import TRAINING_STAGES, FinetuneMethod, ServingRole
-from app.objects import expand_cluster, expand_workload, load_yaml
-from app.service import ExtenderService
+from app.base.catalog import GpuCatalog
+from app.base.objects import expand_cluster, expand_workload, load_yaml
+from app.base.workload import TRAINING_STAGES, FinetuneMethod, ServingRole
+from app.config.settings import Settings
+from app.extender.service import ExtenderService
+from app.extender.wiring import build_core
 from app.sim.profile import SchedulerProfile, shipped_profile
 from app.sim.scheduler import WHAT_IF, Placement, SimScheduler
-from app.wiring import build_core
 
 # Example measured profiles (illustrative figures, labelled so in the file) that the demo reads
 # when the settings name none, so one placement shows a measurement overriding the estimate

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from app.core.reasons import MESSAGE_PREFIX, shown
-from app.core.workload import GANG_GATE, PREFIX, WorkloadError, WorkloadSpec, parse_workload
+from app.base.reasons import MESSAGE_PREFIX, shown
+from app.base.workload import GANG_GATE, PREFIX, WorkloadError, WorkloadSpec, parse_workload
 from app.gang.book import GangBook
 
 log = logging.getLogger(__name__)

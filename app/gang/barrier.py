@@ -25,8 +25,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from app.core.reasons import MESSAGE_PREFIX, shown
-from app.core.workload import WorkloadSpec
+from app.base.reasons import MESSAGE_PREFIX, shown
+from app.base.workload import WorkloadSpec
 from app.gang.book import GangBook
 from app.gang.ledger import GangPlan
 from app.gang.regroup import Cancellable, Timers

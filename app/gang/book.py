@@ -13,11 +13,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from app.core.reasons import Rejection, shown
-from app.core.snapshot import ClusterSnapshot
-from app.core.workload import WorkloadSpec
+from app.base.reasons import Rejection, shown
+from app.base.workload import WorkloadSpec
 from app.gang.instance import member_node
 from app.gang.ledger import Ledger
+from app.snapshot.store import ClusterSnapshot
 
 # A "cannot be placed" stands at most this long even if nothing it was reached on seems to have
 # changed: a bound on what a missed signal can cost (a node kube-scheduler offers one member and not

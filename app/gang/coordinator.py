@@ -28,13 +28,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from app.core import offer
-from app.core.feasibility import NodeFit
-from app.core.placer import NOT_CACHED
-from app.core.policy import GangPolicy
-from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject, shown
-from app.core.snapshot import ClusterSnapshot
-from app.core.workload import PREFIX, WorkloadSpec
+from app.base.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject, shown
+from app.base.workload import PREFIX, WorkloadSpec
+from app.config.policy import GangPolicy
 from app.gang.barrier import BindBarrier, BindFn, loop_timers
 from app.gang.book import GangBook, GangState
 from app.gang.instance import DataSites
@@ -47,6 +43,10 @@ from app.gang.regroup import Regrouper, Timers, thread_timers
 from app.gang.report import GangMetrics, NoMetrics, Reporter
 from app.gang.requeue import Requeuer
 from app.gang.solver import PlanResult, plan
+from app.placement import offer
+from app.placement.feasibility import NodeFit
+from app.placement.placer import NOT_CACHED
+from app.snapshot.store import ClusterSnapshot
 
 RESERVED_ELSEWHERE = reject(ReasonCode.GANG, "reserved for gang plan on another node")
 NOT_IN_PLAN = reject(ReasonCode.GANG, "gang plan does not include this pod")
@@ -76,7 +76,7 @@ class GangRuntime:
 
 
 class GangCoordinator:
-    """The placer's :class:`~app.core.placer.GangHook` and the service's gang binder."""
+    """The placer's :class:`~app.placement.placer.GangHook` and the service's gang binder."""
 
     def __init__(
         self,

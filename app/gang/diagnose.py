@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from app.core.reasons import ReasonCode
+from app.base.reasons import ReasonCode
 from app.gang.problem import Assignment, Candidate, Index, capacity
 
 SHOW = 5  # domains listed in an event

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Set
 
-from app.core.catalog import GpuSpec
+from app.base.catalog import GpuSpec
 from app.gang.instance import GangInstance
 from app.gang.problem import Candidate
 

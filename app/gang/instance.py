@@ -2,7 +2,7 @@
 
 Capacities are net of every *other* gang's reservations; the gang's own bound members are fixed on
 their nodes; eligibility per member shape comes from the placer's per-node verdicts (``fits`` for
-the member being filtered, :func:`app.core.feasibility.evaluate` for other shapes).
+the member being filtered, :func:`app.placement.feasibility.evaluate` for other shapes).
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from app.core.feasibility import NodeFit, evaluate
-from app.core.nodes import NodeFacts, work_tflops
-from app.core.policy import GangPolicy
-from app.core.scoring import outclassed
-from app.core.snapshot import ClusterSnapshot, NodeUsage
-from app.core.workload import TRAINING_STAGES, WorkloadSpec
+from app.base.workload import TRAINING_STAGES, WorkloadSpec
+from app.config.policy import GangPolicy
 from app.gang.problem import Assignment, Candidate, Problem, Shape, fits_on
+from app.placement.feasibility import NodeFit, evaluate
+from app.placement.scoring import outclassed
+from app.snapshot.nodes import NodeFacts, work_tflops
+from app.snapshot.store import ClusterSnapshot, NodeUsage
 
-# Nodes holding what a member reads (its producers' output): app.core.gravity.GravityModel.data_nodes.
+# Nodes holding what a member reads (its producers' output): app.placement.gravity.GravityModel.data_nodes.
 DataSites = Callable[[WorkloadSpec], Iterable[str]]
 # Data gravity for a gang, coarse on purpose (docs/gangs.md#data-gravity): a lockstep gang is first
 # kept compact by the topology tiers; among placements equal there, members go where they read their
@@ -42,7 +42,7 @@ def shape_key(spec: WorkloadSpec) -> str:
 
     Tolerations and required node affinity are left out: kube-scheduler applies them (the nodes it
     offers each member), the plan does not; they are read again only at bind
-    (app/core/bind_checks.py)."""
+    (app/base/bind_checks.py)."""
     data = spec.model_dump(exclude={"name", "uid", "node_name", "gang", "depends_on", "input_data_gb",
                                     "tolerations", "required_terms"})
     return hashlib.blake2b(repr(sorted(data.items())).encode(), digest_size=5).hexdigest()

@@ -16,12 +16,12 @@ from typing import Any
 
 from kubernetes import client
 
-from app.core.snapshot import ClusterSnapshot
-from app.core.units import quote
-from app.core.workload import created_at
+from app.base.ratelog import RateLimitedLog
+from app.base.units import quote
+from app.base.workload import created_at
+from app.cluster.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
 from app.gang.persist import ANNOTATION, PlanRecord, records_from_pods
-from app.ratelog import RateLimitedLog
-from app.reflector import READ_TIMEOUT, WATCH_SECONDS, Reflector
+from app.snapshot.store import ClusterSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ class GangPlan:
     gathered: bool = False  # every unbound member arrived: filters pass them to their nodes
     committed: bool = False  # gathered and some members bound: the rest bind as they reach bind
     # uid -> partial offers in a row (a sample, a node tried alone) without the member's planned
-    # node while nothing the extender sees kept it out (app.core.offer).
+    # node while nothing the extender sees kept it out (app.placement.offer).
     unoffered: dict[str, int] = field(default_factory=dict)
 
     @property

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.core.reasons import MESSAGE_PREFIX, shown
+from app.base.reasons import MESSAGE_PREFIX, shown
 from app.gang.book import GangBook, GangState
 from app.gang.ledger import GangPlan, MemberPlan
 from app.gang.persist import FUTURE_SKEW_SECONDS, PlanRecord, PlanStore

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.core.catalog import GpuSpec
-from app.core.workload import TRAINING_STAGES, WorkloadSpec
+from app.base.catalog import GpuSpec
+from app.base.workload import TRAINING_STAGES, WorkloadSpec
 from app.gang.instance import GangInstance
 from app.gang.problem import Assignment
 

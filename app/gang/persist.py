@@ -27,17 +27,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.core.reasons import PLAN_REJECT_REASONS
-from app.core.snapshot import TERMINAL_PHASES
-from app.core.workload import PREFIX, WorkloadError, parse_workload
+from app.base.reasons import PLAN_REJECT_REASONS
+from app.base.workload import PREFIX, WorkloadError, parse_workload
 from app.gang.regroup import Timers, thread_timers
+from app.snapshot.store import TERMINAL_PHASES
 
 log = logging.getLogger(__name__)
 ANNOTATION = PREFIX + "gang-plan"
 # The signing key (docs/gangs.md, "Restored plans"): a file (a mounted Secret) or the value itself.
 # Not a settings key on purpose: settings live in a ConfigMap that many can read.
 KEY_FILE_ENV, KEY_ENV = "LLMP_GANG_PLAN_KEY_FILE", "LLMP_GANG_PLAN_KEY"
-# Why a persisted plan was not restored: the vocabulary lives in app.core.reasons.
+# Why a persisted plan was not restored: the vocabulary lives in app.base.reasons.
 REJECT_REASONS = PLAN_REJECT_REASONS
 FUTURE_SKEW_SECONDS = 30.0  # a plan "made" further in the future than this is forged or mis-clocked
 MAX_EPOCH = 2**31

@@ -28,12 +28,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from app.core.catalog import GpuSpec
-from app.core.feasibility import NodeFit, evaluate
-from app.core.policy import GangPolicy
-from app.core.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject, shown
-from app.core.snapshot import NodeUsage
-from app.core.workload import Stage, WorkloadSpec
+from app.base.catalog import GpuSpec
+from app.base.reasons import MESSAGE_PREFIX, ReasonCode, Rejection, reject, shown
+from app.base.workload import Stage, WorkloadSpec
+from app.config.policy import GangPolicy
 from app.gang import diagnose
 from app.gang.book import VERDICT_SECONDS, GangBook, GangState, Verdict
 from app.gang.hold import nodes_to_hold
@@ -54,6 +52,8 @@ from app.gang.persist import PlanStore
 from app.gang.problem import Index, Problem
 from app.gang.report import Reporter
 from app.gang.solver import PlanResult
+from app.placement.feasibility import NodeFit, evaluate
+from app.snapshot.store import NodeUsage
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from app.core.reasons import MESSAGE_PREFIX, shown
+from app.base.reasons import MESSAGE_PREFIX, shown
 from app.gang.book import GangBook
 
 log = logging.getLogger(__name__)

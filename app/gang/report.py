@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from app.core.reasons import MESSAGE_PREFIX
-from app.core.workload import WorkloadSpec
+from app.base.reasons import MESSAGE_PREFIX
+from app.base.workload import WorkloadSpec
 from app.gang.diagnose import Diagnosis
 from app.gang.persist import PlanWriter
 

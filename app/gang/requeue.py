@@ -22,8 +22,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from app.core.reasons import MESSAGE_PREFIX, shown
-from app.core.workload import GANG_GATE, PREFIX
+from app.base.reasons import MESSAGE_PREFIX, shown
+from app.base.workload import GANG_GATE, PREFIX
 from app.gang.book import GangBook
 from app.gang.persist import PlanWriter
 from app.gang.regroup import Timers

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.snapshot import TERMINAL_PHASES
 from app.gang.persist import ANNOTATION, PlanRecord, records_from_pods
+from app.snapshot.store import TERMINAL_PHASES
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any, cast
 import typer
 from rich.console import Console
 
-from app.config import Settings
+from app.config.settings import Settings
 from app.plan.cluster import ClusterFile
 from app.plan.cpsat import Secondary
 from app.plan.estimate import EstimateError

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from app.core.policy import TierBandwidth
-from app.objects import expand_cluster, load_yaml
+from app.base.objects import expand_cluster, load_yaml
+from app.config.policy import TierBandwidth
 from app.plan.files import CLUSTER_MAX_BYTES, CLUSTER_MAX_ITEMS, read_cluster_file
 
 MAX_FILE_BYTES = CLUSTER_MAX_BYTES  # kubectl get nodes -o yaml of a 5,000-node cluster fits

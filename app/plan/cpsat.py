@@ -69,7 +69,7 @@ class _Model:
                 x = self.x[(t.name, n)] = m.new_bool_var(f"x[{t.name},{n}]")
                 # Each alternative has its own start and end, tied to the task's when chosen: with
                 # the task's own variables shared by every optional interval, CP-SAT 9.15's presolve
-                # proved a 6-step makespan optimal where 3 was feasible (tests/unit/test_plan_solver.py).
+                # proved a 6-step makespan optimal where 3 was feasible (tests/unit/plan/test_plan_solver.py).
                 s_alt = m.new_int_var(0, horizon, f"s[{t.name},{n}]")
                 e_alt = m.new_int_var(0, horizon, f"e[{t.name},{n}]")
                 self.alt[(t.name, n)] = (s_alt, e_alt)

@@ -4,7 +4,7 @@
   transformer count) at ``TRAIN_MFU`` of the GPUs' dense BF16 throughput (the catalog's peak; for
   a product the catalog lacks, the node facts' declared, inferred or penalty figure).
 * Serving-class tasks (eval, serve): decode is memory-bound (docs/stage-policy.md), so each generated
-  token costs the predicted ms/token of ``app.core.sizing``; ``concurrency`` streams share it.
+  token costs the predicted ms/token of ``app.serving.sizing``; ``concurrency`` streams share it.
 * Anything else (data-prep, quantisation) has no portable work measure: it must give ``duration``.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
-from app.core.feasibility import NodeFit
-from app.core.nodes import NodeFacts, work_tflops
-from app.core.workload import TRAINING_STAGES, Stage, WorkloadSpec
+from app.base.workload import TRAINING_STAGES, Stage, WorkloadSpec
+from app.placement.feasibility import NodeFit
+from app.snapshot.nodes import NodeFacts, work_tflops
 
 # Share of peak dense BF16 FLOPS that large training jobs sustain (model FLOPs utilisation); 35-45%
 # is what well-tuned FSDP/Megatron runs report on Hopper-class GPUs.

@@ -1,6 +1,6 @@
 """The planner's two input files, read with the limits docs/planner.md states, before anything costly.
 
-Each file is read by ``app.core.datafile.load_user_yaml`` (size, aliases, encoding, depth). Before it,
+Each file is read by ``app.base.datafile.load_user_yaml`` (size, aliases, encoding, depth). Before it,
 a count check: YAML's C event parser walks the document without building it and stops at the first
 list longer than the file may hold, or once the document has more values than any file within the
 limits (a few MB of ``- {}`` is a million tasks; building them takes minutes and gigabytes, counting
@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from app.core.datafile import load_user_yaml
+from app.base.datafile import load_user_yaml
 
 # A workflow: at most 2,000 tasks (docs/planner.md); no list in it (tasks, after, ...) may be longer.
 WORKFLOW_MAX_BYTES = 4 * 1024 * 1024

@@ -1,7 +1,7 @@
 """What one-pod-at-a-time placement with our extender does with the same workflow.
 
 A discrete-event replay: a task's pod is submitted when its last producer finishes; our own placer
-(``app.core.placer.Placer``: the filter's hard rules, then ``score`` with the stage weights and the
+(``app.placement.placer.Placer``: the filter's hard rules, then ``score`` with the stage weights and the
 data-gravity term toward where its producers ran) picks its best node among those with room now. With
 no room it waits for the next task to finish. It then starts once its input has been read, the same
 transfer rule the other planners use. This is the extender's policy, not kube-scheduler's tie-breaks:
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import time
 
-from app.core.gravity import GravityModel
-from app.core.placer import Placer
-from app.core.policy import PolicySource
-from app.core.snapshot import ClusterSnapshot, PlacedPod, placed_from_spec
+from app.config.policy import PolicySource
+from app.placement.gravity import GravityModel
+from app.placement.placer import Placer
 from app.plan.problem import PlanProblem
 from app.plan.schedule import Schedule, Slot, ready_time
+from app.snapshot.store import ClusterSnapshot, PlacedPod, placed_from_spec
 
 
 class GreedyError(ValueError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.core.snapshot import TERMINAL_PHASES
+from app.snapshot.store import TERMINAL_PHASES
 
 
 def live_nodes(

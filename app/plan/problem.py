@@ -1,7 +1,7 @@
 """A workflow on a cluster as plain data every planner reads: who may run where, for how long, at what
 cost, and how long data takes between two nodes.
 
-Eligibility is the filter's own verdict (``app.core.feasibility.evaluate``) on an empty node, so a
+Eligibility is the filter's own verdict (``app.placement.feasibility.evaluate``) on an empty node, so a
 task is only planned where the extender would let its pod in (docs/stage-policy.md). Transfer time is
 ``output GB x seconds per GB`` at the distance the data-gravity ladder gives for the two nodes
 (``GravityModel.distance`` / ``seconds_per_gb``, docs/data-gravity.md): the same cost model the
@@ -22,14 +22,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.catalog import GpuCatalog
-from app.core.distance import HopLadder
-from app.core.feasibility import NodeFit, evaluate
-from app.core.nodes import NodeFacts, facts_for
-from app.core.policy import PolicySource, TierBandwidth
-from app.core.reasons import Rejection
-from app.core.snapshot import NodeUsage
-from app.core.workload import (
+from app.base.catalog import GpuCatalog
+from app.base.objects import pod_object
+from app.base.reasons import Rejection
+from app.base.workload import (
     TRAINING_STAGES,
     LatencyClass,
     Stage,
@@ -37,9 +33,13 @@ from app.core.workload import (
     WorkloadSpec,
     parse_workload,
 )
-from app.objects import pod_object
+from app.config.policy import PolicySource, TierBandwidth
+from app.placement.distance import HopLadder
+from app.placement.feasibility import NodeFit, evaluate
 from app.plan.estimate import EstimateError, task_seconds
 from app.plan.workflow import Task, Workflow
+from app.snapshot.nodes import NodeFacts, facts_for
+from app.snapshot.store import NodeUsage
 
 ANN = "llm-placement.io/"
 TRAIN, SERVE, OTHER = "train", "serve", "other"

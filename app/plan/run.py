@@ -9,8 +9,8 @@ from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core.catalog import GpuCatalog
-from app.core.policy import PolicySource, TierBandwidth
+from app.base.catalog import GpuCatalog
+from app.config.policy import PolicySource, TierBandwidth
 from app.plan.cpop import cpop
 from app.plan.cpsat import Secondary, SolveResult, solve
 from app.plan.greedy import GreedyError, greedy_extender

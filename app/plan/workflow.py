@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from app.core.units import parse_param_count
+from app.base.units import parse_param_count
 from app.plan.files import WORKFLOW_MAX_BYTES, WORKFLOW_MAX_ITEMS, read_workflow_file
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.core.snapshot import ClusterSnapshot
+from app.snapshot.store import ClusterSnapshot
 
 if TYPE_CHECKING:
     from app.sim.profile import ResourceWeight

@@ -58,7 +58,7 @@ CHART_SCHEDULER_CONFIG = (
     Path(__file__).resolve().parents[2] / "helm" / "llm-placement" / "files" / "scheduler-config.yaml"
 )
 # The same profile for an installed package without the chart next to it (the wheel ships app/ only).
-# tests/unit/test_sim_scheduler.py keeps it equal to what the chart file parses to.
+# tests/unit/sim/test_sim_scheduler.py keeps it equal to what the chart file parses to.
 SHIPPED_FALLBACK: dict[str, Any] = {
     "apiVersion": "kubescheduler.config.k8s.io/v1",
     "kind": "KubeSchedulerConfiguration",

@@ -38,14 +38,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core.feasibility import NodeFit
-from app.core.offer import num_feasible_nodes_to_find
-from app.core.placer import Placer
-from app.core.scoring import NodeScore
-from app.core.snapshot import ClusterSnapshot, PlacedPod
-from app.core.workload import WorkloadError, WorkloadSpec, parse_workload, pod_resources
+from app.base.workload import WorkloadError, WorkloadSpec, parse_workload, pod_resources
+from app.placement.feasibility import NodeFit
+from app.placement.offer import num_feasible_nodes_to_find
+from app.placement.placer import Placer
+from app.placement.scoring import NodeScore
 from app.sim.baseline import Req, balanced_score, fit_score, fits, node_requested
 from app.sim.profile import EXTENDER_SCALE, SchedulerProfile, default_profile, shipped_profile
+from app.snapshot.store import ClusterSnapshot, PlacedPod
 
 WHAT_IF = "what-if (simulator)"
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")

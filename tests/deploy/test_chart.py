@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
-from app.config import API_VERSION, KIND, RENAMED, Settings, load_settings
-from app.core.profiles import ProfileBook
+from app.config.settings import API_VERSION, KIND, RENAMED, Settings, load_settings
+from app.serving.profiles import ProfileBook
 from app.sim.profile import DEFAULT_SCORE_WEIGHTS, EXTENDER_SCALE, MAX_NODE_SCORE
-from tests.integration.harness import find_binaries
+from kubeharness import find_binaries
 
 from .conftest import CHART, NAMESPACE, RELEASE, Rendered, run_helm, template_args
 
@@ -468,7 +468,7 @@ def health_server(r: Rendered | None, port: int, where: Path) -> Iterator[int]:
 def test_scheduler_mode_probes_exec_to_loopback_and_really_fail(
     render: Callable[..., Rendered], tmp_path: Path, tls: bool
 ) -> None:
-    from tests.integration.harness import free_port
+    from kubeharness import free_port
     port = free_port()
     r = render(sets=[f"extender.port={port}", f"extender.tls.enabled={str(tls).lower()}"])
     stack = contextlib.ExitStack()
@@ -532,9 +532,9 @@ def test_schema_lists_every_app_setting() -> None:
     fields = set(Settings.model_fields)
     assert not in_schema & CHART_MANAGED_SETTINGS, "chart-managed keys must not be settable twice"
     missing = fields - in_schema - CHART_MANAGED_SETTINGS
-    assert not missing, f"app/config.py settings not in values.schema.json extender.settings: {missing}"
+    assert not missing, f"app/config/settings.py settings not in values.schema.json extender.settings: {missing}"
     extra = in_schema - fields - set(RENAMED)  # old names: still accepted until they go
-    assert not extra, f"values.schema.json lists settings app/config.py lacks: {extra}"
+    assert not extra, f"values.schema.json lists settings app/config/settings.py lacks: {extra}"
 
 
 @pytest.mark.parametrize(
@@ -809,7 +809,7 @@ def test_helm_source_makes_a_ca_a_serving_and_a_client_certificate(
 
 
 def test_scheduler_mode_calls_the_sidecar_over_tls_with_its_client_certificate(default: Rendered) -> None:
-    from tests.integration.harness.schedconfig import with_verbs_tls
+    from kubeharness.schedconfig import with_verbs_tls
 
     ext = sched_config(default)["extenders"][0]
     assert ext["urlPrefix"].startswith("https://127.0.0.1:") and ext["enableHTTPS"] is True

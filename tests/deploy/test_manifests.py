@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.core.workload import ANNOTATION_KEYS
+from app.base.workload import ANNOTATION_KEYS
 
 from .conftest import REPO
 
@@ -130,7 +130,7 @@ def test_examples_parse_and_use_only_contract_annotation_keys() -> None:
 
 def test_examples_parse_in_the_extender(tmp_path: Path) -> None:
     # The extender's own parser must understand every example: no "invalid annotation" events.
-    from app.core.workload import WorkloadError, parse_workload
+    from app.base.workload import WorkloadError, parse_workload
 
     for path, doc, meta, spec in _pods():
         pod = {"metadata": {**meta, "name": doc["metadata"]["name"], "namespace": "llm-examples"},
@@ -198,8 +198,8 @@ def _dra_docs() -> set[tuple[str, str]]:
 def test_dra_example_claims_gpus_the_extender_counts() -> None:
     # The DRA example must be read by the extender as what it says (docs/dra.md): its class selects
     # full GPUs of NVIDIA's driver, and the pod's template claim counts as 4 GPUs for the 70B model.
-    from app.core import workload
-    from app.core.dra import DRIVER, DraIndex
+    from app.base import workload
+    from app.dra.index import DRIVER, DraIndex
 
     docs = _docs(EXAMPLES / "dra" / "serving-70b-dra.yaml")
     by_kind = {d["kind"]: d for d in docs}
@@ -221,8 +221,8 @@ def test_dra_example_claims_gpus_the_extender_counts() -> None:
 def test_mig_example_claims_one_40gb_slice() -> None:
     # The MIG example (docs/dra.md, "MIG"): its class selects MIG devices of NVIDIA's driver and the
     # template's profile selector is read, so the pod is fitted to a 3g.40gb slice, not to a GPU.
-    from app.core import workload
-    from app.core.dra import DRIVER, DraIndex
+    from app.base import workload
+    from app.dra.index import DRIVER, DraIndex
 
     by_kind = {d["kind"]: d for d in _docs(EXAMPLES / "dra" / "serving-7b-mig.yaml")}
     dra = DraIndex()
@@ -295,7 +295,7 @@ def test_kind_cluster_has_labelled_fake_gpu_nodes() -> None:
                   or domain.endswith(("node.kubernetes.io", "kubelet.kubernetes.io")))
             assert ok, key
     # The GPU catalog knows every fake product (an unknown product is handled conservatively).
-    from app.core.catalog import GpuCatalog
+    from app.base.catalog import GpuCatalog
 
     cat = GpuCatalog.load()
     for lab in gpu:
@@ -317,7 +317,7 @@ def test_kind_script_is_valid_bash_and_wired_to_the_makefile_targets() -> None:
 def test_native_workload_example_is_one_gang_of_min_count_members() -> None:
     # The Workload API example (docs/gangs.md, native Workload API): the extender must read its pods
     # as one gang named by spec.schedulingGroup, sized by the PodGroup's minCount = the Job's width.
-    from app.core.workload import parse_workload
+    from app.base.workload import parse_workload
     from app.gang.kube import native_min_counts
 
     docs = _docs(EXAMPLES / "workload" / "finetune-native-gang.yaml")

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from .harness import (
+from kubeharness import (
     BuildError,
     ControlPlane,
     build_binaries,
@@ -35,8 +35,8 @@ from .harness import (
     find_binaries,
     list_nodes,
 )
-from .harness.controlplane import metric_value
-from .harness.procs import tail
+from kubeharness.controlplane import metric_value
+from kubeharness.procs import tail
 
 # State shared between the fixtures and the reporting hooks of this conftest.
 _STATE: dict[str, Any] = {

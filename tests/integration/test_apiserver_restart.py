@@ -1,4 +1,4 @@
-"""After a kube-apiserver outage the extender sees new pods within seconds (app/backoff.py).
+"""After a kube-apiserver outage the extender sees new pods within seconds (app/cluster/backoff.py).
 
 The watches used to back off from 0.5 s doubling to 30 s: through an outage of some seconds (plus
 the apiserver's own start-up) they slept past its return, and a gang created right after it waited
@@ -13,8 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
+from kubeharness import create_pod, gpu_node, llm_pod, wait_for_node_name, wait_until
+
 from .conftest import ClusterScope
-from .harness import create_pod, gpu_node, llm_pod, wait_for_node_name, wait_until
 
 pytestmark = pytest.mark.integration
 

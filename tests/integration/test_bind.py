@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from kubeharness import ControlPlane, create_pod, get_pod, gpu_node, llm_pod, wait_for_node_name
+
 from .conftest import ClusterScope
-from .harness import ControlPlane, create_pod, get_pod, gpu_node, llm_pod, wait_for_node_name
 
 pytestmark = pytest.mark.integration
 

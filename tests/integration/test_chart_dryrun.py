@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-from .harness import ControlPlane, ensure_namespace, free_port
+from kubeharness import ControlPlane, ensure_namespace, free_port
 
 pytestmark = pytest.mark.integration
 

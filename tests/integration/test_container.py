@@ -7,7 +7,7 @@ testkit.container derives from the chart's rendered Deployment: the chart's comm
 UID, read-only root filesystem, no privilege escalation, no capabilities, the rendered extender
 config mounted at /etc/llm-placement and a real ServiceAccount token at the in-cluster path. With
 ``--network host`` it listens on the loopback ports the chart config names, which is where the suite's
-kube-scheduler (the chart's scheduler configuration, tests/integration/harness) calls it, as the
+kube-scheduler (the chart's scheduler configuration, kubeharness) calls it, as the
 chart's sidecar is called over the pod's loopback. As the chart does by default, the verbs are served
 over TLS and answered only for kube-scheduler's client certificate (docs/security.md): the serving
 Secret is mounted as the kubelet mounts it, with the harness's verbs PKI in place of the helm-made
@@ -36,10 +36,7 @@ import httpx
 import pytest
 import yaml
 
-from testkit.container import probe
-from tests.prometheus.helpers import need_binary
-
-from .harness import (
+from kubeharness import (
     ControlPlane,
     cpu_node,
     create_nodes,
@@ -57,7 +54,7 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
-from .harness.container import (
+from kubeharness.container import (
     Container,
     ScriptError,
     chart_container,
@@ -67,8 +64,10 @@ from .harness.container import (
     run_probe,
     run_script,
 )
-from .harness.procs import Component
-from .harness.tokens import pod_reader_token
+from kubeharness.procs import Component
+from kubeharness.tokens import pod_reader_token
+from testkit.container import probe
+from tests.prometheus.helpers import need_binary
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 

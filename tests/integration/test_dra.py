@@ -30,8 +30,7 @@ import pytest
 from kubernetes.client import CustomObjectsApi
 from kubernetes.client.rest import ApiException
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     assert_stays_unbound,
     cpu_node,
     create_pod,
@@ -44,9 +43,11 @@ from .harness import (
     wait_for_node_name,
     wait_until,
 )
-from .harness.claims import admission_problems
-from .harness.objects import bare_node
-from .harness.slowwrite import slow_status_writes
+from kubeharness.claims import admission_problems
+from kubeharness.objects import bare_node
+from kubeharness.slowwrite import slow_status_writes
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 
@@ -471,7 +472,7 @@ def test_dra_gang_members_reaching_bind_apart_keep_their_claims_reserved(
     is answered with an error, so nobody's claim loses its reservation (docs/gangs.md, "Gangs with
     DRA claims"). What the kubelet checks at admission: every claim of the pod allocated on the
     pod's node and reserved for it. (The other late path, a member answered "place held" while
-    others keep arriving, is covered by tests/unit/test_gang_barrier.py.)"""
+    others keep arriving, is covered by tests/unit/gang/test_gang_barrier.py.)"""
     dra, cluster = clean, clean.cluster
     assert cluster.cp.pki is not None
     n = cluster.node_name

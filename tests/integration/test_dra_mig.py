@@ -22,8 +22,7 @@ import pytest
 from kubernetes.client import CustomObjectsApi
 from kubernetes.client.rest import ApiException
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     assert_stays_unbound,
     create_pod,
     delete_all_pods,
@@ -32,8 +31,10 @@ from .harness import (
     wait_for_node_name,
     wait_until,
 )
-from .harness.claims import admission_problems
-from .harness.objects import bare_node
+from kubeharness.claims import admission_problems
+from kubeharness.objects import bare_node
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

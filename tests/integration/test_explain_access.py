@@ -7,9 +7,10 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from kubeharness import ControlPlane, create_pod, ensure_namespace, gpu_node, llm_pod, wait_for_node_name
+from kubeharness.tokens import pod_reader_token
+
 from .conftest import ClusterScope
-from .harness import ControlPlane, create_pod, ensure_namespace, gpu_node, llm_pod, wait_for_node_name
-from .harness.tokens import pod_reader_token
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     ControlPlane,
     create_pods,
     gpu_node,
@@ -28,6 +27,8 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     ControlPlane,
     assert_stays_unbound,
     create_pods,
@@ -35,6 +34,8 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

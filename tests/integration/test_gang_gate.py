@@ -17,8 +17,7 @@ import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     EXTENDER_USER,
     ControlPlane,
     create_pod,
@@ -28,8 +27,10 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
-from .harness.schedconfig import CHART_FILES
-from .harness.slowwrite import refused_gate_removals
+from kubeharness.schedconfig import CHART_FILES
+from kubeharness.slowwrite import refused_gate_removals
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

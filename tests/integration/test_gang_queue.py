@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     assert_stays_unbound,
     create_pods,
     get_pod,
@@ -31,6 +30,8 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
+
+from .conftest import ClusterScope
 from .test_gang import TOLERATE, delete_run, nodes_held
 from .test_gang_gate import _policy_active, gang_gate  # noqa: F401  (the chart's gate policies)
 

@@ -23,8 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     ControlPlane,
     cpu_node,
     create_pod,
@@ -37,7 +36,9 @@ from .harness import (
     wait_for_node_name,
     wait_until,
 )
-from .harness.tokens import pod_reader_token
+from kubeharness.tokens import pod_reader_token
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

@@ -36,8 +36,7 @@ from kubernetes.client import RbacAuthorizationV1Api, SchedulingV1Api
 from kubernetes.client.exceptions import ApiException
 
 from app.gang.persist import ANNOTATION, KEY_ENV
-
-from .harness import (
+from kubeharness import (
     ControlPlane,
     assert_stays_unbound,
     create_pods,
@@ -54,9 +53,9 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
-from .harness.controlplane import metric_value
-from .harness.procs import Component, free_port
-from .harness.schedconfig import local_scheduler_config, write_yaml
+from kubeharness.controlplane import metric_value
+from kubeharness.procs import Component, free_port
+from kubeharness.schedconfig import local_scheduler_config, write_yaml
 
 pytestmark = pytest.mark.integration
 
@@ -220,7 +219,7 @@ def test_standby_takes_over_mid_gang_with_the_reservations_and_binds_it_whole(ha
             i += 1
             manifests.append(gpu_node(f"ha-{leaf}-{k}", "H100", gpus=8, tier0=leaf, tier1="spine-1",
                                       rdma=True, index=i))
-    from .harness import create_nodes
+    from kubeharness import create_nodes
 
     create_nodes(core, manifests)
     for m in manifests:  # after create_node, which drops the taints admission adds

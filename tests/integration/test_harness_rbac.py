@@ -9,7 +9,7 @@ import kubernetes
 import pytest
 from kubernetes.client.rest import ApiException
 
-from .harness import EXTENDER_USER, ControlPlane
+from kubeharness import EXTENDER_USER, ControlPlane
 
 pytestmark = pytest.mark.integration
 

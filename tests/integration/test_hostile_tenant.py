@@ -16,9 +16,7 @@ import httpx
 import pytest
 
 from app.gang.persist import ANNOTATION, PlanSigner, encode
-
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     create_pod,
     ensure_namespace,
     get_pod,
@@ -28,6 +26,8 @@ from .harness import (
     wait_for_node_name,
     wait_until,
 )
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

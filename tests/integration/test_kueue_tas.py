@@ -1,6 +1,6 @@
 """Gangs admitted by real Kueue with Topology Aware Scheduling, placed through our profile.
 
-Kueue (tests/integration/harness/kueue.py, built from its Go module) runs against the suite's API
+Kueue (kubeharness/kueue.py, built from its Go module) runs against the suite's API
 server for this module's namespace. With TAS it admits a pod group only onto nodes with room for every
 member and pins each member to its node with its own ``kubernetes.io/hostname`` selector before it
 lifts its gates, so each member reaches the extender with a different single node on offer. The gang
@@ -17,9 +17,17 @@ from typing import Any
 
 import pytest
 
-from .conftest import ClusterScope
-from .harness import ControlPlane, create_pods, delete_pods, get_pod, gpu_node, list_pods, llm_pod, wait_until
-from .harness.kueue import (
+from kubeharness import (
+    ControlPlane,
+    create_pods,
+    delete_pods,
+    get_pod,
+    gpu_node,
+    list_pods,
+    llm_pod,
+    wait_until,
+)
+from kubeharness.kueue import (
     GROUP_COUNT,
     GROUP_LABEL,
     KUEUE_GATES,
@@ -29,6 +37,8 @@ from .harness.kueue import (
     cluster_quota,
     queued,
 )
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     ControlPlane,
     create_pod,
     gpu_node,
@@ -23,6 +22,8 @@ from .harness import (
     wait_for_event,
     wait_for_node_name,
 )
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

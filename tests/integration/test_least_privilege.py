@@ -25,8 +25,7 @@ import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     EXTENDER_USER,
     ControlPlane,
     create_pod,
@@ -36,7 +35,9 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
-from .harness.schedconfig import CHART_FILES
+from kubeharness.schedconfig import CHART_FILES
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

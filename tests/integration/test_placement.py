@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     PRODUCT_TO_KEY,
     assert_stays_unbound,
     cpu_node,
@@ -25,6 +24,8 @@ from .harness import (
     wait_for_event,
     wait_for_node_name,
 )
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

@@ -14,15 +14,23 @@ from collections.abc import Callable
 
 import pytest
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
+from app.base.catalog import GpuCatalog
+from app.config.settings import Settings
 from app.plan.manifest import planned_node, planned_pods
 from app.plan.problem import build_problem, node_facts_of
 from app.plan.run import plan_problem
 from app.plan.workflow import Workflow
+from kubeharness import (
+    ControlPlane,
+    cpu_node,
+    create_pod,
+    gpu_node,
+    list_nodes,
+    wait_for_node_name,
+    wait_until,
+)
 
 from .conftest import ClusterScope
-from .harness import ControlPlane, cpu_node, create_pod, gpu_node, list_nodes, wait_for_node_name, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,7 @@ import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     EXTENDER_USER,
     ControlPlane,
     create_pod,
@@ -23,7 +22,9 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
-from .harness.schedconfig import CHART_FILES
+from kubeharness.schedconfig import CHART_FILES
+
+from .conftest import ClusterScope
 from .test_gang_gate import _policy_gone
 
 pytestmark = pytest.mark.integration
@@ -130,7 +131,7 @@ def test_only_the_extender_lifts_the_gang_gate(
 
 # --- Pods no node can ever hold -------------------------------------------------------------------
 # The policy file's default largest GPU (podGuard.largestGpuMemoryGB: the catalog's largest, rounded
-# up; tests/unit/test_pod_guard_policy.py keeps the two in step).
+# up; tests/unit/repo/test_pod_guard_policy.py keeps the two in step).
 LARGEST_GB = 288
 
 

@@ -13,8 +13,17 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from kubeharness import (
+    create_pods,
+    delete_pods,
+    gpu_node,
+    list_pods,
+    llm_pod,
+    wait_for_node_names,
+    wait_until,
+)
+
 from .conftest import ClusterScope
-from .harness import create_pods, delete_pods, gpu_node, list_pods, llm_pod, wait_for_node_names, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from kubeharness import create_pod, get_pod, gpu_node, llm_pod, wait_for_node_name, wait_for_node_names
+
 from .conftest import ClusterScope
-from .harness import create_pod, get_pod, gpu_node, llm_pod, wait_for_node_name, wait_for_node_names
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 
-from .conftest import ClusterScope
-from .harness import ControlPlane, delete_all_pods, ensure_namespace, gpu_node, llm_pod
-from .harness.kueue import Kueue, KueueBuildError, build_kueue, cluster_quota, queued
-from .harness.kwok import Kwok, KwokBuildError, build_kwok, kwok_node_labels
-from .harness.replay import (
+from kubeharness import ControlPlane, delete_all_pods, ensure_namespace, gpu_node, llm_pod
+from kubeharness.kueue import Kueue, KueueBuildError, build_kueue, cluster_quota, queued
+from kubeharness.kwok import Kwok, KwokBuildError, build_kwok, kwok_node_labels
+from kubeharness.replay import (
     NodeCap,
     PodState,
     ReplayPod,
@@ -34,6 +33,8 @@ from .harness.replay import (
     variant_config,
     with_retry_backoff,
 )
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from kubeharness import create_pod, gpu_node, llm_pod, wait_for_node_name, wait_until
+
 from .conftest import ClusterScope
-from .harness import create_pod, gpu_node, llm_pod, wait_for_node_name, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -22,12 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.core.serving_targets import MET_REASON, MISSED_REASON
-from testkit.engine_exporter import EngineExporter, EnginePod
-from tests.prometheus.server import running_prometheus
-
-from .conftest import ClusterScope
-from .harness import (
+from app.serving.targets import MET_REASON, MISSED_REASON
+from kubeharness import (
     ControlPlane,
     create_pod,
     gpu_node,
@@ -36,7 +32,11 @@ from .harness import (
     wait_for_event,
     wait_for_node_name,
 )
-from .harness.tokens import pod_reader_token
+from kubeharness.tokens import pod_reader_token
+from testkit.engine_exporter import EngineExporter, EnginePod
+from tests.prometheus.server import running_prometheus
+
+from .conftest import ClusterScope
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

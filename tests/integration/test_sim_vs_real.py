@@ -31,17 +31,17 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.feasibility import pod_hourly_cost
-from app.core.nodes import node_facts
-from app.core.placer import Placer
-from app.core.snapshot import ClusterSnapshot
+from app.base.catalog import GpuCatalog
+from app.config.settings import Settings
+from app.placement.feasibility import pod_hourly_cost
+from app.placement.placer import Placer
 from app.sim.profile import load_profile
 from app.sim.scheduler import SimScheduler
+from app.snapshot.nodes import node_facts
+from app.snapshot.store import ClusterSnapshot
+from kubeharness import cpu_node, create_pod, get_pod, gpu_node, list_nodes, llm_pod
 
 from .conftest import ClusterScope
-from .harness import cpu_node, create_pod, get_pod, gpu_node, list_nodes, llm_pod
 
 pytestmark = pytest.mark.integration
 

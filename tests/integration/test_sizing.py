@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     PRODUCT_TO_KEY,
     ControlPlane,
     assert_stays_unbound,
@@ -27,6 +26,8 @@ from .harness import (
     prefer_gpus,
     wait_for_node_name,
 )
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """A small soak with faults in CI: ~150 pods of every stage while each control-plane component is
-killed (SIGKILL) and restarted once, with poison pods present (tests/integration/harness/soak.py).
+killed (SIGKILL) and restarted once, with poison pods present (kubeharness/soak.py).
 
 The full run is ``make soak`` (bench/soak.py, figures in BENCHMARKS.md). Both check the invariants of
 docs/extender-protocol.md (Targets) and docs/gangs.md (Guarantees) on every change the pod watch
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from .harness import ControlPlane, find_binaries
-from .harness.kwok import Kwok, KwokBuildError, build_kwok
-from .harness.soak import FAULTS, SoakResult, SoakShape, run_soak
+from kubeharness import ControlPlane, find_binaries
+from kubeharness.kwok import Kwok, KwokBuildError, build_kwok
+from kubeharness.soak import FAULTS, SoakResult, SoakShape, run_soak
 
 pytestmark = pytest.mark.integration
 

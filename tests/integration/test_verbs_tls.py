@@ -13,10 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
+from kubeharness import ControlPlane, create_pod, get_pod, gpu_node, llm_pod, wait_for_node_name
+from kubeharness.pki import SERVICE_DNS, VerbsPKI, make_verbs_pki
+from kubeharness.schedconfig import with_verbs_tls
+
 from .conftest import ClusterScope
-from .harness import ControlPlane, create_pod, get_pod, gpu_node, llm_pod, wait_for_node_name
-from .harness.pki import SERVICE_DNS, VerbsPKI, make_verbs_pki
-from .harness.schedconfig import with_verbs_tls
 
 pytestmark = pytest.mark.integration
 

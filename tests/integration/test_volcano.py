@@ -17,8 +17,7 @@ import pytest
 from kubernetes.client import ApiextensionsV1Api, CustomObjectsApi
 from kubernetes.client.rest import ApiException
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     assert_stays_unbound,
     create_pods,
     delete_all_pods,
@@ -28,6 +27,8 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

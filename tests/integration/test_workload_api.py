@@ -28,8 +28,7 @@ from typing import Any
 import pytest
 from kubernetes.client import CustomObjectsApi
 
-from .conftest import ClusterScope
-from .harness import (
+from kubeharness import (
     ControlPlane,
     assert_stays_unbound,
     create_pods,
@@ -44,6 +43,8 @@ from .harness import (
     wait_for_node_names,
     wait_until,
 )
+
+from .conftest import ClusterScope
 
 pytestmark = pytest.mark.integration
 

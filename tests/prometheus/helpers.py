@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
-from app.metrics import Metrics
+from app.metrics.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = ROOT / "scripts" / "gen_dashboards.py"

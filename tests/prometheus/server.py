@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.integration.harness import free_port, wait_until
-from tests.integration.harness.procs import Component
+from kubeharness import free_port, wait_until
+from kubeharness.procs import Component
 from tests.prometheus.helpers import need_binary
 
 

@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 import yaml
 
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.serving_model import ServingCalibration, default_calibration, serving_estimate
-from app.core.workload import Precision, parse_workload
-from app.objects import node_object, pod_object
-from app.wiring import build_core
+from app.base.catalog import GpuCatalog
+from app.base.objects import node_object, pod_object
+from app.base.workload import Precision, parse_workload
+from app.config.settings import Settings
+from app.extender.wiring import build_core
+from app.serving.model import ServingCalibration, default_calibration, serving_estimate
+from kubeharness import free_port
 from testkit.engine_exporter import EngineExporter, EnginePod
-from tests.integration.harness import free_port
 from tests.prometheus.server import running_prometheus
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(300)]

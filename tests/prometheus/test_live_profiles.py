@@ -22,17 +22,17 @@ import httpx
 import pytest
 import yaml
 
+from app.base.catalog import GpuCatalog
+from app.base.objects import node_object, pod_object
+from app.base.workload import parse_workload
 from app.cluster.serving_metrics import LiveProfilePoller
-from app.config import Settings
-from app.core.catalog import GpuCatalog
-from app.core.live_profiles import LiveProfileBook
-from app.core.workload import parse_workload
-from app.explain import explain_spec
-from app.objects import node_object, pod_object
-from app.service import ExtenderService
-from app.wiring import build_core, start_live_profiles
-from tests.integration.harness import free_port, wait_until
-from tests.integration.harness.procs import Component
+from app.config.settings import Settings
+from app.extender.explain import explain_spec
+from app.extender.service import ExtenderService
+from app.extender.wiring import build_core, start_live_profiles
+from app.serving.live_profiles import LiveProfileBook
+from kubeharness import free_port, wait_until
+from kubeharness.procs import Component
 from tests.prometheus.helpers import need_binary
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(300)]

@@ -5,9 +5,9 @@ evaluation, loaded with deploy/prometheus/rules.yaml):
 
 * a standalone ``llm-placement serve`` with ``LLMP_CLUSTER_SOURCE=none`` (non-cache mode: it learns
   nodes from the full Node objects in each request), driven with kube-scheduler-shaped filter,
-  prioritize, bind and preempt bodies built with app.objects, invalid pods and malformed bodies;
+  prioritize, bind and preempt bodies built with app.base.objects, invalid pods and malformed bodies;
 * the extender of the integration suite's real control plane (etcd, kube-apiserver, kube-scheduler,
-  tests/integration/harness), where kube-scheduler schedules real pods through it, so the bind-time
+  kubeharness), where kube-scheduler schedules real pods through it, so the bind-time
   quality metrics, the watch-fed cache gauges and the data-gravity edges come from the real bind path;
   the API server is restarted once so the watch-restart counter moves.
 
@@ -40,8 +40,8 @@ import orjson
 import pytest
 import yaml
 
-from app.objects import node_object, pod_object
-from tests.integration.harness import (
+from app.base.objects import node_object, pod_object
+from kubeharness import (
     ControlPlane,
     build_binaries,
     cpu_node,
@@ -55,7 +55,7 @@ from tests.integration.harness import (
     wait_for_node_name,
     wait_until,
 )
-from tests.integration.harness.procs import Component, port_is_free, tail
+from kubeharness.procs import Component, port_is_free, tail
 from tests.prometheus.helpers import (
     RULES,
     Query,

@@ -186,7 +186,7 @@ client:
 {{- end -}}
 {{- end -}}
 
-{{/* The extender's settings file (app/config.py keys). */}}
+{{/* The extender's settings file (app/config/settings.py keys). */}}
 {{- define "llm-placement.extenderSettings" -}}
 {{- $managed := dict
   "host" (include "llm-placement.extenderHost" .)
@@ -209,7 +209,7 @@ client:
 {{- end }}
 {{- $_ := set $managed "profiles_file" (include "llm-placement.profilesPath" .) }}
 {{- end }}
-{{- /* The file's version (app/config.py API_VERSION and KIND; docs/configuration.md). */ -}}
+{{- /* The file's version (app/config/settings.py API_VERSION and KIND; docs/configuration.md). */ -}}
 apiVersion: config.llm-placement.io/v1
 kind: ExtenderConfiguration
 {{ toYaml (merge $managed (deepCopy .Values.extender.settings)) -}}
@@ -225,7 +225,7 @@ volume (a mount point inside a read-only configMap volume cannot be created). */
 {{ include "llm-placement.profilesDir" . }}/profiles.yaml
 {{- end -}}
 
-{{/* The profiles file the ConfigMap holds: the same format as a profiles_file (app/core/profiles.py). */}}
+{{/* The profiles file the ConfigMap holds: the same format as a profiles_file (app/serving/profiles.py). */}}
 {{- define "llm-placement.profilesFile" -}}
 {{- toYaml (dict "profiles" .Values.extender.profiles) -}}
 {{- end -}}

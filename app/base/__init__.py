@@ -1,0 +1,2 @@
+"""Base vocabulary of every part: units, reasons, data files, GPU and model catalogs, the workload
+spec. Pure."""

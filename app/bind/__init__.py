@@ -1,0 +1,1 @@
+"""Binding: each pod's decisions, one bind and what it reports, who may bind."""

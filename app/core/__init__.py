@@ -1,1 +1,0 @@
-"""Pure placement logic: no FastAPI and no Kubernetes client imports below this package."""

@@ -1,0 +1,1 @@
+"""GPUs through Dynamic Resource Allocation: slices, claims, classes, selectors, taints. Pure."""

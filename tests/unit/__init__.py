@@ -1,0 +1,1 @@
+"""Unit tests, one folder per part of app/ (README, "Layout")."""

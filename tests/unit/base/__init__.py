@@ -1,0 +1,1 @@
+"""Unit tests: units, reasons, catalogs, the workload spec."""

@@ -1,0 +1,1 @@
+"""Unit tests: DRA objects read as GPUs."""

@@ -1,0 +1,1 @@
+"""Unit tests: metrics and quality gauges."""

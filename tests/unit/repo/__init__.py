@@ -1,0 +1,1 @@
+"""Unit tests: rules over the repository: layers, layout, packaging, shipped policies."""

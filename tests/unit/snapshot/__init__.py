@@ -1,0 +1,1 @@
+"""Unit tests: node facts and the snapshot."""
