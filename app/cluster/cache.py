@@ -3,7 +3,8 @@
 Raw JSON streams (``_preload_content=False``) instead of the client's model objects: the placement
 core reads plain dicts, and deserialising 100,000 pods into generated classes costs seconds and
 hundreds of MB. Each watch keeps its resourceVersion, re-lists on 410 Gone, and reconnects with a
-short exponential backoff (app/cluster/backoff.py); node facts are computed here, once per event, never per request.
+short exponential backoff (app/cluster/backoff.py); node facts are computed here, once per event,
+never per request.
 """
 
 from __future__ import annotations
