@@ -23,7 +23,7 @@ demo: $(STAMP)
 ## Everything CI runs: lint, types, unit tests, then the real control plane, helm, Prometheus and
 ## container suites (tests/integration/test_container.py starts dockerd and builds the image itself).
 test: $(STAMP) system-deps controlplane etcd kwok kueue kustomize helm
-	$(BIN)/ruff check app testkit tests bench scripts
+	$(BIN)/ruff check app testkit kubeharness tests bench scripts
 	$(BIN)/mypy app testkit
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 	$(BIN)/pytest -q -p no:cacheprovider tests --ignore=tests/unit
@@ -35,7 +35,7 @@ e2e: $(STAMP) controlplane etcd kwok kueue
 	$(BIN)/pytest -q -m integration tests/integration
 
 lint: $(STAMP)
-	$(BIN)/ruff check app testkit tests bench scripts
+	$(BIN)/ruff check app testkit kubeharness tests bench scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy app testkit

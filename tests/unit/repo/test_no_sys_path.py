@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-TREES = ("app", "testkit", "bench", "scripts", "tests")
+TREES = ("app", "testkit", "kubeharness", "bench", "scripts", "tests")
 MUTATORS = frozenset({"insert", "append", "extend", "remove", "clear", "pop", "__setitem__", "__iadd__"})
 
 
