@@ -1,4 +1,5 @@
-"""Real-control-plane harness shared by the integration suite and bench/scheduler_throughput.py."""
+"""Real-control-plane harness (etcd, kube-apiserver, kube-scheduler, kwok, Kueue) shared by the
+integration suite (tests/integration) and the benchmarks that need a cluster (bench/)."""
 
 from .controlplane import (
     EXTENDER_USER,
