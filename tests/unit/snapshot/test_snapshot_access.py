@@ -30,14 +30,15 @@ from app.snapshot.store import ReadOnlyView
 
 ROOT = Path(__file__).resolve().parents[3]
 # Every module a verb's request runs through (filter, prioritize, bind, preempt, explain): the verbs,
-# the HTTP layer, the pure placement core and the gang coordinator. Left out: the snapshot and its
-# access (the writes themselves) and the PodGroup watcher (app/gang/kube.py, a watcher).
-WRITERS = {"snapshot.py", "snapshot_access.py", "kube.py"}
+# the HTTP layer, the pure placement parts and the gang coordinator. Left out: the snapshot and its
+# access (the writes themselves), the PodGroup watcher (app/gang/kube.py) and the wiring, which
+# builds the watches and ages the snapshot between events (app/extender/wiring.py): no verb runs them.
+WRITERS = {ROOT / "app" / p
+           for p in ("snapshot/store.py", "snapshot/access.py", "gang/kube.py", "extender/wiring.py")}
+VERB_FOLDERS = ("base", "serving", "dra", "snapshot", "placement", "bind", "extender", "api", "gang")
 VERB_MODULES = sorted(
-    [ROOT / "app" / m for m in ("service.py", "bind_gate.py", "binding.py", "decisions.py", "wire.py",
-                                "explain.py")]
-    + [p for folder in ("api", "core", "gang") for p in (ROOT / "app" / folder).glob("*.py")
-       if p.name not in WRITERS]
+    [p for folder in VERB_FOLDERS for p in (ROOT / "app" / folder).glob("*.py") if p not in WRITERS]
+    + [ROOT / "app" / "config" / "policy.py"]
 )
 MUTATORS = frozenset({"upsert_node", "remove_node", "place", "assume", "unassume", "finish", "refresh_dra",
                       "forget_finished_before", "track_spec", "untrack_spec"})
