@@ -27,7 +27,6 @@ from app.bind.gate import BindGate
 from app.config.settings import Settings
 from app.metrics.metrics import Metrics
 from app.metrics.quality import ClusterQuality, QualityPublisher, capture, compute
-from app.placement.gravity import GravityModel
 from app.placement.placer import FilterDecision, GangHook, Placer
 from app.placement.score_list import ScoreList
 from app.serving.targets import TargetWatch
@@ -54,6 +53,10 @@ class GangBindHook(Protocol):
         ...
 
 
+class Gangs(GangHook, GangBindHook, Protocol):
+    """Gang scheduling as the service uses it: the placer's hook and the all-or-nothing binder."""
+
+
 class ExtenderService:
     """The verbs. Built once with every part it uses (app.extender.wiring builds the live set)."""
 
@@ -62,30 +65,30 @@ class ExtenderService:
         settings: Settings,
         catalog: GpuCatalog,
         *,
-        snapshot: ClusterSnapshot | None = None,
-        lock: threading.RLock | None = None,
-        metrics: Metrics | None = None,
-        binder: BinderLike | None = None,
-        memory: DecisionMemory | None = None,
-        gravity: GravityModel | None = None,
-        gangs: GangHook | None = None,
-        gang_binder: GangBindHook | None = None,
         binding: PodBinding | None = None,
+        binder: BinderLike | None = None,
+        gangs: Gangs | None = None,
         ready: threading.Event | None = None,
+        before_filter: Callable[[], object] | None = None,
     ) -> None:
+        """``binding`` brings the snapshot, its lock, the metrics, the decision memory and data
+        gravity it was built over, so the service and the binds share them by construction; without
+        it (demo, tests, benchmarks) each is made here, binding through ``binder``."""
         self.settings = settings
         # Each pure component gets its own slice of the settings, built once (app.config.policy).
         self.policies = settings.policies()
         self.catalog = catalog
-        self.snapshot = snapshot or ClusterSnapshot()
-        self.metrics = metrics or Metrics()
-        self.lock = lock or threading.RLock()
-        self.memory = memory or DecisionMemory()
-        self.access = binding.access if binding is not None else SnapshotAccess(self.snapshot, self.lock)
-        self.placer = Placer(self.policies.placement, self.snapshot, gangs, gravity)
-        self.binding = binding or PodBinding(binder, self.access, self.metrics, self.memory,
-                                             self.policies.placement.feasibility, gravity)
-        self.gang_binder = gang_binder
+        if binding is None:
+            binding = PodBinding(binder, SnapshotAccess(ClusterSnapshot(), threading.RLock()), Metrics(),
+                                 DecisionMemory(), self.policies.placement.feasibility)
+        self.binding = binding
+        self.access = binding.access
+        self.snapshot = binding.access.snapshot
+        self.lock = binding.access.lock
+        self.metrics = binding.metrics
+        self.memory = binding.memory
+        self.placer = Placer(self.policies.placement, self.snapshot, gangs, binding.gravity)
+        self.gang_binder: GangBindHook | None = gangs
         self.gate = BindGate(settings.scheduler_name, self.access, self.memory, self.placer,
                              self.binding.binder)
         self._node_rv: dict[str, str] = {}
@@ -93,7 +96,7 @@ class ExtenderService:
         self.ready = ready or threading.Event()
         # Runs before each filter: a standby replica's first call adopts the gang plans the dead
         # leader persisted (app/gang/takeover.py); None without a cluster.
-        self.before_filter: Callable[[], object] | None = None
+        self.before_filter = before_filter
         # Serving pods judged against their own targets by what their engines measure (set when
         # live_profiles is; docs/stage-policy.md, "Targets the engines measure missed").
         self.serving_targets: TargetWatch | None = None

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from kubernetes import client
 
@@ -41,6 +41,15 @@ log = logging.getLogger(__name__)
 GC_THRESHOLDS = (20_000, 20, 20)
 
 
+@dataclass(frozen=True)
+class Core:
+    """The service and the gang parts the live wiring attaches the cluster to."""
+
+    service: ExtenderService
+    gangs: GangCoordinator
+    writer: BackgroundWriter | None  # the gangs' plan writer, with an API server to write to
+
+
 def build_core(
     settings: Settings,
     catalog: GpuCatalog,
@@ -49,7 +58,26 @@ def build_core(
     gang_runtime: GangRuntime | None = None,
     live_gangs: bool = False,
 ) -> ExtenderService:
-    """Every part built once, in dependency order, with what it needs (nothing attached later)."""
+    """The service without a cluster attached (demo, simulator, tests, benchmarks)."""
+    return assemble(settings, catalog, metrics, binder, gang_runtime, live_gangs=live_gangs).service
+
+
+def assemble(
+    settings: Settings,
+    catalog: GpuCatalog,
+    metrics: Metrics | None = None,
+    binder: BinderLike | None = None,
+    gang_runtime: GangRuntime | None = None,
+    *,
+    live_gangs: bool = False,
+    planned: PlannedPods | None = None,
+) -> Core:
+    """Every part built once, in dependency order, with what it needs (nothing attached later).
+
+    ``live_gangs``: gangs gather at filter and plan off the request path, as against a live cluster.
+    ``planned`` (the pods the cache sees carrying gang plans): a standby replica adopts the plans its
+    dead leader persisted before its first filter.
+    """
     policies = settings.policies()
     snapshot = ClusterSnapshot()
     lock = threading.RLock()
@@ -59,12 +87,12 @@ def build_core(
     # producer's members will run before any of them is bound.
     book = GangBook(snapshot, policies.gang.reservation_ttl_seconds)
 
-    def planned(gang: str) -> list[str]:
+    def planned_nodes(gang: str) -> list[str]:
         plan = book.ledger.get(gang)
         return [m.node for m in plan.members.values()] if plan is not None else []
 
     # Data gravity reads the same snapshot the placer does (producers' nodes, finished producers).
-    gravity = GravityModel(snapshot, policies.gravity, planned=planned)
+    gravity = GravityModel(snapshot, policies.gravity, planned=planned_nodes)
     binding = PodBinding(binder, SnapshotAccess(snapshot, lock), metrics, memory,
                          policies.placement.feasibility, gravity)
     ready = threading.Event()
@@ -84,8 +112,14 @@ def build_core(
     metrics.gang_queue_length.set_function(lambda: gangs.queue_status()[0])
     metrics.gang_queue_oldest.set_function(lambda: gangs.queue_status()[1])
     metrics.gangs_incomplete.set_function(gangs.incomplete_too_long)
-    return ExtenderService(settings, catalog, snapshot=snapshot, lock=lock, metrics=metrics, memory=memory,
-                           gravity=gravity, gangs=gangs, gang_binder=gangs, binding=binding, ready=ready)
+    # Two replicas: the standby's extender learns the leader's plans only from the pods
+    # (docs/gangs.md, "Two replicas").
+    takeover = None if planned is None else Takeover(
+        planned.pods, gangs.restore, tuple(settings.labels.gpu_resource),
+        ttl=settings.gang_reservation_ttl_seconds, idle_seconds=settings.gang_takeover_idle_seconds)
+    service = ExtenderService(settings, catalog, binding=binding, gangs=gangs, ready=ready,
+                              before_filter=takeover)
+    return Core(service, gangs, writer)
 
 
 class GangMetricsAdapter:
@@ -125,20 +159,20 @@ def build_live(
         start_live_profiles(service)
         return service, None
     api = api_client(settings.kubeconfig)
-    service = build_core(settings, catalog, metrics, Binder(api), live_gangs=True)
-    gangs = service.gang_binder
-    if isinstance(gangs, GangCoordinator):
-        # Plans persisted on pods are restored before we serve a single filter, so a restarted
-        # extender never hands GPUs reserved for a gang to another pod.
-        core = client.CoreV1Api(api)
-        # Plans past the reservation TTL are refused at the listing, and every refusal is counted
-        # (docs/gangs.md, "Restored plans").
-        records = load_plan_records(lambda: raw(core.list_pod_for_all_namespaces, _request_timeout=60),
-                                    tuple(settings.labels.gpu_resource),
-                                    ttl=settings.gang_reservation_ttl_seconds,
-                                    rejected=GangMetricsAdapter(service.metrics).plan_rejected)
-        restored = gangs.restore(records)
-        log.info("restored %d gang plan(s) from pod annotations", restored)
+    planned = PlannedPods()
+    core = assemble(settings, catalog, metrics, Binder(api), live_gangs=True, planned=planned)
+    service, gangs = core.service, core.gangs
+    # Plans persisted on pods are restored before we serve a single filter, so a restarted
+    # extender never hands GPUs reserved for a gang to another pod.
+    pods = client.CoreV1Api(api)
+    # Plans past the reservation TTL are refused at the listing, and every refusal is counted
+    # (docs/gangs.md, "Restored plans").
+    records = load_plan_records(lambda: raw(pods.list_pod_for_all_namespaces, _request_timeout=60),
+                                tuple(settings.labels.gpu_resource),
+                                ttl=settings.gang_reservation_ttl_seconds,
+                                rejected=GangMetricsAdapter(service.metrics).plan_rejected)
+    restored = gangs.restore(records)
+    log.info("restored %d gang plan(s) from pod annotations", restored)
     changes = 0
 
     def mark_ready() -> None:
@@ -165,25 +199,18 @@ def build_live(
 
     # Warnings about one pod (unreadable, unknown annotation keys) go out through the service's
     # event writer, not a second one of the cache's own.
-    planned = PlannedPods()
     followers: tuple[PodFollower, ...] = (planned,)
-    if isinstance(gangs, GangCoordinator) and isinstance(gangs.writer, BackgroundWriter):
+    if core.writer is not None:
         # Members the chart's admission policy gated enter kube-scheduler's queue together, once
         # the whole gang exists (docs/gangs.md, "Held at admission").
-        followers += (HeldMembers(gangs.book, gangs.writer, incomplete=gangs.requeue.watch_incomplete),)
+        followers += (HeldMembers(gangs.book, core.writer, incomplete=gangs.requeue.watch_incomplete),)
     cache = ClusterCache(api, service.snapshot, service.lock, catalog, settings, service.metrics,
                          on_change=mark_ready, events=service.binder, followers=followers)
-    if isinstance(gangs, GangCoordinator):
-        # Gang sizes from PodGroups (coscheduling, and the native Workload API's): ready only once
-        # each kind was listed or found not served (docs/gangs.md).
-        PodGroupWatcher(client.CustomObjectsApi(api), raw, service.snapshot, service.lock,
-                        synced=cache.sync_gate("podgroups"), notify=mark_ready,
-                        resized=gangs.requeue.resized).start()
-        # Two replicas: the standby's extender learns the leader's plans only from the pods
-        # (docs/gangs.md, "Two replicas").
-        service.before_filter = Takeover(planned.pods, gangs.restore, tuple(settings.labels.gpu_resource),
-                                         ttl=settings.gang_reservation_ttl_seconds,
-                                         idle_seconds=settings.gang_takeover_idle_seconds)
+    # Gang sizes from PodGroups (coscheduling, and the native Workload API's): ready only once
+    # each kind was listed or found not served (docs/gangs.md).
+    PodGroupWatcher(client.CustomObjectsApi(api), raw, service.snapshot, service.lock,
+                    synced=cache.sync_gate("podgroups"), notify=mark_ready,
+                    resized=gangs.requeue.resized).start()
     # GPUs through Dynamic Resource Allocation, when the cluster serves resource.k8s.io (docs/dra.md).
     DraWatcher(api, cache).start()
     start_quality_refresher(service)
