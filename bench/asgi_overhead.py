@@ -5,7 +5,9 @@
 Both apps wrap the same service in the same process; each call is driven through the ASGI interface
 directly (no sockets), so the difference is exactly the framework's work per request. Reported as
 microseconds per call and the ratio fast/FastAPI; "service only" calls the service method without
-any HTTP layer, the floor both approach.
+any HTTP layer, the floor both approach. Last, one metrics scrape's rendering (what the metrics
+server does per scrape, after the calls have filled the series): the time it would hold the verbs'
+event loop if /metrics were served there (docs/extender-protocol.md, "One server per job").
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import orjson
 import typer
+from prometheus_client import generate_latest
 from rich.console import Console
 from rich.table import Table
 
@@ -104,6 +107,10 @@ def main(nodes: int = 500, calls: int = 400) -> None:
         table.add_row(verb, f"{b:.0f} / {q(base, 99):.0f}", f"{s:.0f} / {q(f_api, 99):.0f}",
                       f"{f:.0f} / {q(f_fast, 99):.0f}", f"{(f - b) / max(s - b, 1e-9):.2f}")
     console.print(table)
+    [scrape] = _time([lambda: generate_latest(service.metrics.registry)], max(calls // 4, 20))
+    size = len(generate_latest(service.metrics.registry))
+    console.print(f"one metrics scrape rendered ({size:,} bytes): median {statistics.median(scrape):.0f} us, "
+                  f"max {max(scrape):.0f} us")
 
 
 if __name__ == "__main__":

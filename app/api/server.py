@@ -17,6 +17,8 @@ few hundred such sockets from one tenant then hold memory and threads indefinite
 
 The verbs keep httptools (the C parser on kube-scheduler's synchronous path); the limits are a thin
 subclass of uvicorn's protocol, pinned by tests/unit/api/test_http_limits.py against a live server.
+Why the metrics keep a server of their own (a scrape's rendering off the verbs' event loop):
+docs/extender-protocol.md, "One server per job".
 """
 
 from __future__ import annotations
