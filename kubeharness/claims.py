@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 
 from .objects import list_pods
+from .rawapi import items
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 
@@ -40,7 +41,8 @@ def admission_problems(core: CoreV1Api, custom: CustomObjectsApi, namespace: str
 
     ``pool_node``: node of each device pool where pools are not named after their node."""
     claims = {c["metadata"]["name"]: c for c in
-              custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims")["items"]}
+              items(custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims"),
+                    "resourceclaims")}
     out = []
     for pod in list_pods(core, namespace):
         node = (pod.get("spec") or {}).get("nodeName")

@@ -30,8 +30,9 @@ from testkit.container import PodContext, Probe, docker_run_args, probe
 
 from .controlplane import EXTENDER_ROLE, ControlPlane, ensure_namespace
 from .pki import KeyPair, VerbsPKI, make_verbs_pki
+from .rawapi import call
 from .schedconfig import with_verbs_tls
-from .tokens import create_or_keep
+from .tokens import create_or_keep, token_of
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "llm-placement"
@@ -82,10 +83,10 @@ def service_account_token(cp: ControlPlane, sa: str = "llm-placement") -> dict[s
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": EXTENDER_ROLE},
         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": RELEASE_NS}],
     })
-    token = cp.core.create_namespaced_service_account_token(
-        sa, RELEASE_NS, {"spec": {"expirationSeconds": 7200}}).status.token
+    token = token_of(call(cp.core.create_namespaced_service_account_token,
+                          sa, RELEASE_NS, {"spec": {"expirationSeconds": 7200}}))
     assert cp.pki is not None
-    return {"token": str(token), "ca.crt": cp.pki.ca.cert.read_text(), "namespace": RELEASE_NS}
+    return {"token": token, "ca.crt": cp.pki.ca.cert.read_text(), "namespace": RELEASE_NS}
 
 
 def run_probe(container: str, p: Probe) -> bool:

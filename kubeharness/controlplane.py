@@ -29,6 +29,7 @@ from kubernetes.client.rest import ApiException
 
 from .pki import PKI, kubeconfig, make_pki
 from .procs import Component, ComponentError, free_port, port_is_free, run_build_script, tail, wait_until
+from .rawapi import call
 from .schedconfig import (
     CHART_EXTENDER_RBAC_RULES,
     CHART_SCHEDULER_CONFIG,
@@ -375,7 +376,8 @@ class ControlPlane:
         wait_until(lambda: self.core.read_namespace("default"), 30, "namespace default")
         ensure_namespace(self.core, "default")
         rbac = self.rbac
-        rbac.create_cluster_role(
+        call(
+            rbac.create_cluster_role,
             {
                 "apiVersion": "rbac.authorization.k8s.io/v1",
                 "kind": "ClusterRole",
@@ -383,7 +385,8 @@ class ControlPlane:
                 "rules": self.rbac_rules,
             }
         )
-        rbac.create_cluster_role_binding(
+        call(
+            rbac.create_cluster_role_binding,
             {
                 "apiVersion": "rbac.authorization.k8s.io/v1",
                 "kind": "ClusterRoleBinding",
@@ -415,14 +418,16 @@ class ControlPlane:
         authz = kubernetes.client.AuthorizationV1Api(self.api)
 
         def allowed() -> bool:
-            review = authz.create_subject_access_review(
+            review = call(
+                authz.create_subject_access_review,
                 {
                     "apiVersion": "authorization.k8s.io/v1",
                     "kind": "SubjectAccessReview",
                     "spec": {"user": EXTENDER_USER, "resourceAttributes": attrs},
                 }
             )
-            return bool(review.status.allowed)
+            # An answer without a status grants nothing yet: wait_until asks again.
+            return review.status is not None and bool(review.status.allowed)
 
         wait_until(allowed, 30, f"RBAC to grant {EXTENDER_USER} {attrs}", interval=0.1)
 
@@ -603,15 +608,18 @@ def ensure_namespace(core: CoreV1Api, name: str, labels: dict[str, str] | None =
     'error looking up service account <ns>/default' (docs/control-plane.md, section 4).
     """
     try:
-        core.create_namespace(
+        call(
+            core.create_namespace,
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
         )
     except ApiException as exc:
         if exc.status != 409:
             raise
     try:
-        core.create_namespaced_service_account(
-            name, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
+        call(
+            core.create_namespaced_service_account,
+            name,
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
         )
     except ApiException as exc:
         if exc.status != 409:

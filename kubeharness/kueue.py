@@ -40,6 +40,7 @@ from kubernetes.client.rest import ApiException
 
 from .controlplane import ControlPlane, metric_value
 from .procs import Component, free_port, run_build_script, wait_until
+from .rawapi import items, json_object, read_json
 from .schedconfig import REPO_ROOT
 from .tokens import create_or_keep
 
@@ -151,7 +152,8 @@ class Kueue:
         def established() -> bool:
             for n in names:
                 st = ext.read_custom_resource_definition(n).status
-                if not any(c.type == "Established" and c.status == "True" for c in (st.conditions or [])):
+                conditions = (st.conditions if st is not None else None) or []
+                if not any(c.type == "Established" and c.status == "True" for c in conditions):
                     return False
             return True
 
@@ -298,7 +300,7 @@ class Kueue:
                              "spec": {"clusterQueue": QUEUE}}, self.namespace)
 
         def active() -> bool:
-            cq = co.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", QUEUE)
+            cq = json_object(co.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", QUEUE), "clusterqueue")
             return any(c.get("type") == "Active" and c.get("status") == "True"
                        for c in (cq.get("status") or {}).get("conditions") or [])
 
@@ -326,10 +328,10 @@ class Kueue:
     def _listed(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
         """The namespace's Workloads and pods (by name), as the API has them now."""
         co = CustomObjectsApi(self.cp.api)
-        wls = co.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "workloads")["items"]
+        wls = items(co.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "workloads"), "workloads")
         self._note_admissions(wls)
-        pods = {p["metadata"]["name"]: p for p in json.loads(
-            self.cp.core.list_namespaced_pod(self.namespace, _preload_content=False).data)["items"]}
+        pods = {p["metadata"]["name"]: p
+                for p in read_json(self.cp.core.list_namespaced_pod, self.namespace)["items"]}
         return wls, pods
 
     def in_flight(self, listed: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None) -> int:
@@ -345,7 +347,7 @@ class Kueue:
     def nodes(self) -> list[dict[str, Any]]:
         """The cluster's nodes (listed once: a replay's nodes do not change)."""
         if self._nodes is None:
-            self._nodes = json.loads(self.cp.core.list_node(_preload_content=False).data)["items"]
+            self._nodes = read_json(self.cp.core.list_node)["items"]
         return self._nodes
 
     def admissible(self, listed: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None
@@ -387,7 +389,7 @@ class Kueue:
         """Drop Kueue's finalizer from every pod left in the namespace and delete its Workloads, so
         the namespace can be emptied once the controller is gone."""
         core: CoreV1Api = self.cp.core
-        pods = json.loads(core.list_namespaced_pod(self.namespace, _preload_content=False).data)["items"]
+        pods = read_json(core.list_namespaced_pod, self.namespace)["items"]
         for p in pods:
             fins = p["metadata"].get("finalizers") or []
             if MANAGED_FINALIZER in fins:
@@ -401,12 +403,12 @@ class Kueue:
                         raise
         co = CustomObjectsApi(self.cp.api)
         for plural in ("workloads", "localqueues"):
-            for w in co.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)["items"]:
+            for w in items(co.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural), plural):
                 _force_delete(co, plural, w, self.namespace)
         # The queues and flavor are cluster-wide: the next Kueue run (other nodes, another mode)
         # creates its own.
         for plural in ("clusterqueues", "resourceflavors", "topologies"):
-            for w in co.list_cluster_custom_object(GROUP, VERSION, plural)["items"]:
+            for w in items(co.list_cluster_custom_object(GROUP, VERSION, plural), plural):
                 _force_delete(co, plural, w, None)
 
     def stop(self) -> None:
@@ -422,7 +424,7 @@ class Kueue:
                     raise
         # For reading a run afterwards: every Workload's conditions as Kueue left them.
         co = CustomObjectsApi(self.cp.api)
-        wls = co.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "workloads")["items"]
+        wls = items(co.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "workloads"), "workloads")
         self._note_admissions(wls)
         (self.workdir / "logs" / f"kueue-workloads-{self.namespace}.json").write_text(json.dumps(
             {w["metadata"]["name"]: [(c.get("type"), c.get("status"), c.get("reason"), c.get("message"))

@@ -8,7 +8,6 @@ requests themselves when the benchmark creates thousands of objects.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,8 @@ from typing import Any
 
 from kubernetes.client import CoreV1Api
 from kubernetes.client.rest import ApiException
+
+from .rawapi import read_json, send
 
 SCHEDULER_NAME = "llm-placement"
 ANN = "llm-placement.io/"
@@ -176,7 +177,7 @@ def create_node(core: CoreV1Api, manifest: dict[str, Any]) -> str:
     acts only on create, so a merge patch that drops the taints sticks (docs/control-plane.md, section 4).
     """
     name = manifest["metadata"]["name"]
-    core.create_node(manifest, _preload_content=False)
+    send(core.create_node, manifest)
     core.patch_node(
         name, {"spec": {"taints": None}}, _content_type="application/merge-patch+json", _preload_content=False
     )
@@ -211,7 +212,7 @@ def delete_nodes(core: CoreV1Api, names: Iterable[str], workers: int = 8, timeou
 
 def list_nodes(core: CoreV1Api, label_selector: str | None = None) -> list[dict[str, Any]]:
     kw = {"label_selector": label_selector} if label_selector else {}
-    return list(json.loads(core.list_node(_preload_content=False, **kw).data)["items"])
+    return list(read_json(core.list_node, **kw)["items"])
 
 
 def list_node_names(core: CoreV1Api) -> list[str]:
@@ -309,7 +310,7 @@ def prefer_gpus(*keys: str, weight: int = 100) -> dict[str, Any]:
 
 
 def create_pod(core: CoreV1Api, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
-    return dict(json.loads(core.create_namespaced_pod(namespace, manifest, _preload_content=False).data))
+    return dict(read_json(core.create_namespaced_pod, namespace, manifest))
 
 
 def create_pods(
@@ -319,23 +320,20 @@ def create_pods(
 
 
 def get_pod(core: CoreV1Api, namespace: str, name: str) -> dict[str, Any]:
-    return dict(json.loads(core.read_namespaced_pod(name, namespace, _preload_content=False).data))
+    return dict(read_json(core.read_namespaced_pod, name, namespace))
 
 
 def list_pods(core: CoreV1Api, namespace: str, label_selector: str | None = None) -> list[dict[str, Any]]:
     kw = {"label_selector": label_selector} if label_selector else {}
-    return list(json.loads(core.list_namespaced_pod(namespace, _preload_content=False, **kw).data)["items"])
+    return list(read_json(core.list_namespaced_pod, namespace, **kw)["items"])
 
 
 def pod_events(core: CoreV1Api, namespace: str, name: str) -> list[dict[str, Any]]:
     """Events about one pod, oldest first (kube-scheduler writes them through events.k8s.io; the core
     API serves the same objects)."""
-    raw = core.list_namespaced_event(
-        namespace,
-        field_selector=f"involvedObject.kind=Pod,involvedObject.name={name}",
-        _preload_content=False,
-    )
-    items = json.loads(raw.data)["items"]
+    items = read_json(
+        core.list_namespaced_event, namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={name}"
+    )["items"]
     items.sort(
         key=lambda e: (
             e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp") or ""
@@ -443,8 +441,7 @@ def delete_pods(core: CoreV1Api, namespace: str, label_selector: str | None = No
     ten gang members left bound, holding its node's GPUs).
     """
     kw = {"label_selector": label_selector} if label_selector else {}
-    resp = core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0, _preload_content=False,
-                                                 **kw)
+    resp = send(core.delete_collection_namespaced_pod, namespace, grace_period_seconds=0, **kw)
     resp.data  # noqa: B018  (reading the body waits for the API server to finish)
 
 

@@ -14,6 +14,8 @@ from typing import Any
 from kubernetes.client import CoreV1Api
 from kubernetes.watch.watch import iter_resp_lines
 
+from .rawapi import read_json, send
+
 Pod = dict[str, Any]
 CHANGES = ("ADDED", "MODIFIED", "DELETED")
 
@@ -31,14 +33,13 @@ def list_then_watch(
     """List the namespace's pods (``on_list``), then follow the watch from that version, calling
     ``on_event(type, pod)`` for every change, until ``stop()``. Raises on a failed call or a watch
     ERROR. Short server-side watch timeouts make ``stop`` noticed within seconds."""
-    data = json.loads(core.list_namespaced_pod(namespace, _preload_content=False,
-                                               _request_timeout=request_timeout).data)
+    data = read_json(core.list_namespaced_pod, namespace, _request_timeout=request_timeout)
     on_list(data["items"])
     rv = data["metadata"]["resourceVersion"]
     while not stop():
-        resp = core.list_namespaced_pod(
-            namespace, watch=True, resource_version=rv, timeout_seconds=watch_timeout_s,
-            allow_watch_bookmarks=True, _preload_content=False, _request_timeout=request_timeout,
+        resp = send(
+            core.list_namespaced_pod, namespace, watch=True, resource_version=rv,
+            timeout_seconds=watch_timeout_s, allow_watch_bookmarks=True, _request_timeout=request_timeout,
         )
         try:
             for line in iter_resp_lines(resp):

@@ -52,7 +52,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import httpx
 from kubernetes.client import CoreV1Api
@@ -382,7 +382,7 @@ class ReplayResult:
     clock: str = "wall"
     # Virtual clock only: figures averaged over trace time (each state weighted by how long it
     # lasted), which sampling at arrivals cannot give: a state that lasts a day counts as a day.
-    time_weighted: dict[str, float] | None = None
+    time_weighted: TimeWeightedFigures | None = None
     bound_at: dict[str, float] = field(default_factory=dict)  # virtual clock: pod -> trace time bound
     # Nodes pods were bound to that the replay was not given: its figures would miss those pods.
     unknown_nodes: list[str] = field(default_factory=list)
@@ -564,6 +564,20 @@ def packing_bound(stranded_by_node: dict[str, int], kinds: dict[str, tuple[int, 
     return sum((cap - u % cap) % cap for (cap, _gpu), u in used.items())
 
 
+class TimeWeightedFigures(TypedDict):
+    """A virtual-clock replay's figures averaged over trace time (``ReplayResult.time_weighted``)."""
+
+    span_s: float
+    gpus_allocated: float
+    gpus_stranded: float
+    stranded_share: float
+    whole_free_8gpu_nodes: float
+    stranded_gpu_hours: float
+    stranded_beyond_packing_gpu_hours: float
+    stranded_gpu_hours_by_node: dict[str, float]
+    nodes_8gpu: int
+
+
 class _TimeWeighted:
     """Integrals over trace time of the fragmentation figures (virtual clock)."""
 
@@ -583,7 +597,7 @@ class _TimeWeighted:
         if self.kinds:
             self.excess += (smp.gpus_stranded - packing_bound(smp.stranded_by_node, self.kinds)) * dt
 
-    def figures(self) -> dict[str, float]:
+    def figures(self) -> TimeWeightedFigures:
         span = self.span or 1.0
         return {
             "span_s": self.span,
@@ -780,7 +794,7 @@ def replay(
                         next_sample = (len(created) // every + 1) * every
                     events = [t for t in (ready[0][0] if ready else None, ends[0][0] if ends else None)
                               if t is not None]
-                    events += [d for n in open_ if (d := by_name[n].deadline) is not None]
+                    events += [dl for n in open_ if (dl := by_name[n].deadline) is not None]
                     stuck = gangs.waiting()
                     if not events and stuck and not ready and not waiting \
                             and len(created) == len(trace) and not ends:
@@ -831,7 +845,7 @@ def replay(
                 if not virtual and (len(created) % every == 0 or len(created) == len(trace)):
                     take_sample(now, tracker.snapshot())
             # Pods that gave up waiting.
-            for name in [n for n in open_ if by_name[n].deadline is not None and vt >= by_name[n].deadline]:
+            for name in [n for n in open_ if (dl := by_name[n].deadline) is not None and vt >= dl]:
                 open_.discard(name)
                 expired.add(name)
                 try:

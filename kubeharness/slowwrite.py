@@ -27,6 +27,7 @@ from kubernetes.client import AdmissionregistrationV1Api
 from kubernetes.client.rest import ApiException
 
 from .pki import PKI
+from .rawapi import call
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -34,12 +35,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        review = json.loads(body or b"{}")
-        req = review.get("request") or {}
-        obj = req.get("object") or {}
+        review: dict[str, Any] = json.loads(body or b"{}")
+        req: dict[str, Any] = review.get("request") or {}
+        obj: dict[str, Any] = req.get("object") or {}
         if (req.get("subResource") == "status" and req.get("name") in self.server.names
                 and (obj.get("status") or {}).get("allocation")):
-            self.server.held.append((req.get("name"), time.monotonic()))
+            self.server.held.append((req["name"], time.monotonic()))
             time.sleep(self.server.delay)
         _answer(self, {"uid": req.get("uid", ""), "allowed": True})
 
@@ -93,7 +94,7 @@ def _webhook(api_client: Any, pki: PKI, server: ThreadingHTTPServer, name: str, 
     thread.start()
     api = AdmissionregistrationV1Api(api_client)
     ca = base64.b64encode(pki.ca.cert.read_bytes()).decode()
-    api.create_validating_webhook_configuration({
+    call(api.create_validating_webhook_configuration, {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name},
         "webhooks": [{

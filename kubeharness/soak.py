@@ -55,6 +55,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 from kubernetes.client import CoreV1Api
@@ -65,6 +66,7 @@ from .kwok import COMPLETE_AFTER, Kwok, complete_after, kwok_node_labels
 from .objects import ANN, GPU_RESOURCE, cpu_node, create_nodes, gpu_node, llm_pod
 from .podwatch import list_then_watch
 from .procs import wait_until
+from .rawapi import send
 
 POOL = "soak.llm-placement.io/pool"
 GANG_LABEL = "scheduling.x-k8s.io/pod-group"
@@ -503,8 +505,7 @@ def run_soak(cp: ControlPlane, kwok: Kwok, namespace: str, shape: SoakShape, *,
 
     for other, pod in poison_pods(run):
         ns = other_ns if other else namespace
-        _retry(lambda pod=pod, ns=ns: core.create_namespaced_pod(ns, pod, _preload_content=False),
-               "create poison pod")
+        _retry(partial(send, core.create_namespaced_pod, ns, pod), "create poison pod")
     tracker.start()
     tracker.synced.wait(30)
 
@@ -578,8 +579,7 @@ def run_soak(cp: ControlPlane, kwok: Kwok, namespace: str, shape: SoakShape, *,
                             p["metadata"]["labels"].get(GANG_LABEL), job.pool,
                             float(p["metadata"]["annotations"][COMPLETE_AFTER].rstrip("s")))
                 for p in job.pods:
-                    _retry(lambda p=p: core.create_namespaced_pod(namespace, p, _preload_content=False),
-                           "create pod")
+                    _retry(partial(send, core.create_namespaced_pod, namespace, p), "create pod")
                 in_flight[job.pool] += job.demand()
                 created_jobs.add(job.name)
                 queue.remove(job)
@@ -636,8 +636,8 @@ def _final_checks(core: CoreV1Api, namespace: str, other_ns: str, run: str,
             if len(result.examples) < 20:
                 result.examples.append(f"scheduled_twice: {name} has {count} Scheduled events")
     for ns in (namespace, other_ns):
-        raw = _retry(lambda ns=ns: core.list_namespaced_pod(
-            ns, label_selector=f"{SOAK_LABEL}={run}-poison", _preload_content=False), "list poison")
+        raw = _retry(partial(send, core.list_namespaced_pod, ns, label_selector=f"{SOAK_LABEL}={run}-poison"),
+                     "list poison")
         for p in json.loads(raw.data)["items"]:
             if p["spec"].get("nodeName"):
                 result.violations["poison_bound"] += 1

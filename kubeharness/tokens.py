@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
-from kubernetes.client import ApiClient, CoreV1Api, RbacAuthorizationV1Api
+from collections.abc import Callable
+
+from kubernetes.client import ApiClient, AuthenticationV1TokenRequest, CoreV1Api, RbacAuthorizationV1Api
 from kubernetes.client.rest import ApiException
 
+from .rawapi import call
 
-def create_or_keep(fn: object, *args: object) -> None:
-    """Call a create_* method; an object already there (409) is kept."""
+
+def create_or_keep(fn: Callable[..., object], *args: object) -> None:
+    """Call a create_* method (its body a JSON object); an object already there (409) is kept."""
     try:
-        fn(*args)  # type: ignore[operator]
+        fn(*args)
     except ApiException as exc:
         if exc.status != 409:  # already there from an earlier test: fine
             raise
+
+
+def token_of(req: AuthenticationV1TokenRequest) -> str:
+    """The token a TokenRequest's answer carries (the API server always fills its status)."""
+    if req.status is None or not req.status.token:
+        raise RuntimeError("the API server answered a TokenRequest without a token")
+    return str(req.status.token)
 
 
 def pod_reader_token(api: ApiClient, namespace: str, name: str, cluster_wide: bool = False) -> str:
@@ -33,9 +44,8 @@ def pod_reader_token(api: ApiClient, namespace: str, name: str, cluster_wide: bo
         create_or_keep(rbac.create_namespaced_role_binding, namespace, {
             "metadata": {"name": f"{name}-pod-reader"}, "subjects": subject,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-pod-reader"}})
-    req = core.create_namespaced_service_account_token(
-        name, namespace, {"spec": {"expirationSeconds": 3600}})
-    return str(req.status.token)
+    return token_of(call(core.create_namespaced_service_account_token,
+                         name, namespace, {"spec": {"expirationSeconds": 3600}}))
 
 
 def metrics_reader_token(api: ApiClient, namespace: str, name: str) -> str:
@@ -50,5 +60,5 @@ def metrics_reader_token(api: ApiClient, namespace: str, name: str) -> str:
         "metadata": {"name": role},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}})
-    req = core.create_namespaced_service_account_token(name, namespace, {"spec": {"expirationSeconds": 7200}})
-    return str(req.status.token)
+    return token_of(call(core.create_namespaced_service_account_token,
+                         name, namespace, {"spec": {"expirationSeconds": 7200}}))
