@@ -24,7 +24,7 @@ demo: $(STAMP)
 ## container suites (tests/integration/test_container.py starts dockerd and builds the image itself).
 test: $(STAMP) system-deps controlplane etcd kwok kueue kustomize helm
 	$(BIN)/ruff check app testkit kubeharness tests bench scripts
-	$(BIN)/mypy app testkit
+	$(BIN)/mypy app testkit kubeharness
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 	$(BIN)/pytest -q -p no:cacheprovider tests --ignore=tests/unit
 
@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check app testkit kubeharness tests bench scripts
 
 typecheck: $(STAMP)
-	$(BIN)/mypy app testkit
+	$(BIN)/mypy app testkit kubeharness
 
 ## Debian packages the suites use (Prometheus + promtool, openssl for the test PKI).
 system-deps:
