@@ -140,14 +140,15 @@ def test_the_verdict_says_measured_target_window_and_requests() -> None:
 def test_changes_alternate_so_each_condition_change_is_told_once(
         polls: list[tuple[float, int]]) -> None:
     _, got = run([w(ms, requests=n) for ms, n in polls])
-    # A pod left unjudged (too few requests) for longer than stale_after_seconds is forgotten, and
-    # what is told after that starts afresh: split what was told at such gaps (polls are 60 s apart).
+    # A poll that does not measure a pod (too few requests) more than stale_after_seconds after it
+    # was last measured forgets it, and what is told after that starts afresh: split what was told
+    # at such gaps (polls are 60 s apart; the poll that measures it again forgets nothing).
     runs: list[list[bool]] = [[]]
     last_judged: int | None = None
     for i, ((_, n), poll) in enumerate(zip(polls, got, strict=True)):
         if n < POLICY.min_requests:
             continue
-        if last_judged is not None and 60 * (i - last_judged) > POLICY.stale_after_seconds:
+        if last_judged is not None and 60 * (i - 1 - last_judged) > POLICY.stale_after_seconds:
             runs.append([])
         last_judged = i
         runs[-1].extend(missed for _, missed in poll)
