@@ -13,7 +13,6 @@ from app.base.reasons import problem_key
 from app.base.workload import TRAINING_STAGES, ServingRole, WorkloadError, WorkloadSpec
 from app.bind.binding import AGREEMENT_TEXT
 from app.extender.service import ExtenderService
-from app.gang.coordinator import GangCoordinator
 from app.placement.feasibility import NodeFit
 from app.placement.gravity import GravityModel
 from app.placement.placer import UNKNOWN
@@ -98,8 +97,8 @@ def explain_spec(service: ExtenderService, spec: WorkloadSpec) -> dict[str, Any]
         "active_params": spec.active_params,
         "gang": spec.gang.key if spec.gang else None,
         # Its place in the gang queue and the gangs ahead it waits behind (docs/gangs.md).
-        "gang_queue": (service.placer.gangs.queue_info(spec.gang.key)
-                       if spec.gang and isinstance(service.placer.gangs, GangCoordinator) else None),
+        "gang_queue": (service.gangs.queue_info(spec.gang.key)
+                       if spec.gang and service.gangs is not None else None),
         # What the pod's DRA claims say, as read (docs/dra.md): MIG slices, the recognised
         # selectors' restrictions, and the selectors whose decision is kube-scheduler's alone.
         "claims": _claims(spec),

@@ -54,7 +54,12 @@ class GangBindHook(Protocol):
 
 
 class Gangs(GangHook, GangBindHook, Protocol):
-    """Gang scheduling as the service uses it: the placer's hook and the all-or-nothing binder."""
+    """Gang scheduling as the service uses it: the placer's hook, the all-or-nothing binder, and
+    the gang queue explain reports."""
+
+    def queue_info(self, key: str) -> dict[str, object]:
+        """A gang's place in the gang queue and what it waits behind (docs/gangs.md)."""
+        ...
 
 
 class ExtenderService:
@@ -89,6 +94,7 @@ class ExtenderService:
         self.memory = binding.memory
         self.placer = Placer(self.policies.placement, self.snapshot, gangs, binding.gravity)
         self.gang_binder: GangBindHook | None = gangs
+        self.gangs = gangs
         self.gate = BindGate(settings.scheduler_name, self.access, self.memory, self.placer,
                              self.binding.binder)
         self._node_rv: dict[str, str] = {}
@@ -97,9 +103,11 @@ class ExtenderService:
         # Runs before each filter: a standby replica's first call adopts the gang plans the dead
         # leader persisted (app/gang/takeover.py); None without a cluster.
         self.before_filter = before_filter
-        # Serving pods judged against their own targets by what their engines measure (set when
-        # live_profiles is; docs/stage-policy.md, "Targets the engines measure missed").
-        self.serving_targets: TargetWatch | None = None
+        # Serving pods judged against their own targets by what their engines measure (when
+        # live_profiles is set; docs/stage-policy.md, "Targets the engines measure missed"): the
+        # live-profile poller feeds it, explain reads it.
+        live = settings.live_profiles
+        self.serving_targets = TargetWatch(live.learn_policy()) if live is not None else None
         self._quality = QualityPublisher(self.metrics)
         # Each verb's latency series, looked up once: ``labels()`` takes a lock and builds a key on
         # every call, and these are observed once per request.

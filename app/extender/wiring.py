@@ -31,7 +31,6 @@ from app.metrics.metrics import Metrics
 from app.metrics.quality import DEFAULT_REFRESH_SECONDS, QualityRefresher
 from app.placement.gravity import GravityModel
 from app.serving.live_profiles import LiveProfileBook, ServingPod
-from app.serving.targets import TargetWatch
 from app.snapshot.access import SnapshotAccess
 from app.snapshot.store import ClusterSnapshot
 
@@ -258,14 +257,13 @@ def start_live_profiles(service: ExtenderService) -> LiveProfilePoller | None:
     "Learnt profiles"); a daemon thread that never blocks a verb."""
     live = service.settings.live_profiles
     book = service.placer.policy.feasibility.profiles
-    if live is None or not isinstance(book, LiveProfileBook):
+    targets = service.serving_targets
+    if live is None or not isinstance(book, LiveProfileBook) or targets is None:
         return None
     source = Source(live.prometheus_url, live.timeout_seconds, live.window_seconds,
                     live.namespace_label, live.pod_label, live.engines)
     # The same windows judge each serving pod against its own targets (docs/stage-policy.md,
     # "Targets the engines measure missed"); explain reads the verdicts from the service.
-    targets = TargetWatch(live.learn_policy())
-    service.serving_targets = targets
     poller = LiveProfilePoller(PrometheusReader(source), book, serving_pods(service),
                                service.placer.policy.feasibility, service.metrics, live.interval_seconds,
                                targets=targets, events=service.binder)
